@@ -1,0 +1,96 @@
+//! The `runcell` command: clap commands over the engine; thin glue, anyhow at the top.
+#![forbid(unsafe_code)]
+
+mod doctor;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "runcell",
+    version,
+    about = "A self-hosted code interpreter for AI agents"
+)]
+struct Cli {
+    /// Where runcell keeps its state (workspaces, database, runtimes).
+    #[arg(long, global = true, env = "RUNCELL_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a program once in a fresh sandbox; its output is streamed and its exit code returned.
+    Run(run::RunArgs),
+    /// Check every isolation layer of this host and say what is available, degraded or missing.
+    Doctor,
+}
+
+fn main() -> ExitCode {
+    // When started as the sandbox init helper this never returns. It must come before anything
+    // else: the helper has to stay a plain single-threaded process.
+    runcell_sandbox::run_if_init();
+
+    let cli = Cli::parse();
+    init_logging();
+    let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
+    let result = match cli.command {
+        Command::Run(args) => run::run(&data_dir, args),
+        Command::Doctor => doctor::doctor(&data_dir),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if let Some(hint) = hint_for(&e) {
+                eprintln!("hint: {hint}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let ansi = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+}
+
+/// `$RUNCELL_DATA_DIR` is handled by clap; otherwise `~/.local/share/runcell`.
+fn default_data_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("/var/lib"))
+        .join("runcell")
+}
+
+fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
+    let text = format!("{e:#}");
+    if text.contains("cannot run code on this host") {
+        Some("run `runcell doctor` to see which isolation layer is missing and why")
+    } else if text.contains("invalid request") {
+        Some("see `runcell run --help` for the accepted values")
+    } else {
+        None
+    }
+}
+
+/// The engine, with this binary as the sandbox init helper.
+fn engine(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
+    use anyhow::Context;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let engine =
+        runcell_engine::Engine::new(runcell_engine::EngineConfig::new(data_dir.to_owned(), exe))?;
+    Ok(engine)
+}

@@ -1,0 +1,131 @@
+//! `runcell run`: one program, one fresh sandbox.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use runcell_engine::{ExecutionStatus, InputFile, Language, LimitsRequest, OneShot, Stream};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The language of the program.
+    #[arg(long, default_value = "python", value_parser = parse_lang)]
+    lang: Language,
+    /// Wall-clock limit in seconds; the whole process tree is killed after it.
+    #[arg(long, default_value_t = 60.0, value_name = "S")]
+    timeout: f64,
+    /// Memory limit in MiB (page cache and /tmp included).
+    #[arg(long, value_name = "MB")]
+    memory: Option<u64>,
+    /// A file copied into /workspace before the program starts (repeatable).
+    #[arg(long = "file", value_name = "PATH")]
+    files: Vec<PathBuf>,
+    /// Print the Execution object as JSON instead of streaming the output.
+    #[arg(long)]
+    json: bool,
+    /// The program file, or `-` to read it from stdin.
+    #[arg(value_name = "FILE|-")]
+    program: String,
+}
+
+fn parse_lang(s: &str) -> Result<Language, String> {
+    s.parse()
+}
+
+pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let code = if args.program == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read the program from stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(&args.program)
+            .with_context(|| format!("cannot read the program file {}", args.program))?
+    };
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        bail!("invalid request: --timeout must be a positive number of seconds");
+    }
+    let mut req = OneShot::new(args.lang, code);
+    req.timeout = Duration::from_secs_f64(args.timeout.min(1e6));
+    req.limits = LimitsRequest {
+        memory_mb: args.memory,
+        ..LimitsRequest::default()
+    };
+    for f in &args.files {
+        let content =
+            std::fs::read(f).with_context(|| format!("cannot read --file {}", f.display()))?;
+        let name = f
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("--file {} has no usable file name", f.display()))?;
+        req.files.push(InputFile {
+            path: name.to_owned(),
+            content,
+        });
+    }
+
+    let engine = crate::engine(data_dir)?;
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let mut on_output = |stream: Stream, data: &[u8]| {
+        if args.json {
+            return;
+        }
+        // A closed terminal or pipe must not stop the run; its output is still recorded.
+        let _ = match stream {
+            Stream::Stdout => stdout
+                .lock()
+                .write_all(data)
+                .and_then(|_| stdout.lock().flush()),
+            Stream::Stderr => stderr.lock().write_all(data),
+        };
+    };
+    let outcome = engine.run_once(&req, &mut on_output)?;
+    let execution = &outcome.execution;
+
+    if args.json {
+        let mut out = stdout.lock();
+        serde_json::to_writer(&mut out, execution)?;
+        writeln!(out)?;
+    } else {
+        // What was streamed live is the head of each stream; finish with the marker and tail.
+        for (text, truncated, is_err) in [
+            (&execution.stdout, execution.truncated.stdout, false),
+            (&execution.stderr, execution.truncated.stderr, true),
+        ] {
+            if truncated {
+                if let Some(pos) = text.find("\n[… ") {
+                    let rest = &text[pos..];
+                    let _ = if is_err {
+                        stderr.lock().write_all(rest.as_bytes())
+                    } else {
+                        stdout.lock().write_all(rest.as_bytes())
+                    };
+                }
+            }
+        }
+        match execution.status {
+            ExecutionStatus::Ok | ExecutionStatus::Error => {}
+            _ => {
+                if let Some(e) = &execution.error {
+                    eprintln!("runcell: {}: {}", e.name, e.value);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::from(exit_code(
+        execution.status,
+        outcome.exit_code,
+    )))
+}
+
+/// The program's exit code; 124 for a timeout (as timeout(1)); 128 + signal when killed.
+fn exit_code(status: ExecutionStatus, program: i32) -> u8 {
+    match status {
+        ExecutionStatus::Timeout => 124,
+        _ => u8::try_from(program).unwrap_or(1),
+    }
+}

@@ -1,0 +1,213 @@
+//! The domain objects users see, shaped exactly as DESIGN.md §6 (the JSON is the contract).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// A language runcell can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    Python,
+    Bash,
+    Javascript,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Bash => "bash",
+            Language::Javascript => "javascript",
+        }
+    }
+}
+
+impl std::str::FromStr for Language {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "python" | "python3" | "py" => Ok(Language::Python),
+            "bash" | "sh" | "shell" => Ok(Language::Bash),
+            "javascript" | "js" | "node" => Ok(Language::Javascript),
+            other => Err(format!(
+                "unknown language {other:?} (expected python, bash or javascript)"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutionStatus {
+    Ok,
+    Error,
+    Timeout,
+    Interrupted,
+    Killed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KilledBy {
+    Timeout,
+    Oom,
+    Pids,
+    Output,
+    Signal,
+}
+
+impl From<runcell_sandbox::KillReason> for KilledBy {
+    fn from(k: runcell_sandbox::KillReason) -> Self {
+        use runcell_sandbox::KillReason as K;
+        match k {
+            K::Timeout => KilledBy::Timeout,
+            K::Oom => KilledBy::Oom,
+            K::Pids => KilledBy::Pids,
+            K::Output => KilledBy::Output,
+            K::Signal => KilledBy::Signal,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncated {
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+/// A Jupyter MIME bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultItem {
+    pub is_main_result: bool,
+    pub data: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChange {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    pub change: FileChangeKind,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageInfo {
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub peak_memory_bytes: u64,
+    pub killed_by: Option<KilledBy>,
+}
+
+/// One run of code, as returned by every interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Execution {
+    pub id: String,
+    pub session_id: Option<String>,
+    pub language: Language,
+    pub execution_count: u64,
+    pub status: ExecutionStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: Truncated,
+    pub results: Vec<ResultItem>,
+    pub error: Option<ErrorInfo>,
+    pub files: Vec<FileChange>,
+    pub usage: UsageInfo,
+    #[serde(serialize_with = "rfc3339")]
+    pub started_at: DateTime<Utc>,
+    #[serde(serialize_with = "rfc3339")]
+    pub finished_at: DateTime<Utc>,
+}
+
+fn rfc3339<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+/// A new random id with a type prefix, e.g. `ex_3k9w...`.
+pub fn new_id(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdefghjkmnpqrstvwxyz";
+    let mut bytes = [0u8; 16];
+    // An id without entropy would collide; failing loudly beats that.
+    getrandom::fill(&mut bytes).expect("the kernel's random source is unavailable");
+    let s: String = bytes
+        .iter()
+        .map(|b| ALPHABET[(*b & 31) as usize] as char)
+        .collect();
+    format!("{prefix}_{s}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execution_serialises_to_the_documented_shape() {
+        let t = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let e = Execution {
+            id: "ex_1".into(),
+            session_id: None,
+            language: Language::Python,
+            execution_count: 1,
+            status: ExecutionStatus::Error,
+            stdout: "a".into(),
+            stderr: "b".into(),
+            truncated: Truncated::default(),
+            results: vec![],
+            error: Some(ErrorInfo {
+                name: "ZeroDivisionError".into(),
+                value: "division by zero".into(),
+                traceback: "tb".into(),
+            }),
+            files: vec![FileChange {
+                path: "chart.png".into(),
+                size: 3,
+                mime: "image/png".into(),
+                change: FileChangeKind::Created,
+            }],
+            usage: UsageInfo {
+                wall_ms: 1,
+                cpu_ms: 2,
+                peak_memory_bytes: 3,
+                killed_by: Some(KilledBy::Oom),
+            },
+            started_at: t,
+            finished_at: t,
+        };
+        let v = serde_json::to_value(&e).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"id":"ex_1","session_id":null,"language":"python","execution_count":1,
+              "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false},
+              "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
+              "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
+              "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
+              "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
+        );
+    }
+
+    #[test]
+    fn ids_are_prefixed_and_unique() {
+        let a = new_id("ex");
+        assert!(a.starts_with("ex_") && a.len() == 19);
+        assert_ne!(a, new_id("ex"));
+    }
+}

@@ -1,0 +1,540 @@
+//! The init helper: a freshly exec'd, single-threaded copy of the runcell binary that builds
+//! one sandbox and runs the program in it. Namespace setup never happens inside the
+//! (multi-threaded) supervisor: after `fork` only the forking thread exists, and any lock another
+//! thread held stays locked forever in the child.
+//!
+//! Processes:
+//! ```text
+//! supervisor ──spawn──▶ helper (host root, host namespaces)
+//!                        │ joins the cgroup, clone(CLONE_NEW*) ──▶ pid 1 (sandbox init)
+//!                        │ writes the uid/gid maps                 │ steps 1-4, then fork ──▶ program
+//!                        │ waits, reports on fd 3                  │ reaps; exits with it      steps 5-7, execve
+//! ```
+//! When pid 1 exits, the kernel kills every process left in the PID namespace, so a program that
+//! double-forks and calls setsid still dies with the run.
+
+use std::ffi::CString;
+use std::fmt;
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use crate::spec::{Spec, HOSTNAME, INIT_ARG, WORKSPACE};
+use crate::sys::{close_fds_from, cvt, pipe_cloexec, write_all_fd};
+use crate::{caps, landlock, mount, net, rlimit, seccomp, user_ns};
+
+/// The helper's control socket: it reads the spec from it (until the supervisor shuts down its
+/// writing side) and writes the outcome to it. A hang-up on it means the supervisor died.
+pub(crate) const CONTROL_FD: libc::c_int = 3;
+
+/// The isolation steps of DESIGN.md §3, in order. `docs/sandbox.md` follows the same numbering.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step {
+    UserNamespace = 1,
+    Namespaces = 2,
+    Mounts = 3,
+    Limits = 4,
+    Privileges = 5,
+    Landlock = 6,
+    Seccomp = 7,
+    Exec = 8,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Step::UserNamespace => "user namespace",
+            Step::Namespaces => "namespaces",
+            Step::Mounts => "mounts",
+            Step::Limits => "limits",
+            Step::Privileges => "privileges",
+            Step::Landlock => "landlock",
+            Step::Seccomp => "seccomp",
+            Step::Exec => "exec",
+        };
+        write!(f, "step {} ({name})", *self as u8)
+    }
+}
+
+/// A failed isolation step, with its whole cause chain flattened for the report line.
+struct StepError {
+    step: Step,
+    message: String,
+}
+
+impl StepError {
+    fn at<E: std::error::Error>(step: Step) -> impl FnOnce(E) -> StepError {
+        move |e| {
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                message.push_str(": ");
+                message.push_str(&s.to_string());
+                source = s.source();
+            }
+            StepError { step, message }
+        }
+    }
+}
+
+/// Call first thing in `main` of any binary that can serve as the init helper: when the first
+/// argument is [`INIT_ARG`] this never returns.
+pub fn run_if_init() {
+    if std::env::args_os().nth(1).is_some_and(|a| a == INIT_ARG) {
+        init_main()
+    }
+}
+
+/// Entry point of the helper process.
+pub fn init_main() -> ! {
+    // Nothing but stdio and the control socket is meant for us.
+    close_fds_from(CONTROL_FD + 1, &[]);
+    let spec = read_spec().and_then(|b| Spec::from_bytes(&b).map_err(io::Error::other));
+    let line = match spec {
+        Err(e) => format!("error invalid sandbox spec: {e}\n"),
+        Ok(spec) => match helper(&spec) {
+            Ok(status) => describe_status(status),
+            Err(e) => format!("error {}: {}\n", e.step, e.message.replace('\n', " ")),
+        },
+    };
+    let _ = write_all_fd(CONTROL_FD, line.as_bytes());
+    // SAFETY: exiting the helper; no destructors need to run.
+    unsafe { libc::_exit(0) }
+}
+
+fn describe_status(status: libc::c_int) -> String {
+    if libc::WIFSIGNALED(status) {
+        format!("signal {}\n", libc::WTERMSIG(status))
+    } else {
+        format!("exit {}\n", libc::WEXITSTATUS(status))
+    }
+}
+
+fn read_spec() -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: reading into a valid buffer from the control socket.
+        let n = unsafe { libc::read(CONTROL_FD, buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => return Ok(bytes),
+            n if n > 0 => bytes.extend_from_slice(&buf[..n as usize]),
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+        if bytes.len() > 16 << 20 {
+            return Err(io::Error::other("sandbox spec larger than 16 MiB"));
+        }
+    }
+}
+
+/// Host side: join the cgroup, create the namespaces, map the ids, wait for the sandbox.
+/// Returns the program's raw wait status.
+fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
+    // Supplementary groups survive clone and stay usable in the user namespace: host root's
+    // group 0 would open group-readable root files to the sandbox. Drop them while still root.
+    // SAFETY: an empty group list.
+    cvt(unsafe { libc::setgroups(0, std::ptr::null()) })
+        .map_err(StepError::at(Step::UserNamespace))?;
+
+    // Step 4 starts here, before the namespaces: a process can only be placed in a cgroup from
+    // outside, and joining first makes this cgroup the root of the sandbox's cgroup namespace
+    // and counts every process the sandbox ever creates.
+    for procs in &spec.cgroup_procs {
+        join_cgroup(procs).map_err(StepError::at(Step::Limits))?;
+    }
+
+    let (sync_r, sync_w) = pipe_cloexec().map_err(StepError::at(Step::Namespaces))?;
+    let (msg_r, msg_w) = pipe_cloexec().map_err(StepError::at(Step::Namespaces))?;
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    // SAFETY: clone without CLONE_VM and with a null stack behaves like fork: the child gets a
+    // copy of this single-threaded process and continues on its own copy of the stack.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(StepError::at(Step::Namespaces)(io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        drop(sync_w);
+        drop(msg_r);
+        sandbox_pid1(spec, sync_r, msg_w);
+    }
+    let pid = pid as libc::pid_t;
+    drop(sync_r);
+    drop(msg_w);
+
+    if let Err(e) = user_ns::write_id_maps(pid, spec.host_uid) {
+        kill_and_reap(pid);
+        return Err(StepError::at(Step::UserNamespace)(e));
+    }
+    // Release pid 1. `sync_w` stays open until we exit: pid 1 treats its closing as our death.
+    write_all_fd(sync_w.as_raw_fd(), b"1").map_err(StepError::at(Step::Namespaces))?;
+
+    // Only the sandbox holds the caller's stdio pipes from now on, so end-of-file on them means
+    // the sandbox is gone.
+    redirect_stdio_to_null();
+
+    let message = match wait_for_messages(msg_r) {
+        Ok(m) => m,
+        Err(e) => {
+            // The supervisor went away: nobody is left to collect the output or enforce the
+            // deadline, so the sandbox ends now.
+            kill_and_reap(pid);
+            return Err(StepError::at(Step::Exec)(e));
+        }
+    };
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    drop(sync_w);
+
+    let mut final_status = None;
+    for line in message.lines() {
+        if let Some(err) = line.strip_prefix('E') {
+            let (step, msg) = err.split_once('\t').unwrap_or(("8", err));
+            return Err(StepError {
+                step: step_from_number(step),
+                message: msg.to_owned(),
+            });
+        }
+        if let Some(s) = line.strip_prefix('S') {
+            final_status = s.parse::<libc::c_int>().ok();
+        }
+    }
+    // pid 1 reports the program's status; if it died without a word (killed), report how it died.
+    Ok(final_status.unwrap_or(status))
+}
+
+/// Moves the (single-threaded) helper into one cgroup. On v1, writing "0" to `tasks` moves just
+/// the calling thread, which lets the kernel skip its global threadgroup lock and the RCU grace
+/// period that comes with it (~10 ms per run, measured); for a one-thread process the result is
+/// the same as writing the pid to `cgroup.procs`, which v2 needs.
+fn join_cgroup(procs: &Path) -> io::Result<()> {
+    let tasks = procs.with_file_name("tasks");
+    if tasks.exists() {
+        fs::write(tasks, "0")
+    } else {
+        fs::write(procs, std::process::id().to_string())
+    }
+}
+
+fn step_from_number(n: &str) -> Step {
+    match n {
+        "1" => Step::UserNamespace,
+        "2" => Step::Namespaces,
+        "3" => Step::Mounts,
+        "4" => Step::Limits,
+        "5" => Step::Privileges,
+        "6" => Step::Landlock,
+        "7" => Step::Seccomp,
+        _ => Step::Exec,
+    }
+}
+
+/// Reads pid 1's messages until it exits, watching the report descriptor: when the supervisor
+/// closes its end (it died), give up.
+fn wait_for_messages(msg_r: OwnedFd) -> io::Result<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: msg_r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: CONTROL_FD,
+                events: 0,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // Only a full hang-up counts: the supervisor shut down its writing side long ago.
+        if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the supervisor closed the control socket",
+            ));
+        }
+        if fds[0].revents != 0 {
+            // SAFETY: reading into a valid buffer from our own descriptor.
+            let r = unsafe { libc::read(msg_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            match r {
+                0 => break,
+                r if r > 0 => out.extend_from_slice(&buf[..r as usize]),
+                _ => {
+                    let err = io::Error::last_os_error();
+                    if err.kind() != io::ErrorKind::Interrupted {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+fn kill_and_reap(pid: libc::pid_t) {
+    // SAFETY: signalling and reaping our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+}
+
+fn redirect_stdio_to_null() {
+    // SAFETY: opening a constant path; dup2 onto the standard descriptors we own.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            for fd in 0..=2 {
+                libc::dup2(null, fd);
+            }
+            libc::close(null);
+        }
+    }
+}
+
+/// Pid 1 of the new namespaces. Never returns.
+fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
+    let program = match prepare(spec, &sync_r) {
+        Ok(()) => {
+            // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
+            match unsafe { libc::fork() } {
+                0 => exec_program(spec, msg_w.as_raw_fd()),
+                -1 => die(
+                    msg_w.as_raw_fd(),
+                    StepError::at(Step::Exec)(io::Error::last_os_error()),
+                    1,
+                ),
+                child => child,
+            }
+        }
+        Err(e) => die(msg_w.as_raw_fd(), e, 1),
+    };
+    reap(program, msg_w.into_raw_fd())
+}
+
+/// Reports a failed step to the helper and exits.
+fn die(msg_fd: libc::c_int, e: StepError, code: libc::c_int) -> ! {
+    let line = format!("E{}\t{}\n", e.step as u8, e.message.replace('\n', " "));
+    let _ = write_all_fd(msg_fd, line.as_bytes());
+    // SAFETY: leaving the failed process; nothing needs unwinding.
+    unsafe { libc::_exit(code) }
+}
+
+/// Steps 1 to 4, in pid 1 (they are inherited by everything forked afterwards).
+fn prepare(spec: &Spec, sync_r: &OwnedFd) -> Result<(), StepError> {
+    // Wait until the helper has written our uid/gid maps.
+    let mut byte = [0u8; 1];
+    let mut sync = fs::File::from(
+        sync_r
+            .try_clone()
+            .map_err(StepError::at(Step::UserNamespace))?,
+    );
+    if sync
+        .read(&mut byte)
+        .map_err(StepError::at(Step::UserNamespace))?
+        != 1
+    {
+        // SAFETY: the helper died before releasing us; nothing to clean up.
+        unsafe { libc::_exit(1) };
+    }
+
+    // Step 3 begins before step 1: bind sources are opened while pid 1 still has the helper's
+    // host uid 0, the owner of root-only directories such as /root/.local/share/runcell.
+    let plan = mount::plan(spec).map_err(StepError::at(Step::Mounts))?;
+
+    // 1. User namespace: become the sandbox user (1000 -> the lease's host uid), keeping the
+    //    namespace's capabilities for the steps below.
+    user_ns::become_sandbox_user().map_err(StepError::at(Step::UserNamespace))?;
+    // Die with the helper. Set after the uid change, which clears the parent-death signal, and
+    // then check the helper did not die in between (its end of the sync pipe would be closed).
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) })
+        .map_err(StepError::at(Step::UserNamespace))?;
+    let mut pfd = libc::pollfd {
+        fd: sync_r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: a single valid pollfd, zero timeout.
+    if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
+        // SAFETY: the helper is gone; so must we be.
+        unsafe { libc::_exit(1) };
+    }
+
+    // 2. The other namespaces exist since clone; give UTS its hostname and the network
+    //    namespace its loopback.
+    // SAFETY: a valid buffer and its length.
+    cvt(unsafe { libc::sethostname(HOSTNAME.as_ptr().cast(), HOSTNAME.len()) })
+        .map_err(StepError::at(Step::Namespaces))?;
+    net::loopback_up().map_err(StepError::at(Step::Namespaces))?;
+
+    // 3. Mounts: the new root, then pivot_root into it.
+    mount::build_root(spec, &plan).map_err(StepError::at(Step::Mounts))?;
+    drop(plan);
+
+    // 4. Limits: the cgroup was joined by the helper; rlimits are the backstop.
+    rlimit::apply(&spec.limits).map_err(StepError::at(Step::Limits))?;
+    Ok(())
+}
+
+/// Steps 5 to 7 and execve, in the program's process. Never returns.
+fn exec_program(spec: &Spec, msg_fd: libc::c_int) -> ! {
+    let (path, argv, envp) = match exec_args(spec) {
+        Ok(a) => a,
+        Err(e) => die(msg_fd, e, 127),
+    };
+    if let Err(e) = confine(spec, msg_fd) {
+        die(msg_fd, e, 127)
+    }
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp_ptrs: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: NUL-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    let err = io::Error::last_os_error();
+    die(
+        msg_fd,
+        StepError {
+            step: Step::Exec,
+            message: format!("cannot execute {}: {err}", path.to_string_lossy()),
+        },
+        127,
+    )
+}
+
+/// Steps 5-7 for the calling process.
+fn confine(spec: &Spec, keep_fd: libc::c_int) -> Result<(), StepError> {
+    // 5. Privileges: a new session (no controlling terminal to inject into), no capabilities,
+    //    no way to gain privileges through execve, no inherited descriptors. The environment is
+    //    the spec's alone: execve gets it explicitly.
+    // SAFETY: setsid has no arguments.
+    unsafe { libc::setsid() };
+    caps::drop_all().map_err(StepError::at(Step::Privileges))?;
+    caps::set_no_new_privs().map_err(StepError::at(Step::Privileges))?;
+    close_fds_from(3, &[keep_fd]);
+    // 6. Landlock, before seccomp (which would refuse its syscalls).
+    let extra: Vec<PathBuf> = spec.ro_binds.iter().map(|b| b.target.clone()).collect();
+    landlock::restrict(&extra).map_err(StepError::at(Step::Landlock))?;
+    // 7. seccomp, last: everything above needed syscalls the filter refuses.
+    seccomp::install().map_err(StepError::at(Step::Seccomp))?;
+    Ok(())
+}
+
+type ExecArgs = (CString, Vec<CString>, Vec<CString>);
+
+fn exec_args(spec: &Spec) -> Result<ExecArgs, StepError> {
+    let nul = |_| StepError {
+        step: Step::Exec,
+        message: "argument contains a NUL byte".into(),
+    };
+    let path_var = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let program = resolve(&spec.argv[0], path_var).ok_or_else(|| StepError {
+        step: Step::Exec,
+        message: format!("{}: command not found", spec.argv[0]),
+    })?;
+    let path = CString::new(program.into_os_string().into_encoded_bytes()).map_err(nul)?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(nul)?;
+    let envp = spec
+        .env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(nul)?;
+    // SAFETY: a constant valid path.
+    cvt(unsafe { libc::chdir(c"/workspace".as_ptr()) }).map_err(StepError::at(Step::Exec))?;
+    debug_assert_eq!(WORKSPACE, "/workspace");
+    Ok((path, argv, envp))
+}
+
+/// `execvp`'s search, done before seccomp so the error message can be precise.
+fn resolve(program: &str, path_var: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(program))
+        .find(|p| {
+            let Ok(c) = crate::sys::cstr(p) else {
+                return false;
+            };
+            // SAFETY: a valid path.
+            unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
+        })
+}
+
+/// Pid 1 after the fork: confine itself like the program, then reap every orphan until the
+/// program exits, report its status and exit, which ends the namespace.
+fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
+    redirect_stdio_to_null();
+    // Not dumpable: the program (same uid) can neither ptrace pid 1 nor read its memory.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let _ = caps::drop_all();
+    let _ = caps::set_no_new_privs();
+    close_fds_from(3, &[msg_fd]);
+    let _ = seccomp::install();
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for any child with a valid status pointer.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r == program {
+            let _ = write_all_fd(msg_fd, format!("S{status}\n").as_bytes());
+            // SAFETY: the program is done; exiting pid 1 kills what is left in the namespace.
+            unsafe { libc::_exit(0) }
+        }
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // SAFETY: no children left (cannot happen before the program is reaped).
+            unsafe { libc::_exit(1) }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! runcell-sandbox: Linux isolation only — namespaces, mounts, seccomp, landlock, rlimits,
+//! cgroups v1 and v2, kill-the-tree and usage accounting for one sandboxed program.
+//!
+//! The isolation steps run in a freshly exec'd, single-threaded init helper ([`run_if_init`]),
+//! never in the caller's process; [`Sandbox`] is the caller's side. `docs/sandbox.md` walks the
+//! steps in the same order as `init.rs`.
+#![cfg(target_os = "linux")]
+
+mod caps;
+pub mod cgroup;
+pub mod doctor;
+mod init;
+pub mod landlock;
+mod mount;
+mod net;
+mod output;
+mod rlimit;
+pub mod seccomp;
+mod spec;
+mod supervisor;
+mod sys;
+mod user_ns;
+mod workspace;
+
+pub use init::{init_main, run_if_init};
+pub use output::CappedOutput;
+pub use spec::{Bind, HOSTNAME, INIT_ARG, SANDBOX_UID, SANDBOX_USER, WORKSPACE};
+pub use supervisor::{
+    find_init_exe, ExitStatus, Finished, KillReason, Launch, Limits, RunOptions, RunOutcome,
+    Running, Sandbox, SandboxError, Stream, Usage,
+};
+pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
+pub use workspace::{validate_relative, FileStat, Workspace, WorkspaceError, MAX_PATH_BYTES};

@@ -1,0 +1,714 @@
+//! The host side of a sandbox: create its cgroup, start the init helper, move bytes, enforce the
+//! deadline and the output bound, kill the whole tree, account usage, leave nothing behind.
+//!
+//! Synchronous on purpose: callers in async code run it on a blocking thread.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
+use crate::init::CONTROL_FD;
+use crate::output::CappedOutput;
+use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
+use crate::sys::{pipe_cloexec, socketpair_cloexec};
+use crate::workspace::Workspace;
+
+/// Per-sandbox limits (DESIGN.md §7 defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory, including the sandbox's tmpfs pages (bytes).
+    pub memory_bytes: u64,
+    /// Processes and threads.
+    pub pids: u64,
+    /// CPU quota in milli-CPUs (1000 = one CPU).
+    pub cpu_millis: u64,
+    /// Size of /tmp and of /dev/shm (bytes, each).
+    pub tmp_bytes: u64,
+    /// Open files per process.
+    pub nofile: u64,
+    /// Largest single file (bytes).
+    pub fsize_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            pids: 128,
+            cpu_millis: 1000,
+            tmp_bytes: 256 << 20,
+            nofile: 4096,
+            fsize_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What to run in one sandbox.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workspace: &'a Workspace,
+    pub ro_binds: Vec<Bind>,
+    pub limits: Limits,
+}
+
+/// Why runcell ended a run (or how it ended on its own, for `Signal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// The wall-clock deadline passed.
+    Timeout,
+    /// The memory cgroup's OOM killer fired.
+    Oom,
+    /// The process limit was reached; the tree was killed.
+    Pids,
+    /// The program printed more than the hard output bound.
+    Output,
+    /// The program died of a signal runcell did not send (SIGSEGV, SIGABRT, ...).
+    Signal,
+}
+
+impl KillReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillReason::Timeout => "timeout",
+            KillReason::Oom => "oom",
+            KillReason::Pids => "pids",
+            KillReason::Output => "output",
+            KillReason::Signal => "signal",
+        }
+    }
+}
+
+/// How the program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// The shell convention: the code, or 128 + the signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+/// Resources one run used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub peak_memory_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cgroups are unavailable, so limits cannot be enforced")]
+    NoCgroups(#[source] CgroupError),
+    #[error("cannot create the sandbox's cgroup")]
+    Cgroup(#[source] CgroupError),
+    #[error("invalid sandbox spec")]
+    Spec(#[from] SpecError),
+    #[error("cannot start the sandbox helper {exe}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the sandbox could not be set up: {0}")]
+    Setup(String),
+    #[error("sandbox i/o failed")]
+    Io(#[from] io::Error),
+}
+
+/// The sandbox factory: knows the init helper and the host's cgroup layout.
+#[derive(Debug)]
+pub struct Sandbox {
+    init_exe: PathBuf,
+    cgroups: Hierarchy,
+}
+
+impl Sandbox {
+    /// `init_exe` is a binary that calls [`crate::run_if_init`] first thing (the runcell binary,
+    /// or `runcell-sandbox-init`). Fails when cgroups are missing: runcell never runs code it
+    /// cannot bound.
+    pub fn new(init_exe: PathBuf) -> Result<Sandbox, SandboxError> {
+        let cgroups = Hierarchy::detect().map_err(SandboxError::NoCgroups)?;
+        Ok(Sandbox { init_exe, cgroups })
+    }
+
+    pub fn cgroups(&self) -> &Hierarchy {
+        &self.cgroups
+    }
+
+    /// Starts the program in a new sandbox. Its stdin, stdout and stderr are pipes.
+    pub fn spawn(&self, launch: &Launch<'_>) -> Result<Running, SandboxError> {
+        let l = &launch.limits;
+        let name = format!("rc-{}-{:08x}", launch.workspace.host_uid(), random_u32());
+        let cgroup = self
+            .cgroups
+            .create(
+                &name,
+                &CgroupLimits {
+                    memory_bytes: l.memory_bytes,
+                    pids: l.pids,
+                    cpu_millis: l.cpu_millis,
+                },
+            )
+            .map_err(SandboxError::Cgroup)?;
+        let spec = Spec {
+            argv: launch.argv.clone(),
+            env: launch.env.clone(),
+            workspace: launch.workspace.path().to_owned(),
+            ro_binds: launch.ro_binds.clone(),
+            host_uid: launch.workspace.host_uid(),
+            cgroup_procs: cgroup.procs_files(),
+            limits: InnerLimits {
+                tmp_bytes: l.tmp_bytes,
+                nofile: l.nofile,
+                fsize_bytes: l.fsize_bytes,
+                nproc: l.pids,
+            },
+        };
+        let spec_bytes = spec.to_bytes()?;
+        let (control, helper_end) = socketpair_cloexec()?;
+        let (mut helper, stdio) = if is_single_threaded() {
+            fork_helper(helper_end)?
+        } else {
+            self.exec_helper(helper_end)?
+        };
+        let mut control = File::from(control);
+        // The helper reads the spec to end-of-file; it then holds the socket open for its report.
+        let sent = control
+            .write_all(&spec_bytes)
+            .and_then(|_| shutdown_write(&control));
+        if let Err(e) = sent {
+            helper.kill();
+            helper.wait();
+            return Err(SandboxError::Io(e));
+        }
+        let [stdin, stdout, stderr] = stdio.map(File::from);
+        Ok(Running {
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            helper,
+            report: Some(control),
+            cgroup: Some(cgroup),
+            started: Instant::now(),
+            killed_by: None,
+        })
+    }
+
+    /// Starts the helper as a fresh `runcell __sandbox-init` process: required when the caller
+    /// has other threads (the server), since only `execve` gives the helper a clean process.
+    fn exec_helper(&self, helper_end: OwnedFd) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
+        let helper_fd = helper_end.as_raw_fd();
+        let mut cmd = Command::new(&self.init_exe);
+        cmd.arg(INIT_ARG)
+            // No server secret may reach a sandbox, not even the helper's environment.
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: the closure runs between fork and exec and only calls dup2/fcntl, which are
+        // async-signal-safe; it allocates nothing and takes no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if helper_fd == CONTROL_FD {
+                    if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(helper_fd, CONTROL_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+            exe: self.init_exe.clone(),
+            source,
+        })?;
+        drop(helper_end);
+        let (Some(i), Some(o), Some(e)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SandboxError::Io(io::Error::other("helper stdio missing")));
+        };
+        Ok((Helper::Exec(child), [i.into(), o.into(), e.into()]))
+    }
+
+    /// Runs the program to completion: feeds `stdin`, streams output to `on_output` (up to the
+    /// head of each capped stream), enforces the deadline, the pids bound and the output bound.
+    pub fn run(
+        &self,
+        launch: &Launch<'_>,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<RunOutcome, SandboxError> {
+        let mut running = self.spawn(launch)?;
+        let deadline = running.started + opts.timeout;
+        let mut stdout = CappedOutput::new(opts.output_cap);
+        let mut stderr = CappedOutput::new(opts.output_cap);
+        let mut pump = Pump::new(&mut running, &opts.stdin)?;
+        let mut drain_until: Option<Instant> = None;
+        let mut buf = vec![0u8; 64 << 10];
+        while pump.open() {
+            let now = Instant::now();
+            if running.killed_by.is_none() {
+                if now >= deadline {
+                    running.kill(KillReason::Timeout);
+                } else if running.pids_limit_hit() {
+                    running.kill(KillReason::Pids);
+                } else if stdout.total() + stderr.total() > opts.output_kill_bytes {
+                    running.kill(KillReason::Output);
+                }
+                if running.killed_by.is_some() {
+                    drain_until = Some(now + Duration::from_secs(2));
+                }
+            }
+            if drain_until.is_some_and(|d| now >= d) {
+                break;
+            }
+            let wake = drain_until.unwrap_or(deadline).min(now + PIDS_POLL);
+            for (stream, data) in pump.poll(wake.saturating_duration_since(now), &mut buf)? {
+                let sink = match stream {
+                    Stream::Stdout => &mut stdout,
+                    Stream::Stderr => &mut stderr,
+                };
+                let live = sink.push(data);
+                if !live.is_empty() {
+                    on_output(stream, live);
+                }
+            }
+        }
+        drop(pump);
+        let finished = running.finish()?;
+        Ok(RunOutcome {
+            exit: finished.exit,
+            killed_by: finished.killed_by,
+            stdout,
+            stderr,
+            usage: finished.usage,
+        })
+    }
+}
+
+/// How often the pids bound is checked while a run is in progress.
+const PIDS_POLL: Duration = Duration::from_millis(100);
+
+/// Options of [`Sandbox::run`].
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub stdin: Vec<u8>,
+    pub timeout: Duration,
+    /// Bytes kept per stream (head and tail halves).
+    pub output_cap: usize,
+    /// Past this many bytes of output in total the run is killed (`KillReason::Output`).
+    pub output_kill_bytes: u64,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            stdin: Vec::new(),
+            timeout: Duration::from_secs(60),
+            output_cap: 1 << 20,
+            output_kill_bytes: 2 << 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The result of [`Sandbox::run`].
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub exit: ExitStatus,
+    pub killed_by: Option<KillReason>,
+    pub stdout: CappedOutput,
+    pub stderr: CappedOutput,
+    pub usage: Usage,
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished {
+    pub exit: ExitStatus,
+    pub killed_by: Option<KillReason>,
+    pub usage: Usage,
+}
+
+/// A started sandbox. Dropping it kills the whole tree and removes the cgroup.
+#[derive(Debug)]
+pub struct Running {
+    pub stdin: Option<File>,
+    pub stdout: Option<File>,
+    pub stderr: Option<File>,
+    helper: Helper,
+    report: Option<File>,
+    cgroup: Option<Cgroup>,
+    started: Instant,
+    killed_by: Option<KillReason>,
+}
+
+impl Running {
+    /// Kills every process of the sandbox: the helper (pid 1 inside dies with it, and the kernel
+    /// then kills the whole PID namespace) and, for certainty, everything in the cgroup.
+    pub fn kill(&mut self, reason: KillReason) {
+        if self.killed_by.is_none() {
+            self.killed_by = Some(reason);
+        }
+        self.helper.kill();
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill_all();
+        }
+    }
+
+    /// Whether the pids limit has been hit since the start.
+    pub fn pids_limit_hit(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(|c| c.usage().pids_limit_hits > 0)
+    }
+
+    /// The host pids of the sandbox's processes (helper excluded), for signalling.
+    pub fn pids(&self) -> Vec<i32> {
+        self.cgroup.as_ref().map(Cgroup::pids).unwrap_or_default()
+    }
+
+    pub fn killed_by(&self) -> Option<KillReason> {
+        self.killed_by
+    }
+
+    /// Waits for the end, collects usage and removes the cgroup.
+    pub fn finish(mut self) -> Result<Finished, SandboxError> {
+        self.stdin = None;
+        let mut line = String::new();
+        if let Some(mut r) = self.report.take() {
+            r.read_to_string(&mut line)?;
+        }
+        self.helper.wait();
+        let wall = self.started.elapsed();
+        let cgroup = self.cgroup.take();
+        let cg_usage = cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
+        if let Some(cg) = &cgroup {
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+        }
+        let line = line.trim();
+        let exit = if let Some(code) = line.strip_prefix("exit ") {
+            ExitStatus::Code(code.parse().unwrap_or(-1))
+        } else if let Some(sig) = line.strip_prefix("signal ") {
+            ExitStatus::Signal(sig.parse().unwrap_or(libc::SIGKILL))
+        } else if let Some(msg) = line.strip_prefix("error ") {
+            if self.killed_by.is_none() {
+                return Err(SandboxError::Setup(msg.to_owned()));
+            }
+            ExitStatus::Signal(libc::SIGKILL)
+        } else {
+            // The helper was killed before it could report: that was us.
+            ExitStatus::Signal(libc::SIGKILL)
+        };
+        let killed_by = self.killed_by.or(match exit {
+            _ if cg_usage.oom_kills > 0 && exit != ExitStatus::Code(0) => Some(KillReason::Oom),
+            ExitStatus::Signal(_) => Some(KillReason::Signal),
+            ExitStatus::Code(_) => None,
+        });
+        Ok(Finished {
+            exit,
+            killed_by,
+            usage: Usage {
+                wall,
+                cpu: Duration::from_nanos(cg_usage.cpu_ns),
+                peak_memory_bytes: cg_usage.peak_memory_bytes,
+            },
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.cgroup.is_some() {
+            self.kill(KillReason::Signal);
+            self.helper.wait();
+            if let Some(cg) = self.cgroup.take() {
+                let _ = cg.remove();
+            }
+        }
+    }
+}
+
+/// Moves bytes between the caller and a running sandbox with poll(2).
+struct Pump<'a> {
+    stdin: Option<File>,
+    stdin_data: &'a [u8],
+    stdout: Option<File>,
+    stderr: Option<File>,
+    report_fd: libc::c_int,
+    report_open: bool,
+}
+
+impl<'a> Pump<'a> {
+    fn new(running: &mut Running, stdin_data: &'a [u8]) -> io::Result<Pump<'a>> {
+        let mut stdin = running.stdin.take();
+        if stdin_data.is_empty() {
+            stdin = None; // closing it gives the program end-of-file at once
+        } else if let Some(s) = &stdin {
+            set_nonblocking(s.as_raw_fd())?;
+        }
+        Ok(Pump {
+            stdin,
+            stdin_data,
+            stdout: running.stdout.take(),
+            stderr: running.stderr.take(),
+            report_fd: running.report.as_ref().map_or(-1, |r| r.as_raw_fd()),
+            report_open: running.report.is_some(),
+        })
+    }
+
+    /// Whether anything is still connected to the sandbox.
+    fn open(&self) -> bool {
+        self.stdout.is_some() || self.stderr.is_some() || self.report_open
+    }
+
+    fn poll<'b>(
+        &mut self,
+        timeout: Duration,
+        buf: &'b mut [u8],
+    ) -> io::Result<Vec<(Stream, &'b [u8])>> {
+        let fd = |o: Option<i32>| o.unwrap_or(-1);
+        let mut fds = [
+            pollfd(
+                fd(self.stdout.as_ref().map(|s| s.as_raw_fd())),
+                libc::POLLIN,
+            ),
+            pollfd(
+                fd(self.stderr.as_ref().map(|s| s.as_raw_fd())),
+                libc::POLLIN,
+            ),
+            pollfd(
+                if self.report_open { self.report_fd } else { -1 },
+                libc::POLLIN,
+            ),
+            pollfd(
+                fd(self.stdin.as_ref().map(|s| s.as_raw_fd())),
+                libc::POLLOUT,
+            ),
+        ];
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: `fds` is a valid array; negative descriptors are ignored by poll.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            return if err.kind() == io::ErrorKind::Interrupted {
+                Ok(Vec::new())
+            } else {
+                Err(err)
+            };
+        }
+        if fds[3].revents != 0 {
+            self.feed_stdin();
+        }
+        if fds[2].revents != 0 {
+            // The helper writes its report once, right before it exits; the supervisor reads it
+            // in `finish`. Here only stop polling it once it has something or hung up.
+            self.report_open = false;
+        }
+        // Split the buffer so both streams can be read in one round.
+        let (a, b) = buf.split_at_mut(buf.len() / 2);
+        let mut out = Vec::new();
+        if fds[0].revents != 0 {
+            if let Some(n) = read_or_close(&mut self.stdout, a)? {
+                out.push((Stream::Stdout, &a[..n]));
+            }
+        }
+        if fds[1].revents != 0 {
+            if let Some(n) = read_or_close(&mut self.stderr, b)? {
+                out.push((Stream::Stderr, &b[..n]));
+            }
+        }
+        Ok(out)
+    }
+
+    fn feed_stdin(&mut self) {
+        let Some(s) = &mut self.stdin else { return };
+        match s.write(self.stdin_data) {
+            Ok(n) => {
+                self.stdin_data = &self.stdin_data[n..];
+                if self.stdin_data.is_empty() {
+                    self.stdin = None;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            // The program closed its stdin (or exited): stop feeding it.
+            Err(_) => self.stdin = None,
+        }
+    }
+}
+
+fn read_or_close<R: Read>(stream: &mut Option<R>, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    let Some(s) = stream else { return Ok(None) };
+    match s.read(buf) {
+        Ok(0) => {
+            *stream = None;
+            Ok(None)
+        }
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn pollfd(fd: libc::c_int, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// The init helper process, however it was started.
+#[derive(Debug)]
+enum Helper {
+    Exec(Child),
+    Forked { pid: libc::pid_t, reaped: bool },
+}
+
+impl Helper {
+    fn kill(&mut self) {
+        match self {
+            Helper::Exec(c) => {
+                let _ = c.kill();
+            }
+            Helper::Forked { pid, reaped: false } => {
+                // SAFETY: signalling our own unreaped child: its pid cannot have been reused.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            Helper::Forked { .. } => {}
+        }
+    }
+
+    fn wait(&mut self) {
+        match self {
+            Helper::Exec(c) => {
+                let _ = c.wait();
+            }
+            Helper::Forked { pid, reaped } => {
+                while !*reaped {
+                    // SAFETY: waiting for our own child.
+                    let r = unsafe { libc::waitpid(*pid, std::ptr::null_mut(), 0) };
+                    if r == *pid || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
+                    {
+                        *reaped = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether this process has exactly one thread (then a plain `fork` gives the helper a
+/// consistent copy of it, and the `execve` of a new runcell can be skipped).
+fn is_single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .is_some_and(|n| n.trim() == "1")
+    })
+}
+
+/// Starts the helper by forking this single-threaded process: it skips an `execve` and a
+/// dynamic link of the runcell binary (~1.5 ms of a one-shot run). The child becomes the helper
+/// at once, exactly as `runcell __sandbox-init` would after its own exec.
+fn fork_helper(helper_end: OwnedFd) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
+    let (in_r, in_w) = pipe_cloexec()?;
+    let (out_r, out_w) = pipe_cloexec()?;
+    let (err_r, err_w) = pipe_cloexec()?;
+    // SAFETY: the caller checked this process is single-threaded, so the child is a consistent
+    // copy of it; it only rearranges descriptors and becomes the helper, never returning here.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SandboxError::Io(io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        // Standard descriptors first: none of the new descriptors can be 0-2 (those are open),
+        // but one of them may be 3.
+        for (fd, target) in [(&in_r, 0), (&out_w, 1), (&err_w, 2)] {
+            // SAFETY: dup2 onto the standard descriptors in the child.
+            unsafe { libc::dup2(fd.as_raw_fd(), target) };
+        }
+        let h = helper_end.as_raw_fd();
+        // SAFETY: as above; the control socket becomes fd 3, without close-on-exec.
+        unsafe {
+            if h == CONTROL_FD {
+                libc::fcntl(CONTROL_FD, libc::F_SETFD, 0);
+            } else {
+                libc::dup2(h, CONTROL_FD);
+            }
+        }
+        // The caller's environment may hold secrets; the exec'd helper starts with none, and
+        // so does this one.
+        // SAFETY: single-threaded; nothing holds a pointer into the environment.
+        unsafe { libc::clearenv() };
+        crate::init::init_main();
+    }
+    Ok((Helper::Forked { pid, reaped: false }, [in_w, out_r, err_r]))
+}
+
+fn shutdown_write(f: &File) -> io::Result<()> {
+    // SAFETY: shutdown on a socket we own.
+    if unsafe { libc::shutdown(f.as_raw_fd(), libc::SHUT_WR) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_nonblocking(fd: libc::c_int) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `b`.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, libc::GRND_NONBLOCK) };
+    u32::from_ne_bytes(b)
+}
+
+/// Where the init helper lives when the caller is not the runcell binary itself: next to the
+/// current executable, or one directory up (test binaries live in `target/<profile>/deps`).
+pub fn find_init_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        for name in ["runcell-sandbox-init", "runcell"] {
+            let p = d.join(name);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}

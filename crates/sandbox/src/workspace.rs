@@ -1,0 +1,344 @@
+//! The host side of `/workspace`: a directory backed by its own size-limited tmpfs (so a full
+//! workspace is ENOSPC, enforced by the kernel), owned by the sandbox's host uid.
+//!
+//! Host code never follows a path the sandbox could have planted: every walk below goes
+//! descriptor by descriptor with `O_NOFOLLOW`, starting from the workspace root.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::sys::{cstr, cvt};
+use crate::user_ns::UidLease;
+
+/// Longest relative path accepted (bytes); each component is also limited to NAME_MAX.
+pub const MAX_PATH_BYTES: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("cannot {action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: &'static str },
+}
+
+/// A mounted, size-limited workspace. Unmounted and removed on drop.
+#[derive(Debug)]
+pub struct Workspace {
+    path: PathBuf,
+    lease: UidLease,
+    size_bytes: u64,
+}
+
+impl Workspace {
+    /// Creates `path` (which must not exist), mounts a tmpfs of `size_bytes` on it and gives it to
+    /// the lease's host uid.
+    pub fn create(
+        path: &Path,
+        size_bytes: u64,
+        lease: UidLease,
+    ) -> Result<Workspace, WorkspaceError> {
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        };
+        fs::create_dir(path).map_err(|e| io_err("create", e))?;
+        let uid = lease.uid();
+        let inodes = (size_bytes / 2048).clamp(1024, 1 << 20);
+        let options = format!("size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}");
+        let c_path = cstr(path).map_err(|e| io_err("mount", e))?;
+        let c_opts = CString::new(options).map_err(|_| {
+            io_err(
+                "mount",
+                io::Error::new(io::ErrorKind::InvalidInput, "NUL in options"),
+            )
+        })?;
+        // SAFETY: valid NUL-terminated strings for every argument.
+        let mounted = cvt(unsafe {
+            libc::mount(
+                c"runcell-workspace".as_ptr(),
+                c_path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c_opts.as_ptr().cast(),
+            )
+        });
+        if let Err(e) = mounted {
+            let _ = fs::remove_dir(path);
+            return Err(io_err("mount a tmpfs on", e));
+        }
+        Ok(Workspace {
+            path: path.to_owned(),
+            lease,
+            size_bytes,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The host uid the sandbox user maps to for this workspace.
+    pub fn host_uid(&self) -> u32 {
+        self.lease.uid()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Writes `data` to `rel` (creating parent directories), owned by the sandbox user. Never
+    /// follows a symlink: an existing symlink anywhere on the way is an error.
+    pub fn write_file(&self, rel: &str, data: &[u8]) -> Result<(), WorkspaceError> {
+        let parts = validate_relative(rel)?;
+        let (file_name, dirs) = parts.split_last().ok_or(WorkspaceError::InvalidPath {
+            path: rel.to_owned(),
+            reason: "empty path",
+        })?;
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: PathBuf::from(rel),
+            source,
+        };
+        let mut dir = open_dir_nofollow(None, &self.path).map_err(|e| io_err("open", e))?;
+        for d in dirs {
+            let c = cname(d);
+            // SAFETY: valid directory descriptor and name.
+            let r = unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) };
+            if r == 0 {
+                self.chown_at(&dir, &c).map_err(|e| io_err("chown", e))?;
+            } else if io::Error::last_os_error().kind() != io::ErrorKind::AlreadyExists {
+                return Err(io_err("create directory", io::Error::last_os_error()));
+            }
+            dir = open_dir_nofollow(Some(&dir), Path::new(d)).map_err(|e| io_err("open", e))?;
+        }
+        let c = cname(file_name);
+        // SAFETY: valid directory descriptor and name; O_NOFOLLOW refuses a planted symlink.
+        let fd = cvt(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o644,
+            )
+        })
+        .map_err(|e| io_err("create", e))?;
+        // SAFETY: openat succeeded; the descriptor is ours.
+        let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let uid = self.lease.uid();
+        // SAFETY: fchown on our own descriptor.
+        cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
+        file.write_all(data).map_err(|e| io_err("write", e))?;
+        Ok(())
+    }
+
+    fn chown_at(&self, dir: &OwnedFd, name: &CString) -> io::Result<()> {
+        let uid = self.lease.uid();
+        // SAFETY: valid descriptor and name; AT_SYMLINK_NOFOLLOW never touches a link target.
+        cvt(unsafe {
+            libc::fchownat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                uid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Every regular file under the workspace with its size and modification time, keyed by
+    /// relative path. Symlinks and special files are skipped, never followed.
+    pub fn snapshot(&self) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
+        let mut out = BTreeMap::new();
+        let root = open_dir_nofollow(None, &self.path).map_err(|source| WorkspaceError::Io {
+            action: "open",
+            path: self.path.clone(),
+            source,
+        })?;
+        walk(&root, "", 0, &mut out);
+        Ok(out)
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if let Ok(c) = cstr(&self.path) {
+            // SAFETY: a valid path; MNT_DETACH so a lingering reference cannot keep it busy.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = fs::remove_dir(&self.path);
+    }
+}
+
+/// What the host knows of one workspace file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStat {
+    pub size: u64,
+    pub modified: SystemTime,
+}
+
+const MAX_DEPTH: usize = 64;
+const MAX_ENTRIES: usize = 100_000;
+
+fn walk(dir: &OwnedFd, prefix: &str, depth: usize, out: &mut BTreeMap<String, FileStat>) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    // Reading the directory through its descriptor's /proc link lists exactly the directory we
+    // opened, whatever happened to its path since.
+    let Ok(entries) = fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if out.len() >= MAX_ENTRIES {
+            return;
+        }
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let rel = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let Ok(stat) = fstatat_nofollow(dir, name) else {
+            continue;
+        };
+        match stat.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                let modified = SystemTime::UNIX_EPOCH
+                    + std::time::Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32);
+                out.insert(
+                    rel,
+                    FileStat {
+                        size: stat.st_size as u64,
+                        modified,
+                    },
+                );
+            }
+            libc::S_IFDIR => {
+                if let Ok(sub) = open_dir_nofollow(Some(dir), Path::new(name)) {
+                    walk(&sub, &rel, depth + 1, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn fstatat_nofollow(dir: &OwnedFd, name: &str) -> io::Result<libc::stat> {
+    let c = cname(name);
+    // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptor, name and out-pointer.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(st)
+}
+
+fn open_dir_nofollow(at: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {
+    let c = cstr(path)?;
+    let base = at.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: valid descriptor (or AT_FDCWD) and path.
+    let fd = cvt(unsafe {
+        libc::openat(
+            base,
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: openat succeeded; the descriptor is ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn cname(name: &str) -> CString {
+    // validate_relative already refused NUL bytes.
+    CString::new(name).unwrap_or_default()
+}
+
+/// Checks a client-supplied path relative to the workspace and splits it into components:
+/// no absolute paths, no `..`, no NUL, no empty or over-long names.
+pub fn validate_relative(rel: &str) -> Result<Vec<&str>, WorkspaceError> {
+    let bad = |reason| WorkspaceError::InvalidPath {
+        path: rel.chars().take(200).collect(),
+        reason,
+    };
+    if rel.is_empty() {
+        return Err(bad("empty path"));
+    }
+    if rel.len() > MAX_PATH_BYTES {
+        return Err(bad("path too long"));
+    }
+    if rel.contains('\0') {
+        return Err(bad("path contains a NUL byte"));
+    }
+    if rel.starts_with('/') {
+        return Err(bad("absolute paths are not allowed"));
+    }
+    let mut parts = Vec::new();
+    for c in Path::new(rel).components() {
+        match c {
+            Component::Normal(s) => {
+                if s.as_bytes().len() > 255 {
+                    return Err(bad("a path component is longer than 255 bytes"));
+                }
+                parts.push(s.to_str().unwrap_or_default());
+            }
+            Component::CurDir => {}
+            Component::ParentDir => return Err(bad("'..' is not allowed")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(bad("absolute paths are not allowed"))
+            }
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad("empty path"));
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_escaping_and_malformed_paths() {
+        for (p, why) in [
+            ("", "empty path"),
+            ("/etc/passwd", "absolute paths are not allowed"),
+            ("../x", "'..' is not allowed"),
+            ("a/../../x", "'..' is not allowed"),
+            ("a\0b", "path contains a NUL byte"),
+            (".", "empty path"),
+        ] {
+            match validate_relative(p) {
+                Err(WorkspaceError::InvalidPath { reason, .. }) => assert_eq!(reason, why, "{p:?}"),
+                other => panic!("{p:?}: {other:?}"),
+            }
+        }
+        let long = "a".repeat(256);
+        assert!(validate_relative(&long).is_err());
+        assert!(validate_relative(&"a/".repeat(600)).is_err());
+        assert_eq!(
+            validate_relative("./a/b.txt").expect("ok"),
+            vec!["a", "b.txt"]
+        );
+    }
+}

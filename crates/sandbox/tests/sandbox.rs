@@ -1,0 +1,177 @@
+//! The sandbox crate on its own, through its public API and the `runcell-sandbox-init` helper.
+//! The test harness is multi-threaded, so these runs take the exec'd-helper path (the CLI's
+//! tests take the forked one).
+
+use std::time::Duration;
+
+use runcell_sandbox::{
+    ExitStatus, KillReason, Launch, Limits, RunOptions, Sandbox, SandboxError, Stream, UidLease,
+    Workspace,
+};
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(env!("CARGO_BIN_EXE_runcell-sandbox-init").into()).expect("sandbox")
+}
+
+fn workspace(dir: &tempfile::TempDir, size: u64) -> Workspace {
+    let lease = UidLease::acquire(&dir.path().join("uids")).expect("lease");
+    Workspace::create(&dir.path().join("ws"), size, lease).expect("workspace")
+}
+
+fn launch<'a>(ws: &'a Workspace, argv: &[&str]) -> Launch<'a> {
+    Launch {
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        workspace: ws,
+        ro_binds: vec![],
+        limits: Limits::default(),
+    }
+}
+
+#[test]
+fn runs_a_program_with_stdin_and_streams_its_output() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 16 << 20);
+    ws.write_file("in/data.txt", b"from the host\n")
+        .expect("write");
+    let mut streamed = Vec::new();
+    let out = sandbox()
+        .run(
+            &launch(
+                &ws,
+                &[
+                    "/bin/sh",
+                    "-c",
+                    "cat in/data.txt; cat; echo err >&2; id -u; exit 3",
+                ],
+            ),
+            &RunOptions {
+                stdin: b"via stdin\n".to_vec(),
+                ..RunOptions::default()
+            },
+            &mut |s, d| streamed.push((s, d.to_vec())),
+        )
+        .expect("run");
+    assert_eq!(out.exit, ExitStatus::Code(3));
+    assert_eq!(out.killed_by, None);
+    assert_eq!(out.stdout.render(), "from the host\nvia stdin\n1000\n");
+    assert_eq!(out.stderr.render(), "err\n");
+    let live: Vec<u8> = streamed
+        .iter()
+        .filter(|(s, _)| *s == Stream::Stdout)
+        .flat_map(|(_, d)| d.clone())
+        .collect();
+    assert_eq!(live, b"from the host\nvia stdin\n1000\n");
+    assert!(out.usage.wall > Duration::ZERO);
+}
+
+#[test]
+fn setup_failures_are_reported_with_their_step() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let err = sandbox()
+        .run(
+            &launch(&ws, &["no-such-program"]),
+            &RunOptions::default(),
+            &mut |_, _| {},
+        )
+        .expect_err("missing program");
+    match err {
+        SandboxError::Setup(msg) => {
+            assert_eq!(msg, "step 8 (exec): no-such-program: command not found")
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut l = launch(&ws, &["/bin/true"]);
+    l.ro_binds = vec![runcell_sandbox::Bind {
+        source: "/nonexistent/source".into(),
+        target: "/opt/x".into(),
+    }];
+    let err = sandbox()
+        .run(&l, &RunOptions::default(), &mut |_, _| {})
+        .expect_err("missing bind");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("the sandbox could not be set up: step 3 (mounts): cannot find bind source /nonexistent/source"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn workspace_is_size_capped_by_the_kernel() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 4 << 20);
+    let out = sandbox()
+        .run(
+            &launch(
+                &ws,
+                &["/bin/sh", "-c", "head -c 8M /dev/zero > big; echo rc=$?; head -c 1M /dev/zero > small; echo rc=$?"],
+            ),
+            &RunOptions::default(),
+            &mut |_, _| {},
+        )
+        .expect("run");
+    let stdout = out.stdout.render();
+    assert_eq!(
+        stdout, "rc=1\nrc=1\n",
+        "both writes hit the 4 MiB cap: {out:?}"
+    );
+    assert!(out.stderr.render().contains("No space left on device"));
+    let files = ws.snapshot().expect("snapshot");
+    assert!(files["big"].size <= 4 << 20);
+}
+
+#[test]
+fn planted_symlinks_are_never_followed_by_the_host() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, "host secret").expect("write");
+    let ws = workspace(&dir, 1 << 20);
+    let target = outside.to_str().expect("utf8");
+    let script = format!("ln -s {target} link.txt; mkdir d; ln -s / d/root; ln -s /etc sub");
+    let out = sandbox()
+        .run(
+            &launch(&ws, &["/bin/sh", "-c", &script]),
+            &RunOptions::default(),
+            &mut |_, _| {},
+        )
+        .expect("run");
+    assert_eq!(out.exit, ExitStatus::Code(0), "{out:?}");
+    // Writing through the planted links fails instead of touching the host.
+    assert!(ws.write_file("link.txt", b"x").is_err());
+    assert!(ws.write_file("sub/passwd", b"x").is_err());
+    assert!(ws.write_file("d/root/etc/x", b"x").is_err());
+    assert_eq!(
+        std::fs::read_to_string(&outside).expect("read"),
+        "host secret"
+    );
+    // Listing skips them.
+    let files = ws.snapshot().expect("snapshot");
+    assert!(files.is_empty(), "{files:?}");
+}
+
+#[test]
+fn deadline_kills_the_tree_and_reports_timeout() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let out = sandbox()
+        .run(
+            &launch(
+                &ws,
+                &["/bin/sh", "-c", "(trap '' TERM; sleep 100) & sleep 100"],
+            ),
+            &RunOptions {
+                timeout: Duration::from_millis(500),
+                ..RunOptions::default()
+            },
+            &mut |_, _| {},
+        )
+        .expect("run");
+    assert_eq!(out.killed_by, Some(KillReason::Timeout));
+    assert_eq!(out.exit, ExitStatus::Signal(libc_sigkill()));
+    assert!(out.usage.wall < Duration::from_secs(5));
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
