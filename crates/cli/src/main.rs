@@ -2,7 +2,9 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod repl;
 mod run;
+mod runtime;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,8 +29,13 @@ struct Cli {
 enum Command {
     /// Run a program once in a fresh sandbox; its output is streamed and its exit code returned.
     Run(run::RunArgs),
+    /// One stateful session in the terminal (cells separated by `%%` lines when piped).
+    Repl(repl::ReplArgs),
     /// Check every isolation layer of this host and say what is available, degraded or missing.
     Doctor,
+    /// Manage the Python runtimes sessions run on.
+    #[command(subcommand)]
+    Runtime(runtime::RuntimeCommand),
 }
 
 fn main() -> ExitCode {
@@ -41,7 +48,9 @@ fn main() -> ExitCode {
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     let result = match cli.command {
         Command::Run(args) => run::run(&data_dir, args),
+        Command::Repl(args) => repl::repl(&data_dir, args),
         Command::Doctor => doctor::doctor(&data_dir),
+        Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
     };
     match result {
         Ok(code) => code,
@@ -86,11 +95,26 @@ fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
     }
 }
 
-/// The engine, with this binary as the sandbox init helper.
+/// The engine, with this binary as the sandbox init helper and the default Python runtime if
+/// it is installed.
 fn engine(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
+    let runtime = runcell_kernel::runtime::Runtimes::new(data_dir).default_runtime();
+    engine_on(data_dir, runtime.map(|r| r.path))
+}
+
+/// The engine with the default Python runtime, installed first if missing (with progress).
+fn engine_with_runtime(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
+    let info = runtime::ensure_default(data_dir)?;
+    engine_on(data_dir, Some(info.path))
+}
+
+fn engine_on(
+    data_dir: &std::path::Path,
+    python_runtime: Option<PathBuf>,
+) -> anyhow::Result<runcell_engine::Engine> {
     use anyhow::Context;
     let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
-    let engine =
-        runcell_engine::Engine::new(runcell_engine::EngineConfig::new(data_dir.to_owned(), exe))?;
-    Ok(engine)
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = python_runtime;
+    Ok(runcell_engine::Engine::new(config)?)
 }

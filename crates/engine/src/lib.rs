@@ -2,19 +2,27 @@
 //! domain words. Knows nothing of HTTP; runs code only through `runcell-sandbox`.
 #![forbid(unsafe_code)]
 
+mod core;
+mod files;
 mod model;
 mod oneshot;
+mod session;
 
 use std::path::PathBuf;
 
+pub use crate::core::{
+    AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT, SANDBOX_PYTHON,
+};
+pub use files::{FileEntry, MAX_FILE_BYTES};
 pub use model::{
     new_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, KilledBy, Language,
     ResultItem, Truncated, UsageInfo,
 };
-pub use oneshot::{
-    Engine, EngineConfig, InputFile, LimitsRequest, OneShot, OneShotOutcome, MAX_TIMEOUT,
-};
+pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
+pub use session::{
+    CreateSession, EventSink, ExecEvent, SessionInfo, SessionManager, SessionStatus, QUEUE_DEPTH,
+};
 
 /// Errors of the engine, in the words a caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +36,14 @@ pub enum EngineError {
     /// The sandbox failed while running the code.
     #[error("sandbox failure: {0}")]
     Sandbox(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A size or count limit (a full workspace, a file too large).
+    #[error("limit exceeded: {0}")]
+    LimitExceeded(String),
+    /// Too many executions are already waiting on the session.
+    #[error("session busy: {0}")]
+    SessionBusy(String),
     #[error("cannot {action} {path}")]
     Io {
         action: &'static str,
@@ -43,4 +59,23 @@ pub fn mime_of(path: &str) -> String {
         .first_raw()
         .unwrap_or("application/octet-stream")
         .to_owned()
+}
+
+/// An error and its causes on one line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// The first 12 hex digits of the SHA-256 of `data`: names that change with content.
+pub(crate) fn short_hash(data: &[u8]) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(data);
+    d.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }

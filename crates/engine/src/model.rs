@@ -136,7 +136,7 @@ pub struct Execution {
     pub finished_at: DateTime<Utc>,
 }
 
-fn rfc3339<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn rfc3339<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
 }
 

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use runcell_sandbox::{
-    Bind, ExitStatus, FileStat, KillReason, Launch, Limits, RunOptions, Sandbox, Stream, UidLease,
-    Workspace,
+    Bind, ExitStatus, FileStat, KillReason, Launch, Limits, RunOptions, Stream, UidLease, Workspace,
 };
 
+use crate::core::{base_env, resolve_limits, Engine, LimitsRequest, MAX_TIMEOUT};
 use crate::model::{
     new_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, Language, Truncated,
     UsageInfo,
@@ -21,21 +21,6 @@ use crate::EngineError;
 
 /// Where the program file is bound, read-only, inside the sandbox.
 const INPUT_DIR: &str = "/opt/runcell/input";
-
-/// Limits a caller may ask for; `None` takes the default (DESIGN.md §7).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LimitsRequest {
-    pub memory_mb: Option<u64>,
-    pub cpu: Option<f64>,
-    pub pids: Option<u64>,
-    pub disk_mb: Option<u64>,
-}
-
-/// Bounds on what a request may ask for.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-pub const MAX_MEMORY_MB: u64 = 64 << 10;
-pub const MAX_DISK_MB: u64 = 64 << 10;
-pub const MAX_PIDS: u64 = 4096;
 
 /// A file placed in /workspace before the program starts.
 #[derive(Debug, Clone)]
@@ -71,63 +56,7 @@ impl OneShot {
     }
 }
 
-/// Host paths and the sandbox factory an engine runs with.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// runcell's data directory (workspaces live under it).
-    pub data_dir: PathBuf,
-    /// The binary that serves as the sandbox init helper.
-    pub init_exe: PathBuf,
-    /// Host runtime state (uid leases); on tmpfs so it never outlives a reboot.
-    pub run_dir: PathBuf,
-}
-
-impl EngineConfig {
-    pub fn new(data_dir: PathBuf, init_exe: PathBuf) -> Self {
-        Self {
-            data_dir,
-            init_exe,
-            run_dir: PathBuf::from("/run/runcell"),
-        }
-    }
-}
-
-/// The domain entry point.
-#[derive(Debug)]
-pub struct Engine {
-    config: EngineConfig,
-    sandbox: Sandbox,
-}
-
 impl Engine {
-    pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
-        let blocking: Vec<String> = runcell_sandbox::doctor::check()
-            .into_iter()
-            .filter(|l| l.blocks())
-            .map(|l| format!("{}: {}", l.name, l.detail))
-            .collect();
-        if !blocking.is_empty() {
-            return Err(EngineError::Unavailable(blocking.join("; ")));
-        }
-        let sandbox = Sandbox::new(config.init_exe.clone())
-            .map_err(|e| EngineError::Unavailable(chain(&e)))?;
-        for dir in [
-            config.data_dir.join("workspaces"),
-            config.data_dir.join("tmp"),
-        ] {
-            fs::create_dir_all(&dir).map_err(|source| EngineError::Io {
-                action: "create",
-                path: dir.clone(),
-                source,
-            })?;
-        }
-        Ok(Engine { config, sandbox })
-    }
-
-    pub fn config(&self) -> &EngineConfig {
-        &self.config
-    }
-
     /// Runs `req` in a fresh sandbox. Output is streamed to `on_output` as it is produced (the
     /// head of each stream; the Execution holds head and tail).
     pub fn run_once(
@@ -135,20 +64,20 @@ impl Engine {
         req: &OneShot,
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
-        let limits = resolve_limits(&req.limits)?;
+        let (limits, disk_mb) = resolve_limits(&req.limits)?;
         if req.timeout.is_zero() || req.timeout > MAX_TIMEOUT {
             return Err(EngineError::InvalidRequest(format!(
                 "timeout must be between 1 and {} seconds",
                 MAX_TIMEOUT.as_secs()
             )));
         }
-        let disk_bytes = req.limits.disk_mb.unwrap_or(1024) << 20;
+        let disk_bytes = disk_mb << 20;
         let id = new_id("ex");
-        let lease = UidLease::acquire(&self.config.run_dir.join("uids"))
-            .map_err(|e| EngineError::Unavailable(chain(&e)))?;
-        let ws_path = self.config.data_dir.join("workspaces").join(&id);
+        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
+            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        let ws_path = self.core.config.data_dir.join("workspaces").join(&id);
         let workspace = Workspace::create(&ws_path, disk_bytes, lease)
-            .map_err(|e| EngineError::Unavailable(chain(&e)))?;
+            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         for f in &req.files {
             workspace
                 .write_file(&f.path, &f.content)
@@ -156,24 +85,36 @@ impl Engine {
                     runcell_sandbox::WorkspaceError::InvalidPath { .. } => {
                         EngineError::InvalidRequest(e.to_string())
                     }
-                    other => EngineError::InvalidRequest(chain(&other)),
+                    other => EngineError::InvalidRequest(crate::chain(&other)),
                 })?;
         }
         let before = workspace.snapshot().unwrap_or_default();
 
-        let input = ProgramDir::create(&self.config.data_dir.join("tmp"), req.language, &req.code)?;
+        let input = ProgramDir::create(
+            &self.core.config.data_dir.join("tmp"),
+            req.language,
+            &req.code,
+        )?;
+        let (python, mut ro_binds) = self.core.python();
+        ro_binds.push(Bind {
+            source: input.path.clone(),
+            target: INPUT_DIR.into(),
+        });
         let launch = Launch {
-            argv: interpreter(req.language),
-            env: base_env(req.language, limits.cpu_millis),
+            argv: interpreter(req.language, python),
+            env: base_env(
+                req.language,
+                limits.cpu_millis,
+                self.core.config.python_runtime.is_some(),
+            ),
             workspace: &workspace,
-            ro_binds: vec![Bind {
-                source: input.path.clone(),
-                target: INPUT_DIR.into(),
-            }],
+            ro_binds,
             limits,
+            channel: false,
         };
         let started_at = Utc::now();
         let outcome = self
+            .core
             .sandbox
             .run(
                 &launch,
@@ -185,7 +126,7 @@ impl Engine {
                 },
                 on_output,
             )
-            .map_err(|e| EngineError::Sandbox(chain(&e)))?;
+            .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
         let finished_at = Utc::now();
         let after = workspace.snapshot().unwrap_or_default();
         drop(input);
@@ -232,62 +173,13 @@ pub struct OneShotOutcome {
     pub exit_code: i32,
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
+fn interpreter(language: Language, python: String) -> Vec<String> {
+    let program = format!("{INPUT_DIR}/{}", program_file(language));
+    match language {
+        Language::Python => vec![python, program],
+        Language::Bash => vec!["/bin/bash".into(), program],
+        Language::Javascript => vec!["/usr/bin/node".into(), program],
     }
-    s
-}
-
-fn resolve_limits(req: &LimitsRequest) -> Result<Limits, EngineError> {
-    let d = Limits::default();
-    let memory_mb = req.memory_mb.unwrap_or(d.memory_bytes >> 20);
-    if !(16..=MAX_MEMORY_MB).contains(&memory_mb) {
-        return Err(EngineError::InvalidRequest(format!(
-            "memory_mb must be between 16 and {MAX_MEMORY_MB}"
-        )));
-    }
-    let cpu = req.cpu.unwrap_or(1.0);
-    if !(cpu.is_finite() && (0.01..=64.0).contains(&cpu)) {
-        return Err(EngineError::InvalidRequest(
-            "cpu must be between 0.01 and 64".into(),
-        ));
-    }
-    let pids = req.pids.unwrap_or(d.pids);
-    if !(8..=MAX_PIDS).contains(&pids) {
-        return Err(EngineError::InvalidRequest(format!(
-            "pids must be between 8 and {MAX_PIDS}"
-        )));
-    }
-    let disk_mb = req.disk_mb.unwrap_or(1024);
-    if !(1..=MAX_DISK_MB).contains(&disk_mb) {
-        return Err(EngineError::InvalidRequest(format!(
-            "disk_mb must be between 1 and {MAX_DISK_MB}"
-        )));
-    }
-    Ok(Limits {
-        memory_bytes: memory_mb << 20,
-        pids,
-        cpu_millis: (cpu * 1000.0).round() as u64,
-        // A file can be as large as the workspace, not larger.
-        fsize_bytes: disk_mb << 20,
-        // /tmp and /dev/shm count against memory; never let them exceed it.
-        tmp_bytes: d.tmp_bytes.min(memory_mb << 20),
-        ..d
-    })
-}
-
-fn interpreter(language: Language) -> Vec<String> {
-    let v: &[&str] = match language {
-        Language::Python => &["/usr/bin/python3", "/opt/runcell/input/main.py"],
-        Language::Bash => &["/bin/bash", "/opt/runcell/input/main.sh"],
-        Language::Javascript => &["/usr/bin/node", "/opt/runcell/input/main.js"],
-    };
-    v.iter().map(|s| (*s).to_owned()).collect()
 }
 
 fn program_file(language: Language) -> &'static str {
@@ -296,36 +188,6 @@ fn program_file(language: Language) -> &'static str {
         Language::Bash => "main.sh",
         Language::Javascript => "main.js",
     }
-}
-
-/// The whole environment a program sees. Nothing comes from the host.
-fn base_env(language: Language, cpu_millis: u64) -> Vec<(String, String)> {
-    let threads = cpu_millis.div_ceil(1000).max(1).to_string();
-    let mut env: Vec<(&str, String)> = vec![
-        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
-        ("HOME", "/tmp".into()),
-        ("USER", "sandbox".into()),
-        ("LOGNAME", "sandbox".into()),
-        ("HOSTNAME", "runcell".into()),
-        ("LANG", "C.UTF-8".into()),
-        ("TMPDIR", "/tmp".into()),
-        // Prompts written for Anthropic's code execution tool save files here.
-        ("OUTPUT_DIR", "/workspace".into()),
-    ];
-    match language {
-        Language::Python => env.extend([
-            ("PYTHONUNBUFFERED", "1".into()),
-            ("PYTHONDONTWRITEBYTECODE", "1".into()),
-            ("MPLBACKEND", "Agg".into()),
-            ("MPLCONFIGDIR", "/tmp/.matplotlib".into()),
-            // BLAS pools sized to the CPU quota, not to the host's cores.
-            ("OPENBLAS_NUM_THREADS", threads.clone()),
-            ("OMP_NUM_THREADS", threads),
-        ]),
-        Language::Javascript => env.push(("NODE_OPTIONS", "--max-old-space-size=4096".into())),
-        Language::Bash => {}
-    }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
 /// The program file on the host, bound read-only into the sandbox; removed on drop.
@@ -508,36 +370,6 @@ mod tests {
             ("KeyboardInterrupt", "")
         );
         assert!(python_error("plain failure").is_none());
-    }
-
-    #[test]
-    fn limits_are_validated() {
-        let ok = resolve_limits(&LimitsRequest::default()).expect("defaults");
-        assert_eq!(ok.memory_bytes, 1 << 30);
-        assert_eq!(ok.cpu_millis, 1000);
-        for bad in [
-            LimitsRequest {
-                memory_mb: Some(0),
-                ..Default::default()
-            },
-            LimitsRequest {
-                cpu: Some(f64::NAN),
-                ..Default::default()
-            },
-            LimitsRequest {
-                pids: Some(1),
-                ..Default::default()
-            },
-            LimitsRequest {
-                disk_mb: Some(0),
-                ..Default::default()
-            },
-        ] {
-            assert!(matches!(
-                resolve_limits(&bad),
-                Err(EngineError::InvalidRequest(_))
-            ));
-        }
     }
 
     #[test]

@@ -24,6 +24,10 @@ use crate::spec::{Spec, HOSTNAME, INIT_ARG, WORKSPACE};
 use crate::sys::{close_fds_from, cvt, pipe_cloexec, write_all_fd};
 use crate::{caps, landlock, mount, net, rlimit, seccomp, user_ns};
 
+/// Where the helper receives the optional channel to the program (see [`Spec::channel`]); the
+/// program finds it at fd 3.
+pub(crate) const CHANNEL_FD: libc::c_int = 4;
+
 /// The helper's control socket: it reads the spec from it (until the supervisor shuts down its
 /// writing side) and writes the outcome to it. A hang-up on it means the supervisor died.
 pub(crate) const CONTROL_FD: libc::c_int = 3;
@@ -88,9 +92,13 @@ pub fn run_if_init() {
 
 /// Entry point of the helper process.
 pub fn init_main() -> ! {
-    // Nothing but stdio and the control socket is meant for us.
-    close_fds_from(CONTROL_FD + 1, &[]);
+    // Nothing but stdio, the control socket and the program's channel is meant for us.
+    close_fds_from(CHANNEL_FD + 1, &[]);
     let spec = read_spec().and_then(|b| Spec::from_bytes(&b).map_err(io::Error::other));
+    if !spec.as_ref().is_ok_and(|s| s.channel) {
+        // SAFETY: closing a descriptor nobody else in this process uses.
+        unsafe { libc::close(CHANNEL_FD) };
+    }
     let line = match spec {
         Err(e) => format!("error invalid sandbox spec: {e}\n"),
         Ok(spec) => match helper(&spec) {
@@ -179,6 +187,12 @@ fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
         sandbox_pid1(spec, sync_r, msg_w);
     }
     let pid = pid as libc::pid_t;
+    if spec.channel {
+        // The channel belongs to the program alone: its end-of-file must mean the program is
+        // gone. (Without a channel, fd 4 was closed at start and may now be one of our pipes.)
+        // SAFETY: closing our copy; pid 1 has its own.
+        unsafe { libc::close(CHANNEL_FD) };
+    }
     drop(sync_r);
     drop(msg_w);
 
@@ -414,6 +428,11 @@ fn exec_program(spec: &Spec, msg_fd: libc::c_int) -> ! {
         Ok(a) => a,
         Err(e) => die(msg_fd, e, 127),
     };
+    if spec.channel {
+        // SAFETY: dup2 onto fd 3 (the helper's control socket, which the program must not keep);
+        // the copy is not close-on-exec, so the program inherits the channel there.
+        unsafe { libc::dup2(CHANNEL_FD, 3) };
+    }
     if let Err(e) = confine(spec, msg_fd) {
         die(msg_fd, e, 127)
     }
@@ -449,7 +468,7 @@ fn confine(spec: &Spec, keep_fd: libc::c_int) -> Result<(), StepError> {
     unsafe { libc::setsid() };
     caps::drop_all().map_err(StepError::at(Step::Privileges))?;
     caps::set_no_new_privs().map_err(StepError::at(Step::Privileges))?;
-    close_fds_from(3, &[keep_fd]);
+    close_fds_from(if spec.channel { 4 } else { 3 }, &[keep_fd]);
     // 6. Landlock, before seccomp (which would refuse its syscalls).
     let extra: Vec<PathBuf> = spec.ro_binds.iter().map(|b| b.target.clone()).collect();
     landlock::restrict(&extra).map_err(StepError::at(Step::Landlock))?;

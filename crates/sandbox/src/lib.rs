@@ -27,7 +27,7 @@ pub use output::CappedOutput;
 pub use spec::{Bind, HOSTNAME, INIT_ARG, SANDBOX_UID, SANDBOX_USER, WORKSPACE};
 pub use supervisor::{
     find_init_exe, ExitStatus, Finished, KillReason, Launch, Limits, RunOptions, RunOutcome,
-    Running, Sandbox, SandboxError, Stream, Usage,
+    Running, RunningHandle, Sandbox, SandboxError, Stream, Usage,
 };
 pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
 pub use workspace::{validate_relative, FileStat, Workspace, WorkspaceError, MAX_PATH_BYTES};

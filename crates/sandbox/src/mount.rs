@@ -46,6 +46,10 @@ const ETC_SHARED: &[(&str, &str)] = &[
         "Debian's alternatives symlinks (awk, editor, ...)",
     ),
     ("/etc/mime.types", "mimetypes module"),
+    (
+        "/etc/fonts",
+        "fontconfig: fonts for matplotlib and Pillow text",
+    ),
 ];
 
 /// Device nodes the sandbox gets, bound from the host's /dev (a user namespace cannot mknod).

@@ -920,7 +920,7 @@ mod tests {
                 16..=63 => {
                     let arg = args[((off - 16) / 8) as usize];
                     // Little-endian: the low half comes first.
-                    if off % 8 == 0 {
+                    if off.is_multiple_of(8) {
                         arg as u32
                     } else {
                         (arg >> 32) as u32

@@ -69,6 +69,9 @@ pub struct Spec {
     /// `cgroup.procs` files the helper writes its own pid into before creating namespaces.
     pub cgroup_procs: Vec<PathBuf>,
     pub limits: InnerLimits,
+    /// Whether the program gets a private channel (a Unix stream socket) to the supervisor at
+    /// fd 3, beside stdio: how a kernel talks to the host without mixing with the user's output.
+    pub channel: bool,
 }
 
 /// A spec that could not be decoded from the helper's command line.
@@ -118,6 +121,7 @@ impl Spec {
         push("nofile", self.limits.nofile.to_string());
         push("fsize-bytes", self.limits.fsize_bytes.to_string());
         push("nproc", self.limits.nproc.to_string());
+        push("channel", u8::from(self.channel).to_string());
         if out.iter().any(|s| s.contains('\0')) {
             return Err(SpecError::Nul("argument"));
         }
@@ -154,6 +158,7 @@ impl Spec {
             host_uid: 0,
             cgroup_procs: Vec::new(),
             limits: InnerLimits::default(),
+            channel: false,
         };
         let mut pending_src: Option<PathBuf> = None;
         let mut it = args.into_iter();
@@ -196,6 +201,7 @@ impl Spec {
                 "nofile" => spec.limits.nofile = number(&value)?,
                 "fsize-bytes" => spec.limits.fsize_bytes = number(&value)?,
                 "nproc" => spec.limits.nproc = number(&value)?,
+                "channel" => spec.channel = number(&value)? == 1,
                 _ => return Err(SpecError::UnknownKey(key)),
             }
         }
@@ -251,6 +257,7 @@ mod tests {
                 fsize_bytes: 3,
                 nproc: 4,
             },
+            channel: true,
         }
     }
 

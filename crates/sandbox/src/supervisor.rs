@@ -6,14 +6,15 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
-use crate::init::CONTROL_FD;
+use crate::init::{CHANNEL_FD, CONTROL_FD};
 use crate::output::CappedOutput;
 use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
 use crate::sys::{pipe_cloexec, socketpair_cloexec};
@@ -57,6 +58,8 @@ pub struct Launch<'a> {
     pub workspace: &'a Workspace,
     pub ro_binds: Vec<Bind>,
     pub limits: Limits,
+    /// Give the program a private channel at fd 3 ([`Running::channel`] is the other end).
+    pub channel: bool,
 }
 
 /// Why runcell ended a run (or how it ended on its own, for `Signal`).
@@ -179,14 +182,18 @@ impl Sandbox {
                 fsize_bytes: l.fsize_bytes,
                 nproc: l.pids,
             },
+            channel: launch.channel,
         };
         let spec_bytes = spec.to_bytes()?;
         let (control, helper_end) = socketpair_cloexec()?;
+        let (channel, program_end) = socketpair_cloexec()?;
+        let ends = [helper_end.as_raw_fd(), program_end.as_raw_fd()];
         let (mut helper, stdio) = if is_single_threaded() {
-            fork_helper(helper_end)?
+            fork_helper(ends)?
         } else {
-            self.exec_helper(helper_end)?
+            self.exec_helper(ends)?
         };
+        drop((helper_end, program_end));
         let mut control = File::from(control);
         // The helper reads the spec to end-of-file; it then holds the socket open for its report.
         let sent = control
@@ -202,6 +209,7 @@ impl Sandbox {
             stdin: Some(stdin),
             stdout: Some(stdout),
             stderr: Some(stderr),
+            channel: launch.channel.then(|| UnixStream::from(channel)),
             helper,
             report: Some(control),
             cgroup: Some(cgroup),
@@ -212,8 +220,7 @@ impl Sandbox {
 
     /// Starts the helper as a fresh `runcell __sandbox-init` process: required when the caller
     /// has other threads (the server), since only `execve` gives the helper a clean process.
-    fn exec_helper(&self, helper_end: OwnedFd) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
-        let helper_fd = helper_end.as_raw_fd();
+    fn exec_helper(&self, ends: [RawFd; 2]) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
         let mut cmd = Command::new(&self.init_exe);
         cmd.arg(INIT_ARG)
             // No server secret may reach a sandbox, not even the helper's environment.
@@ -223,23 +230,11 @@ impl Sandbox {
             .stderr(Stdio::piped());
         // SAFETY: the closure runs between fork and exec and only calls dup2/fcntl, which are
         // async-signal-safe; it allocates nothing and takes no locks.
-        unsafe {
-            cmd.pre_exec(move || {
-                if helper_fd == CONTROL_FD {
-                    if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                } else if libc::dup2(helper_fd, CONTROL_FD) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            })
-        };
+        unsafe { cmd.pre_exec(move || place_helper_fds(ends)) };
         let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
             exe: self.init_exe.clone(),
             source,
         })?;
-        drop(helper_end);
         let (Some(i), Some(o), Some(e)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -361,6 +356,8 @@ pub struct Running {
     pub stdin: Option<File>,
     pub stdout: Option<File>,
     pub stderr: Option<File>,
+    /// The supervisor's end of the program's channel, when [`Launch::channel`] asked for one.
+    pub channel: Option<UnixStream>,
     helper: Helper,
     report: Option<File>,
     cgroup: Option<Cgroup>,
@@ -378,6 +375,51 @@ impl Running {
         self.helper.kill();
         if let Some(cg) = &self.cgroup {
             let _ = cg.kill_all();
+        }
+    }
+
+    /// A handle other threads can use to interrupt the program or kill the sandbox while this
+    /// `Running` is busy elsewhere (a session's worker reading its output).
+    pub fn handle(&self) -> io::Result<RunningHandle> {
+        let helper = match &self.helper {
+            Helper::Exec(c) => c.id() as libc::pid_t,
+            Helper::Forked { pid, .. } => *pid,
+        };
+        Ok(RunningHandle {
+            helper: pidfd_open(helper)?,
+            program: self.program_host_pid().map(pidfd_open).transpose()?,
+        })
+    }
+
+    /// The host pid of the program (pid 2 in the sandbox's PID namespace: pid 1 forks it first).
+    fn program_host_pid(&self) -> Option<libc::pid_t> {
+        self.pids().into_iter().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last())
+                    == Some("2")
+            })
+        })
+    }
+
+    /// CPU time and peak memory so far; see [`Running::reset_peak`].
+    pub fn usage_now(&self) -> (Duration, u64) {
+        let u = self.cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
+        (Duration::from_nanos(u.cpu_ns), u.peak_memory_bytes)
+    }
+
+    /// Whether the memory cgroup's OOM killer has fired since the start.
+    pub fn oom_killed(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(|c| c.usage().oom_kills > 0)
+    }
+
+    /// Starts a new peak-memory window (best effort).
+    pub fn reset_peak(&self) {
+        if let Some(c) = &self.cgroup {
+            c.reset_peak();
         }
     }
 
@@ -452,6 +494,54 @@ impl Drop for Running {
                 let _ = cg.remove();
             }
         }
+    }
+}
+
+/// Signals a running sandbox from any thread. Holds pidfds, so a signal can never reach a
+/// recycled pid.
+#[derive(Debug, Clone)]
+pub struct RunningHandle {
+    helper: std::sync::Arc<OwnedFd>,
+    program: Option<std::sync::Arc<OwnedFd>>,
+}
+
+impl RunningHandle {
+    /// SIGINT to the program (Python raises KeyboardInterrupt). False if it is gone.
+    pub fn interrupt(&self) -> bool {
+        self.program
+            .as_ref()
+            .is_some_and(|p| pidfd_send_signal(p, libc::SIGINT))
+    }
+
+    /// Kills the whole sandbox: the helper's death takes pid 1 and the PID namespace with it.
+    pub fn kill(&self) {
+        pidfd_send_signal(&self.helper, libc::SIGKILL);
+    }
+}
+
+fn pidfd_open(pid: libc::pid_t) -> io::Result<std::sync::Arc<OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
+    Ok(std::sync::Arc::new(unsafe {
+        OwnedFd::from_raw_fd(fd as RawFd)
+    }))
+}
+
+fn pidfd_send_signal(fd: &OwnedFd, sig: libc::c_int) -> bool {
+    // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
     }
 }
 
@@ -624,6 +714,27 @@ impl Helper {
     }
 }
 
+/// Puts the control socket at fd 3 and the program's channel at fd 4 of the helper, neither
+/// close-on-exec. Runs between fork and exec: only async-signal-safe calls, no allocation.
+fn place_helper_fds(ends: [RawFd; 2]) -> io::Result<()> {
+    // Move both out of the way first: either may already sit on 3 or 4.
+    let mut high = [0; 2];
+    for (h, fd) in high.iter_mut().zip(ends) {
+        // SAFETY: duplicating a descriptor we own.
+        *h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+        if *h < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    for (h, target) in high.into_iter().zip([CONTROL_FD, CHANNEL_FD]) {
+        // SAFETY: dup2 onto the helper's well-known descriptors; the copies drop close-on-exec.
+        if unsafe { libc::dup2(h, target) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Whether this process has exactly one thread (then a plain `fork` gives the helper a
 /// consistent copy of it, and the `execve` of a new runcell can be skipped).
 fn is_single_threaded() -> bool {
@@ -637,7 +748,7 @@ fn is_single_threaded() -> bool {
 /// Starts the helper by forking this single-threaded process: it skips an `execve` and a
 /// dynamic link of the runcell binary (~1.5 ms of a one-shot run). The child becomes the helper
 /// at once, exactly as `runcell __sandbox-init` would after its own exec.
-fn fork_helper(helper_end: OwnedFd) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
+fn fork_helper(ends: [RawFd; 2]) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
     let (in_r, in_w) = pipe_cloexec()?;
     let (out_r, out_w) = pipe_cloexec()?;
     let (err_r, err_w) = pipe_cloexec()?;
@@ -654,14 +765,9 @@ fn fork_helper(helper_end: OwnedFd) -> Result<(Helper, [OwnedFd; 3]), SandboxErr
             // SAFETY: dup2 onto the standard descriptors in the child.
             unsafe { libc::dup2(fd.as_raw_fd(), target) };
         }
-        let h = helper_end.as_raw_fd();
-        // SAFETY: as above; the control socket becomes fd 3, without close-on-exec.
-        unsafe {
-            if h == CONTROL_FD {
-                libc::fcntl(CONTROL_FD, libc::F_SETFD, 0);
-            } else {
-                libc::dup2(h, CONTROL_FD);
-            }
+        if place_helper_fds(ends).is_err() {
+            // SAFETY: leaving the failed child.
+            unsafe { libc::_exit(127) };
         }
         // The caller's environment may hold secrets; the exec'd helper starts with none, and
         // so does this one.

@@ -143,6 +143,106 @@ impl Workspace {
         Ok(())
     }
 
+    /// Reads `rel`; never through a symlink.
+    pub fn read_file(&self, rel: &str, max_bytes: u64) -> Result<Vec<u8>, WorkspaceError> {
+        use std::io::Read;
+        let (dir, name) = self.open_parent(rel)?;
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: PathBuf::from(rel),
+            source,
+        };
+        let c = cname(name);
+        // SAFETY: valid directory descriptor and name; O_NOFOLLOW refuses a planted symlink.
+        let fd = cvt(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        })
+        .map_err(|e| io_err("open", e))?;
+        // SAFETY: openat succeeded; the descriptor is ours.
+        let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        if !meta.is_file() {
+            return Err(io_err("read", io::Error::from(io::ErrorKind::InvalidInput)));
+        }
+        if meta.len() > max_bytes {
+            return Err(io_err("read", io::Error::from(io::ErrorKind::FileTooLarge)));
+        }
+        let mut data = Vec::with_capacity(meta.len() as usize);
+        file.take(max_bytes)
+            .read_to_end(&mut data)
+            .map_err(|e| io_err("read", e))?;
+        Ok(data)
+    }
+
+    /// Removes the file (or empty directory) `rel`; never through a symlink (a symlink itself
+    /// is removed, not its target).
+    pub fn delete(&self, rel: &str) -> Result<(), WorkspaceError> {
+        let (dir, name) = self.open_parent(rel)?;
+        let c = cname(name);
+        // SAFETY: valid directory descriptor and name; unlinkat never follows the last component.
+        let r = unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
+        let r = if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EISDIR) {
+            // SAFETY: as above, for an (empty) directory.
+            unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }
+        } else {
+            r
+        };
+        cvt(r).map_err(|source| WorkspaceError::Io {
+            action: "delete",
+            path: PathBuf::from(rel),
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// The files under directory `rel` ("" for the whole workspace), relative to the workspace.
+    pub fn list(&self, rel: &str) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
+        if rel.is_empty() || rel == "." {
+            return self.snapshot();
+        }
+        let parts = validate_relative(rel)?;
+        let mut dir = open_dir_nofollow(None, &self.path).map_err(|source| WorkspaceError::Io {
+            action: "open",
+            path: self.path.clone(),
+            source,
+        })?;
+        for d in &parts {
+            dir = open_dir_nofollow(Some(&dir), Path::new(d)).map_err(|source| {
+                WorkspaceError::Io {
+                    action: "open",
+                    path: PathBuf::from(rel),
+                    source,
+                }
+            })?;
+        }
+        let mut out = BTreeMap::new();
+        walk(&dir, &parts.join("/"), 0, &mut out);
+        Ok(out)
+    }
+
+    /// Opens the directory holding `rel` (no symlink on the way) and returns it with the name.
+    fn open_parent<'a>(&self, rel: &'a str) -> Result<(OwnedFd, &'a str), WorkspaceError> {
+        let parts = validate_relative(rel)?;
+        let (name, dirs) = parts.split_last().ok_or(WorkspaceError::InvalidPath {
+            path: rel.to_owned(),
+            reason: "empty path",
+        })?;
+        let io_err = |source| WorkspaceError::Io {
+            action: "open",
+            path: PathBuf::from(rel),
+            source,
+        };
+        let mut dir = open_dir_nofollow(None, &self.path).map_err(io_err)?;
+        for d in dirs {
+            dir = open_dir_nofollow(Some(&dir), Path::new(d)).map_err(io_err)?;
+        }
+        Ok((dir, name))
+    }
+
     fn chown_at(&self, dir: &OwnedFd, name: &CString) -> io::Result<()> {
         let uid = self.lease.uid();
         // SAFETY: valid descriptor and name; AT_SYMLINK_NOFOLLOW never touches a link target.

@@ -25,6 +25,7 @@ fn launch<'a>(ws: &'a Workspace, argv: &[&str]) -> Launch<'a> {
         workspace: ws,
         ro_binds: vec![],
         limits: Limits::default(),
+        channel: false,
     }
 }
 
@@ -174,4 +175,40 @@ fn deadline_kills_the_tree_and_reports_timeout() {
 
 fn libc_sigkill() -> i32 {
     9
+}
+
+#[test]
+fn the_channel_reaches_the_program_at_fd_3_and_closes_with_it() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let mut l = launch(
+        &ws,
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "import os\nmsg = os.read(3, 100)\nos.write(3, b'echo:' + msg)\nprint(sorted(os.listdir('/proc/self/fd')))",
+        ],
+    );
+    l.channel = true;
+    let sandbox = sandbox();
+    let mut running = sandbox.spawn(&l).expect("spawn");
+    let mut chan = running.channel.take().expect("channel");
+    chan.write_all(b"ping").expect("write");
+    let mut reply = Vec::new();
+    chan.read_to_end(&mut reply)
+        .expect("read until the program exits");
+    assert_eq!(reply, b"echo:ping");
+    let mut out = String::new();
+    running
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("stdout");
+    drop(running.stdin.take());
+    let finished = running.finish().expect("finish");
+    assert_eq!(finished.exit, ExitStatus::Code(0));
+    // stdio, the channel, and the descriptor listdir itself holds: nothing else leaked in.
+    assert_eq!(out.trim(), "['0', '1', '2', '3', '4']");
 }

@@ -359,6 +359,23 @@ impl Cgroup {
         }
     }
 
+    /// Starts a new peak-memory window (per execution in a long-lived session). v1: writing to
+    /// `memory.max_usage_in_bytes` resets it to the current usage; v2 (Linux 6.12+): writing to
+    /// `memory.peak` resets it. Best effort: older v2 kernels keep the lifetime peak.
+    pub fn reset_peak(&self) {
+        let (controller, file) = match self.version {
+            CgroupVersion::V1 => ("memory", "memory.max_usage_in_bytes"),
+            CgroupVersion::V2 => ("memory", "memory.peak"),
+        };
+        let dir = match self.version {
+            CgroupVersion::V1 => self.dir_for(controller),
+            CgroupVersion::V2 => self.dirs.first().map(|d| d.path.as_path()),
+        };
+        if let Some(d) = dir {
+            let _ = std::fs::write(d.join(file), "0");
+        }
+    }
+
     /// Processes currently in the cgroup or its descendants (all hierarchies, deduplicated,
     /// sorted). Best effort: empty on errors.
     pub fn pids(&self) -> Vec<i32> {

@@ -1,0 +1,415 @@
+//! The engine's shared core: configuration, the sandbox factory, limits, the runtimes a
+//! program runs with, and the one function every finished execution goes through (audit).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use runcell_kernel::{CellOptions, Kernel};
+use runcell_sandbox::{Bind, Launch, Limits, Sandbox, Workspace};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Execution, Language};
+use crate::session::SessionManager;
+use crate::{chain, EngineError};
+
+/// Bounds on what a request may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const MAX_MEMORY_MB: u64 = 64 << 10;
+pub const MAX_DISK_MB: u64 = 64 << 10;
+pub const MAX_PIDS: u64 = 4096;
+pub const MAX_IDLE_S: u64 = 7 * 24 * 3600;
+
+/// Where the Python runtime (a venv) appears inside every sandbox.
+pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
+/// Where the kernel's own code appears inside every sandbox.
+const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
+/// How long a kernel may take to say it is ready.
+const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Limits a caller may ask for; `None` takes the default (DESIGN.md §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+pub struct LimitsRequest {
+    pub memory_mb: Option<u64>,
+    pub cpu: Option<f64>,
+    pub pids: Option<u64>,
+    pub disk_mb: Option<u64>,
+    pub exec_timeout_s: Option<u64>,
+    pub idle_timeout_s: Option<u64>,
+}
+
+/// A session's resolved limits, as reported in its Session object.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SessionLimits {
+    pub memory_mb: u64,
+    pub cpu: f64,
+    pub pids: u64,
+    pub disk_mb: u64,
+    pub exec_timeout_s: u64,
+    pub idle_timeout_s: u64,
+}
+
+/// Receives every finished execution with its code (the store implements it).
+pub trait AuditSink: Send + Sync {
+    fn record(&self, execution: &Execution, code: &str);
+}
+
+/// Host paths and the sandbox factory an engine runs with.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// runcell's data directory (workspaces live under it).
+    pub data_dir: PathBuf,
+    /// The binary that serves as the sandbox init helper.
+    pub init_exe: PathBuf,
+    /// Host runtime state (uid leases); on tmpfs so it never outlives a reboot.
+    pub run_dir: PathBuf,
+    /// The Python runtime (a venv with the data-science stack), bound read-only at
+    /// `/opt/runcell/python`. Without one, Python runs on the host's `/usr/bin/python3`.
+    pub python_runtime: Option<PathBuf>,
+}
+
+impl EngineConfig {
+    pub fn new(data_dir: PathBuf, init_exe: PathBuf) -> Self {
+        Self {
+            data_dir,
+            init_exe,
+            run_dir: PathBuf::from("/run/runcell"),
+            python_runtime: None,
+        }
+    }
+}
+
+pub(crate) struct Core {
+    pub(crate) config: EngineConfig,
+    pub(crate) sandbox: Sandbox,
+    /// Host directory holding the kernel code, bound read-only into sessions.
+    kernel_dir: PathBuf,
+    audit: Option<Arc<dyn AuditSink>>,
+}
+
+impl Core {
+    fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
+        let blocking: Vec<String> = runcell_sandbox::doctor::check()
+            .into_iter()
+            .filter(|l| l.blocks())
+            .map(|l| format!("{}: {}", l.name, l.detail))
+            .collect();
+        if !blocking.is_empty() {
+            return Err(EngineError::Unavailable(blocking.join("; ")));
+        }
+        let sandbox = Sandbox::new(config.init_exe.clone())
+            .map_err(|e| EngineError::Unavailable(chain(&e)))?;
+        for dir in [
+            config.data_dir.join("workspaces"),
+            config.data_dir.join("tmp"),
+        ] {
+            create_dir(&dir)?;
+        }
+        let kernel_dir = write_kernel(&config.data_dir)?;
+        Ok(Core {
+            config,
+            sandbox,
+            kernel_dir,
+            audit,
+        })
+    }
+
+    /// Every finished execution passes here, before its caller sees it.
+    pub(crate) fn audit(&self, execution: &Execution, code: &str) {
+        if let Some(a) = &self.audit {
+            a.record(execution, code);
+        }
+    }
+
+    pub(crate) fn cell_options(&self) -> CellOptions {
+        CellOptions::default()
+    }
+
+    pub(crate) fn resolve_session_limits(
+        &self,
+        req: &LimitsRequest,
+    ) -> Result<SessionLimits, EngineError> {
+        let (l, disk_mb) = resolve_limits(req)?;
+        let exec_timeout_s = req.exec_timeout_s.unwrap_or(30);
+        if !(1..=MAX_TIMEOUT.as_secs()).contains(&exec_timeout_s) {
+            return Err(EngineError::InvalidRequest(format!(
+                "exec_timeout_s must be between 1 and {}",
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        let idle_timeout_s = req.idle_timeout_s.unwrap_or(20 * 60);
+        if !(1..=MAX_IDLE_S).contains(&idle_timeout_s) {
+            return Err(EngineError::InvalidRequest(format!(
+                "idle_timeout_s must be between 1 and {MAX_IDLE_S}"
+            )));
+        }
+        Ok(SessionLimits {
+            memory_mb: l.memory_bytes >> 20,
+            cpu: l.cpu_millis as f64 / 1000.0,
+            pids: l.pids,
+            disk_mb,
+            exec_timeout_s,
+            idle_timeout_s,
+        })
+    }
+
+    /// The interpreter path inside the sandbox and the binds it needs.
+    pub(crate) fn python(&self) -> (String, Vec<Bind>) {
+        match &self.config.python_runtime {
+            Some(venv) => (
+                format!("{SANDBOX_PYTHON}/bin/python3"),
+                vec![Bind {
+                    source: venv.clone(),
+                    target: SANDBOX_PYTHON.into(),
+                }],
+            ),
+            None => ("/usr/bin/python3".into(), Vec::new()),
+        }
+    }
+
+    /// Starts a Python kernel in a new sandbox on `workspace`.
+    pub(crate) fn start_kernel(
+        &self,
+        workspace: &Workspace,
+        limits: &SessionLimits,
+        extra_env: &[(String, String)],
+    ) -> Result<Kernel, EngineError> {
+        let (python, mut binds) = self.python();
+        binds.push(Bind {
+            source: self.kernel_dir.clone(),
+            target: SANDBOX_KERNEL_DIR.into(),
+        });
+        let tmp_bytes = Limits::default().tmp_bytes.min(limits.memory_mb << 20);
+        let l = Limits {
+            memory_bytes: limits.memory_mb << 20,
+            pids: limits.pids,
+            cpu_millis: (limits.cpu * 1000.0).round() as u64,
+            fsize_bytes: fsize_for(limits.disk_mb << 20, tmp_bytes),
+            tmp_bytes,
+            ..Limits::default()
+        };
+        let mut env = base_env(
+            Language::Python,
+            l.cpu_millis,
+            self.config.python_runtime.is_some(),
+        );
+        // Caller-supplied variables may not replace the ones runcell relies on.
+        for (k, v) in extra_env {
+            if !env.iter().any(|(ek, _)| ek == k) {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        let launch = Launch {
+            argv: vec![python, format!("{SANDBOX_KERNEL_DIR}/runcell_kernel.py")],
+            env,
+            workspace,
+            ro_binds: binds,
+            limits: l,
+            channel: true,
+        };
+        Kernel::start(&self.sandbox, &launch, KERNEL_READY_TIMEOUT)
+            .map_err(|e| EngineError::Sandbox(chain(&e)))
+    }
+}
+
+/// The domain entry point: one-shot runs and sessions.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) core: Arc<Core>,
+    sessions: Arc<SessionManager>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("data_dir", &self.core.config.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Refuses to start when a mandatory isolation layer is missing on this host.
+    pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
+        Self::with_audit(config, None)
+    }
+
+    pub fn with_audit(
+        config: EngineConfig,
+        audit: Option<Arc<dyn AuditSink>>,
+    ) -> Result<Engine, EngineError> {
+        let core = Arc::new(Core::new(config, audit)?);
+        let sessions = SessionManager::new(core.clone());
+        Ok(Engine { core, sessions })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.core.config
+    }
+
+    pub fn sessions(&self) -> &SessionManager {
+        &self.sessions
+    }
+}
+
+fn create_dir(dir: &Path) -> Result<(), EngineError> {
+    fs::create_dir_all(dir).map_err(|source| EngineError::Io {
+        action: "create",
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+/// Writes the embedded kernel where sandboxes can bind it: a directory named after the code's
+/// hash, so a new runcell never runs an old kernel file and concurrent servers agree.
+fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
+    use std::os::unix::fs::PermissionsExt;
+    let code = runcell_kernel::PYTHON_KERNEL;
+    let hash = crate::short_hash(code.as_bytes());
+    let dir = data_dir.join("kernel").join(hash);
+    let file = dir.join("runcell_kernel.py");
+    if fs::read(&file).ok().as_deref() == Some(code.as_bytes()) {
+        return Ok(dir);
+    }
+    create_dir(&dir)?;
+    let io = |action, path: &Path| {
+        let path = path.to_owned();
+        move |source| EngineError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let tmp = dir.join(format!(".runcell_kernel.py.{}", std::process::id()));
+    fs::write(&tmp, code).map_err(io("write", &tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io("chmod", &tmp))?;
+    fs::rename(&tmp, &file).map_err(io("rename", &file))?;
+    // The sandbox user reads it through the "other" bits of every directory on the way.
+    for d in [data_dir.join("kernel"), dir.clone()] {
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).map_err(io("chmod", &d))?;
+    }
+    Ok(dir)
+}
+
+/// RLIMIT_FSIZE: only a backstop behind the tmpfs sizes, above both so that a full workspace
+/// or /tmp says ENOSPC (what it is) rather than EFBIG.
+fn fsize_for(disk_bytes: u64, tmp_bytes: u64) -> u64 {
+    disk_bytes.max(tmp_bytes).saturating_mul(2)
+}
+
+/// Validated limits, and the workspace size in MiB.
+pub(crate) fn resolve_limits(req: &LimitsRequest) -> Result<(Limits, u64), EngineError> {
+    let d = Limits::default();
+    let memory_mb = req.memory_mb.unwrap_or(d.memory_bytes >> 20);
+    if !(16..=MAX_MEMORY_MB).contains(&memory_mb) {
+        return Err(EngineError::InvalidRequest(format!(
+            "memory_mb must be between 16 and {MAX_MEMORY_MB}"
+        )));
+    }
+    let cpu = req.cpu.unwrap_or(1.0);
+    if !(cpu.is_finite() && (0.01..=64.0).contains(&cpu)) {
+        return Err(EngineError::InvalidRequest(
+            "cpu must be between 0.01 and 64".into(),
+        ));
+    }
+    let pids = req.pids.unwrap_or(d.pids);
+    if !(8..=MAX_PIDS).contains(&pids) {
+        return Err(EngineError::InvalidRequest(format!(
+            "pids must be between 8 and {MAX_PIDS}"
+        )));
+    }
+    let disk_mb = req.disk_mb.unwrap_or(1024);
+    if !(1..=MAX_DISK_MB).contains(&disk_mb) {
+        return Err(EngineError::InvalidRequest(format!(
+            "disk_mb must be between 1 and {MAX_DISK_MB}"
+        )));
+    }
+    // /tmp and /dev/shm count against memory; never let them exceed it.
+    let tmp_bytes = d.tmp_bytes.min(memory_mb << 20);
+    let limits = Limits {
+        memory_bytes: memory_mb << 20,
+        pids,
+        cpu_millis: (cpu * 1000.0).round() as u64,
+        fsize_bytes: fsize_for(disk_mb << 20, tmp_bytes),
+        tmp_bytes,
+        ..d
+    };
+    Ok((limits, disk_mb))
+}
+
+/// The whole environment a program sees. Nothing comes from the host.
+pub(crate) fn base_env(
+    language: Language,
+    cpu_millis: u64,
+    has_runtime: bool,
+) -> Vec<(String, String)> {
+    let threads = cpu_millis.div_ceil(1000).max(1).to_string();
+    let path = if has_runtime && language == Language::Python {
+        format!("{SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin")
+    } else {
+        "/usr/local/bin:/usr/bin:/bin".to_owned()
+    };
+    let mut env: Vec<(&str, String)> = vec![
+        ("PATH", path),
+        ("HOME", "/tmp".into()),
+        ("USER", "sandbox".into()),
+        ("LOGNAME", "sandbox".into()),
+        ("HOSTNAME", "runcell".into()),
+        ("LANG", "C.UTF-8".into()),
+        ("TMPDIR", "/tmp".into()),
+        // Prompts written for Anthropic's code execution tool save files here.
+        ("OUTPUT_DIR", "/workspace".into()),
+    ];
+    match language {
+        Language::Python => env.extend([
+            ("PYTHONUNBUFFERED", "1".into()),
+            // The runtime is read-only: compiled files could not be written anyway.
+            ("PYTHONDONTWRITEBYTECODE", "1".into()),
+            ("MPLBACKEND", "Agg".into()),
+            ("MPLCONFIGDIR", "/tmp/.matplotlib".into()),
+            // BLAS pools sized to the CPU quota, not to the host's cores.
+            ("OPENBLAS_NUM_THREADS", threads.clone()),
+            ("OMP_NUM_THREADS", threads.clone()),
+            ("MKL_NUM_THREADS", threads),
+        ]),
+        Language::Javascript => env.push(("NODE_OPTIONS", "--max-old-space-size=4096".into())),
+        Language::Bash => {}
+    }
+    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_validated() {
+        let (ok, disk_mb) = resolve_limits(&LimitsRequest::default()).expect("defaults");
+        assert_eq!(disk_mb, 1024);
+        assert_eq!(ok.memory_bytes, 1 << 30);
+        assert_eq!(ok.cpu_millis, 1000);
+        for bad in [
+            LimitsRequest {
+                memory_mb: Some(0),
+                ..Default::default()
+            },
+            LimitsRequest {
+                cpu: Some(f64::NAN),
+                ..Default::default()
+            },
+            LimitsRequest {
+                pids: Some(1),
+                ..Default::default()
+            },
+            LimitsRequest {
+                disk_mb: Some(0),
+                ..Default::default()
+            },
+        ] {
+            assert!(matches!(
+                resolve_limits(&bad),
+                Err(EngineError::InvalidRequest(_))
+            ));
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Host-side file operations on a session's workspace: upload, list, download, delete. Every
+//! path is relative to /workspace and checked; nothing follows a symlink the sandbox planted.
+
+use chrono::{DateTime, Utc};
+use runcell_sandbox::WorkspaceError;
+use serde::Serialize;
+
+use crate::core::Engine;
+use crate::EngineError;
+
+/// Largest file a single upload or download moves (DESIGN.md §7).
+pub const MAX_FILE_BYTES: u64 = 100 << 20;
+
+/// One file in a listing.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    #[serde(serialize_with = "crate::model::rfc3339")]
+    pub modified_at: DateTime<Utc>,
+}
+
+fn map_err(e: WorkspaceError) -> EngineError {
+    match e {
+        WorkspaceError::InvalidPath { .. } => EngineError::InvalidRequest(e.to_string()),
+        WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
+            Some(2) => EngineError::NotFound(e.to_string()),
+            Some(20) | Some(40) => EngineError::InvalidRequest(crate::chain(&e)),
+            Some(28) => EngineError::LimitExceeded(crate::chain(&e)),
+            _ if source.kind() == std::io::ErrorKind::FileTooLarge => {
+                EngineError::LimitExceeded(crate::chain(&e))
+            }
+            _ if source.kind() == std::io::ErrorKind::InvalidInput => {
+                EngineError::InvalidRequest(crate::chain(&e))
+            }
+            _ => EngineError::Sandbox(crate::chain(&e)),
+        },
+    }
+}
+
+impl Engine {
+    /// Writes a file into the session's workspace (parents created), owned by the sandbox user.
+    pub fn write_file(&self, session: &str, path: &str, data: &[u8]) -> Result<(), EngineError> {
+        if data.len() as u64 > MAX_FILE_BYTES {
+            return Err(EngineError::LimitExceeded(format!(
+                "files are limited to {} MiB",
+                MAX_FILE_BYTES >> 20
+            )));
+        }
+        let ws = self.sessions().workspace(session)?;
+        ws.write_file(path, data).map_err(map_err)
+    }
+
+    pub fn read_file(&self, session: &str, path: &str) -> Result<Vec<u8>, EngineError> {
+        let ws = self.sessions().workspace(session)?;
+        ws.read_file(path, MAX_FILE_BYTES).map_err(map_err)
+    }
+
+    pub fn delete_file(&self, session: &str, path: &str) -> Result<(), EngineError> {
+        let ws = self.sessions().workspace(session)?;
+        ws.delete(path).map_err(map_err)
+    }
+
+    /// Files under `dir` ("" for all), sorted by path.
+    pub fn list_files(&self, session: &str, dir: &str) -> Result<Vec<FileEntry>, EngineError> {
+        let ws = self.sessions().workspace(session)?;
+        let files = ws.list(dir).map_err(map_err)?;
+        Ok(files
+            .into_iter()
+            .map(|(path, st)| FileEntry {
+                mime: crate::mime_of(&path),
+                size: st.size,
+                modified_at: DateTime::<Utc>::from(st.modified),
+                path,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,589 @@
+//! Stateful sessions: one sandboxed kernel and one workspace each, executions run one at a time
+//! in arrival order by the session's own worker thread, idle sessions expire.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
+use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
+use serde::Serialize;
+
+use crate::core::{Core, SessionLimits};
+use crate::model::{
+    new_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated, UsageInfo,
+};
+use crate::{oneshot::diff_files, EngineError};
+
+/// Executions waiting behind the running one, per session; past it the session is busy.
+pub const QUEUE_DEPTH: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    Starting,
+    Ready,
+    Busy,
+    Dead,
+    Expired,
+}
+
+/// What callers see of a session (DESIGN.md §6).
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub id: String,
+    pub language: Language,
+    pub status: SessionStatus,
+    #[serde(serialize_with = "crate::model::rfc3339")]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::model::rfc3339")]
+    pub last_active_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::model::rfc3339")]
+    pub expires_at: DateTime<Utc>,
+    pub limits: SessionLimits,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Output of a running execution, as it happens.
+#[derive(Debug)]
+pub enum ExecEvent<'a> {
+    Stdout(&'a str),
+    Stderr(&'a str),
+    Result(&'a ResultItem),
+    Error(&'a ErrorInfo),
+}
+
+/// Receives [`ExecEvent`]s on the session's worker thread.
+pub type EventSink = Box<dyn FnMut(ExecEvent<'_>) + Send>;
+
+enum Job {
+    Execute {
+        code: String,
+        timeout: Duration,
+        events: Option<EventSink>,
+        reply: mpsc::Sender<Result<Execution, EngineError>>,
+    },
+    Restart {
+        reply: mpsc::Sender<Result<(), EngineError>>,
+    },
+}
+
+struct Shared {
+    info: SessionInfo,
+    /// Interrupts or kills the current kernel from outside the worker.
+    handle: Option<RunningHandle>,
+    deleted: bool,
+}
+
+struct Entry {
+    shared: Mutex<Shared>,
+    jobs: SyncSender<Job>,
+    /// Shared with the worker: host-side file operations need no trip through the queue.
+    workspace: Arc<Workspace>,
+}
+
+impl Entry {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Owns every session of an engine.
+pub struct SessionManager {
+    core: Arc<Core>,
+    sessions: Mutex<HashMap<String, Arc<Entry>>>,
+}
+
+impl std::fmt::Debug for SessionManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionManager").finish_non_exhaustive()
+    }
+}
+
+/// What `create` takes.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSession {
+    pub language: Option<Language>,
+    pub limits: crate::core::LimitsRequest,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl SessionManager {
+    pub(crate) fn new(core: Arc<Core>) -> Arc<SessionManager> {
+        let manager = Arc::new(SessionManager {
+            core,
+            sessions: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&manager);
+        // Idle expiry: a sweep every few seconds; it stops with the manager.
+        thread::Builder::new()
+            .name("session-expiry".into())
+            .spawn(move || loop {
+                thread::sleep(Duration::from_secs(2));
+                let Some(m) = weak.upgrade() else { return };
+                m.expire_idle();
+            })
+            .ok();
+        manager
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a session and starts its kernel; returns once it is ready.
+    pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
+        let language = req.language.unwrap_or(Language::Python);
+        if language != Language::Python {
+            return Err(EngineError::InvalidRequest(format!(
+                "{} sessions are not available yet; use python (one-shot runs support {})",
+                language.as_str(),
+                language.as_str()
+            )));
+        }
+        let limits = self.core.resolve_session_limits(&req.limits)?;
+        for k in req.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(EngineError::InvalidRequest(format!(
+                    "invalid environment variable name {k:?}"
+                )));
+            }
+        }
+        let id = new_id("ses");
+        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
+            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        let workspace = Arc::new(
+            Workspace::create(
+                &self.core.config.data_dir.join("workspaces").join(&id),
+                limits.disk_mb << 20,
+                lease,
+            )
+            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?,
+        );
+        let env: Vec<(String, String)> = req.env.into_iter().collect();
+        let kernel = self.core.start_kernel(&workspace, &limits, &env)?;
+        let now = Utc::now();
+        let info = SessionInfo {
+            id: id.clone(),
+            language,
+            status: SessionStatus::Ready,
+            created_at: now,
+            last_active_at: now,
+            expires_at: now + chrono::Duration::seconds(limits.idle_timeout_s as i64),
+            limits,
+            metadata: req.metadata,
+        };
+        let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
+        let entry = Arc::new(Entry {
+            shared: Mutex::new(Shared {
+                info: info.clone(),
+                handle: Some(kernel.handle()),
+                deleted: false,
+            }),
+            jobs: tx,
+            workspace: workspace.clone(),
+        });
+        let worker = Worker {
+            core: self.core.clone(),
+            entry: entry.clone(),
+            workspace,
+            kernel: Some(kernel),
+            env,
+        };
+        thread::Builder::new()
+            .name(format!("session-{id}"))
+            .spawn(move || worker.run(rx))
+            .map_err(|e| EngineError::Unavailable(format!("cannot start a session thread: {e}")))?;
+        self.map().insert(id, entry);
+        Ok(info)
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        self.map()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::NotFound(format!("session {id}")))
+    }
+
+    pub fn get(&self, id: &str) -> Result<SessionInfo, EngineError> {
+        Ok(self.entry(id)?.lock().info.clone())
+    }
+
+    /// Every session, oldest first.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self.map().values().map(|e| e.lock().info.clone()).collect();
+        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// Runs `code` after the executions already queued; blocks until it is done.
+    pub fn execute(
+        &self,
+        id: &str,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<EventSink>,
+    ) -> Result<Execution, EngineError> {
+        let entry = self.entry(id)?;
+        let timeout = {
+            let s = entry.lock();
+            if matches!(s.info.status, SessionStatus::Expired | SessionStatus::Dead) {
+                return Err(EngineError::NotFound(format!("session {id} has ended")));
+            }
+            let max = Duration::from_secs(s.info.limits.exec_timeout_s);
+            match timeout {
+                Some(t) if t.is_zero() || t > crate::MAX_TIMEOUT => {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "timeout_s must be between 1 and {}",
+                        crate::MAX_TIMEOUT.as_secs()
+                    )))
+                }
+                Some(t) => t,
+                None => max,
+            }
+        };
+        let (reply, wait) = mpsc::channel();
+        match entry.jobs.try_send(Job::Execute {
+            code: code.to_owned(),
+            timeout,
+            events,
+            reply,
+        }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(EngineError::SessionBusy(format!(
+                    "session {id} already has {QUEUE_DEPTH} executions waiting"
+                )))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                return Err(EngineError::NotFound(format!("session {id} has ended")))
+            }
+        }
+        wait.recv().map_err(|_| {
+            EngineError::NotFound(format!("session {id} ended during the execution"))
+        })?
+    }
+
+    /// Interrupts the running execution (KeyboardInterrupt; the session keeps its state).
+    pub fn interrupt(&self, id: &str) -> Result<bool, EngineError> {
+        let entry = self.entry(id)?;
+        let s = entry.lock();
+        Ok(
+            s.info.status == SessionStatus::Busy
+                && s.handle.as_ref().is_some_and(|h| h.interrupt()),
+        )
+    }
+
+    /// Replaces the kernel with a fresh one (variables are lost, files are kept). Waits for
+    /// queued executions first.
+    pub fn restart(&self, id: &str) -> Result<SessionInfo, EngineError> {
+        let entry = self.entry(id)?;
+        let (reply, wait) = mpsc::channel();
+        entry
+            .jobs
+            .try_send(Job::Restart { reply })
+            .map_err(|_| EngineError::SessionBusy(format!("session {id} is busy")))?;
+        wait.recv()
+            .map_err(|_| EngineError::NotFound(format!("session {id} has ended")))??;
+        self.get(id)
+    }
+
+    /// Ends a session: kills its kernel (a running execution ends as killed) and removes its
+    /// workspace.
+    pub fn delete(&self, id: &str) -> Result<(), EngineError> {
+        let entry = self
+            .map()
+            .remove(id)
+            .ok_or_else(|| EngineError::NotFound(format!("session {id}")))?;
+        let mut s = entry.lock();
+        s.deleted = true;
+        if let Some(h) = s.handle.take() {
+            h.kill();
+        }
+        // Dropping the last job sender ends the worker, which drops kernel and workspace.
+        Ok(())
+    }
+
+    /// The session's workspace, for host-side file operations (confined to it).
+    pub(crate) fn workspace(&self, id: &str) -> Result<Arc<Workspace>, EngineError> {
+        Ok(self.entry(id)?.workspace.clone())
+    }
+
+    fn expire_idle(&self) {
+        let now = Utc::now();
+        let expired: Vec<String> = self
+            .map()
+            .iter()
+            .filter(|(_, e)| {
+                let s = e.lock();
+                s.info.status == SessionStatus::Ready && s.info.expires_at <= now
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            if let Some(entry) = self.map().remove(&id) {
+                let mut s = entry.lock();
+                s.info.status = SessionStatus::Expired;
+                s.deleted = true;
+                if let Some(h) = s.handle.take() {
+                    h.kill();
+                }
+                tracing::info!(session = %id, "idle session expired");
+            }
+        }
+    }
+
+    /// Deletes every session (shutdown).
+    pub fn shutdown(&self) {
+        let ids: Vec<String> = self.map().keys().cloned().collect();
+        for id in ids {
+            let _ = self.delete(&id);
+        }
+    }
+}
+
+/// The thread that owns one session's kernel and workspace.
+struct Worker {
+    core: Arc<Core>,
+    entry: Arc<Entry>,
+    workspace: Arc<Workspace>,
+    kernel: Option<Kernel>,
+    env: Vec<(String, String)>,
+}
+
+impl Worker {
+    fn run(mut self, jobs: Receiver<Job>) {
+        while let Ok(job) = jobs.recv() {
+            if self.entry.lock().deleted {
+                break;
+            }
+            match job {
+                Job::Execute {
+                    code,
+                    timeout,
+                    events,
+                    reply,
+                } => {
+                    let result = self.execute(&code, timeout, events);
+                    let _ = reply.send(result);
+                }
+                Job::Restart { reply } => {
+                    if let Some(k) = self.kernel.take() {
+                        k.shutdown();
+                    }
+                    let _ = reply.send(self.ensure_kernel().map(|_| ()));
+                }
+            }
+        }
+        if let Some(k) = self.kernel.take() {
+            k.shutdown();
+        }
+        // The workspace unmounts and disappears with `self`.
+    }
+
+    fn ensure_kernel(&mut self) -> Result<&mut Kernel, EngineError> {
+        if self.kernel.as_ref().is_none_or(|k| !k.is_alive()) {
+            let limits = self.entry.lock().info.limits;
+            let kernel = self.core.start_kernel(&self.workspace, &limits, &self.env);
+            let mut s = self.entry.lock();
+            match kernel {
+                Ok(k) => {
+                    s.handle = Some(k.handle());
+                    s.info.status = SessionStatus::Ready;
+                    self.kernel = Some(k);
+                }
+                Err(e) => {
+                    s.handle = None;
+                    s.info.status = SessionStatus::Dead;
+                    return Err(e);
+                }
+            }
+        }
+        self.kernel
+            .as_mut()
+            .ok_or(EngineError::Sandbox("no kernel".into()))
+    }
+
+    fn execute(
+        &mut self,
+        code: &str,
+        timeout: Duration,
+        mut events: Option<EventSink>,
+    ) -> Result<Execution, EngineError> {
+        let id = new_id("ex");
+        let session_id = self.entry.lock().info.id.clone();
+        let limits = self.entry.lock().info.limits;
+        {
+            let mut s = self.entry.lock();
+            s.info.status = SessionStatus::Busy;
+            s.info.last_active_at = Utc::now();
+        }
+        let before = self.workspace.snapshot().unwrap_or_default();
+        let started_at = Utc::now();
+        let opts = CellOptions {
+            timeout,
+            ..self.core.cell_options()
+        };
+        let kernel = self.ensure_kernel()?;
+        let mut on_event = |e: CellEvent<'_>| {
+            let Some(sink) = events.as_mut() else { return };
+            match e {
+                CellEvent::Stdout(d) => sink(ExecEvent::Stdout(&String::from_utf8_lossy(d))),
+                CellEvent::Stderr(d) => sink(ExecEvent::Stderr(&String::from_utf8_lossy(d))),
+                CellEvent::Result {
+                    is_main_result,
+                    data,
+                } => sink(ExecEvent::Result(&ResultItem {
+                    is_main_result,
+                    data: data.clone(),
+                })),
+                CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
+                    name: err.name.clone(),
+                    value: err.value.clone(),
+                    traceback: err.traceback.clone(),
+                })),
+            }
+        };
+        let outcome = kernel.execute(&id, code, &opts, &mut on_event);
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                self.kernel = None;
+                let _ = self.ensure_kernel();
+                return Err(EngineError::Sandbox(crate::chain(&e)));
+            }
+        };
+        let finished_at = Utc::now();
+        let after = self.workspace.snapshot().unwrap_or_default();
+
+        let mut error = outcome.error.map(|e| ErrorInfo {
+            name: e.name,
+            value: e.value,
+            traceback: e.traceback,
+        });
+        let mut killed_by = None;
+        let status = match outcome.status {
+            CellStatus::Ok => ExecutionStatus::Ok,
+            CellStatus::Error => ExecutionStatus::Error,
+            CellStatus::Interrupted => ExecutionStatus::Interrupted,
+            CellStatus::TimedOut => {
+                let tb = error.map(|e| e.traceback).unwrap_or_default();
+                error = Some(ErrorInfo {
+                    name: "TimeoutError".into(),
+                    value: format!(
+                        "the cell exceeded its {} s time limit and was interrupted; the session keeps its state",
+                        timeout.as_secs_f64()
+                    ),
+                    traceback: tb,
+                });
+                ExecutionStatus::Timeout
+            }
+            CellStatus::KernelDied { killed_by: k, exit } => {
+                killed_by = k;
+                // The session restarts at once, so the next cell finds it ready.
+                self.kernel = None;
+                let restarted = self.ensure_kernel().is_ok();
+                error = Some(died_error(k, exit, &limits, timeout, restarted));
+                ExecutionStatus::Killed
+            }
+        };
+        {
+            let mut s = self.entry.lock();
+            if s.info.status == SessionStatus::Busy {
+                s.info.status = SessionStatus::Ready;
+            }
+            let now = Utc::now();
+            s.info.last_active_at = now;
+            s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
+        }
+        let execution = Execution {
+            id,
+            session_id: Some(session_id),
+            language: Language::Python,
+            execution_count: outcome.execution_count,
+            status,
+            stdout: outcome.stdout.render(),
+            stderr: outcome.stderr.render(),
+            truncated: Truncated {
+                stdout: outcome.stdout.truncated(),
+                stderr: outcome.stderr.truncated(),
+            },
+            results: outcome
+                .results
+                .into_iter()
+                .map(|(is_main_result, data)| ResultItem {
+                    is_main_result,
+                    data,
+                })
+                .collect(),
+            error,
+            files: diff_files(&before, &after),
+            usage: UsageInfo {
+                wall_ms: outcome.wall.as_millis() as u64,
+                cpu_ms: outcome.cpu.as_millis() as u64,
+                peak_memory_bytes: outcome.peak_memory_bytes,
+                killed_by: killed_by.map(Into::into),
+            },
+            started_at,
+            finished_at,
+        };
+        self.core.audit(&execution, code);
+        Ok(execution)
+    }
+}
+
+fn died_error(
+    killed_by: Option<KillReason>,
+    exit: runcell_sandbox::ExitStatus,
+    limits: &SessionLimits,
+    timeout: Duration,
+    restarted: bool,
+) -> ErrorInfo {
+    let (name, what) = match killed_by {
+        Some(KillReason::Timeout) => (
+            "TimeoutError",
+            format!(
+                "the cell exceeded its {} s time limit and did not stop when interrupted, so the kernel was killed",
+                timeout.as_secs_f64()
+            ),
+        ),
+        Some(KillReason::Oom) => (
+            "MemoryError",
+            format!(
+                "the kernel was killed: the memory limit of {} MiB was exceeded",
+                limits.memory_mb
+            ),
+        ),
+        Some(KillReason::Pids) => (
+            "ProcessLimitError",
+            format!("the kernel was killed: the limit of {} processes was reached", limits.pids),
+        ),
+        Some(KillReason::Output) => (
+            "OutputLimitError",
+            "the kernel was killed: the cell printed too much output".to_owned(),
+        ),
+        Some(KillReason::Signal) | None => (
+            "KernelDied",
+            match exit {
+                runcell_sandbox::ExitStatus::Signal(s) => {
+                    format!("the kernel died of signal {s} (a crash in native code?)")
+                }
+                runcell_sandbox::ExitStatus::Code(c) => format!("the kernel exited with code {c}"),
+            },
+        ),
+    };
+    let notice = if restarted {
+        "The session was restarted: variables and imports are lost; files in /workspace are kept."
+    } else {
+        "The session could not be restarted."
+    };
+    ErrorInfo {
+        name: name.into(),
+        value: format!("{what}. {notice}"),
+        traceback: String::new(),
+    }
+}

@@ -1,0 +1,385 @@
+//! Stateful Python sessions through the engine: the acceptance cases, the deadline / memory /
+//! crash / restart paths, files, and the hostile probes from inside a session.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use runcell_engine::{
+    CreateSession, EngineError, Execution, ExecutionStatus, KilledBy, LimitsRequest,
+};
+use serde_json::Value;
+
+fn create(engine: &runcell_engine::Engine, limits: LimitsRequest) -> String {
+    engine
+        .sessions()
+        .create(CreateSession {
+            limits,
+            ..CreateSession::default()
+        })
+        .expect("create session")
+        .id
+}
+
+fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
+    engine
+        .sessions()
+        .execute(id, code, None, None)
+        .expect("execute")
+}
+
+fn main_text(e: &Execution) -> String {
+    e.results
+        .iter()
+        .find(|r| r.is_main_result)
+        .and_then(|r| r.data.get("text/plain").cloned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn acceptance_cases_pass_through_the_engine() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/acceptance");
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("cases.json")).expect("shared/acceptance/cases.json"),
+    )
+    .expect("cases json");
+    let engine = common::engine();
+    let mut failures = Vec::new();
+    for case in cases.as_array().expect("cases") {
+        let name = case["name"].as_str().expect("name");
+        let id = create(&engine, LimitsRequest::default());
+        for f in case["upload"].as_array().into_iter().flatten() {
+            let f = f.as_str().expect("file");
+            let data = std::fs::read(dir.join("files").join(f)).expect("upload file");
+            engine.write_file(&id, f, &data).expect("upload");
+        }
+        for (i, cell) in case["cells"].as_array().expect("cells").iter().enumerate() {
+            let e = exec(&engine, &id, cell["code"].as_str().expect("code"));
+            let mut fail = |what: String| failures.push(format!("{name} cell {i}: {what}"));
+            let want_status = cell["status"].as_str().unwrap_or("ok");
+            let got_status = serde_json::to_value(e.status).expect("status");
+            if got_status != want_status {
+                fail(format!(
+                    "status {got_status} != {want_status}: {:?} {}",
+                    e.error, e.stderr
+                ));
+            }
+            for s in cell["stdout_contains"].as_array().into_iter().flatten() {
+                let s = s.as_str().expect("str");
+                if !e.stdout.contains(s) {
+                    fail(format!("stdout lacks {s:?}: {:?}", e.stdout));
+                }
+            }
+            for s in cell["main_result_contains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let s = s.as_str().expect("str");
+                if !main_text(&e).contains(s) {
+                    fail(format!("main result lacks {s:?}: {:?}", e.results));
+                }
+            }
+            if cell["has_png"].as_bool() == Some(true) {
+                let png = e.results.iter().find_map(|r| r.data.get("image/png"));
+                let ok = png
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                    .is_some_and(|bytes| bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+                if !ok {
+                    fail("no decodable image/png result".into());
+                }
+            }
+            if cell["has_html"].as_bool() == Some(true)
+                && !e.results.iter().any(|r| r.data.contains_key("text/html"))
+            {
+                fail("no text/html result".into());
+            }
+            if let Some(n) = cell["error_name"].as_str() {
+                if e.error.as_ref().map(|x| x.name.as_str()) != Some(n) {
+                    fail(format!("error {:?} != {n}", e.error));
+                }
+            }
+            for f in cell["files"].as_array().into_iter().flatten() {
+                let f = f.as_str().expect("str");
+                if !e.files.iter().any(|x| x.path == f) {
+                    fail(format!("files lack {f}: {:?}", e.files));
+                }
+            }
+        }
+        engine.sessions().delete(&id).expect("delete");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn state_counts_tracebacks_and_results_behave_like_jupyter() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    let a = exec(&engine, &id, "x = 41");
+    assert!(a.results.is_empty());
+    let b = exec(&engine, &id, "print('side'); x + 1");
+    assert_eq!(
+        (b.stdout.as_str(), main_text(&b).as_str()),
+        ("side\n", "42")
+    );
+    assert_eq!((a.execution_count, b.execution_count), (1, 2));
+    let c = exec(&engine, &id, "def f():\n    return 1 / 0\nf()");
+    assert_eq!(c.status, ExecutionStatus::Error);
+    let err = c.error.expect("error");
+    assert_eq!(err.name, "ZeroDivisionError");
+    assert!(err.traceback.contains("<cell-3>") && err.traceback.contains("return 1 / 0"));
+    assert!(
+        !err.traceback.contains("runcell_kernel"),
+        "{}",
+        err.traceback
+    );
+    let d = exec(
+        &engine,
+        &id,
+        "import os; os.system('echo from a subprocess'); x",
+    );
+    assert_eq!(d.stdout, "from a subprocess\n");
+    assert_eq!(main_text(&d), "41");
+}
+
+#[test]
+fn a_deadline_interrupts_and_keeps_state() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    exec(&engine, &id, "x = 'kept'");
+    let started = Instant::now();
+    let e = engine
+        .sessions()
+        .execute(
+            &id,
+            "import time\ntime.sleep(60)",
+            Some(Duration::from_secs(1)),
+            None,
+        )
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Timeout, "{e:?}");
+    assert_eq!(e.usage.killed_by, None);
+    assert_eq!(
+        e.error.as_ref().map(|x| x.name.as_str()),
+        Some("TimeoutError")
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(main_text(&exec(&engine, &id, "x")), "'kept'");
+}
+
+#[test]
+fn a_cell_that_ignores_the_interrupt_is_killed_and_the_session_restarts() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    exec(&engine, &id, "x = 1");
+    let stubborn = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass";
+    let e = engine
+        .sessions()
+        .execute(&id, stubborn, Some(Duration::from_secs(1)), None)
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Killed, "{e:?}");
+    assert_eq!(e.usage.killed_by, Some(KilledBy::Timeout));
+    let err = e.error.expect("error");
+    assert!(
+        err.value.contains("The session was restarted"),
+        "{}",
+        err.value
+    );
+    // A clean kernel: the old variable is gone, the session works.
+    let next = exec(&engine, &id, "x");
+    assert_eq!(next.error.map(|x| x.name), Some("NameError".into()));
+    assert_eq!(main_text(&exec(&engine, &id, "2 + 2")), "4");
+}
+
+#[test]
+fn out_of_memory_and_crashes_are_reported_and_the_next_cell_runs() {
+    let engine = common::engine();
+    let id = create(
+        &engine,
+        LimitsRequest {
+            memory_mb: Some(256),
+            ..LimitsRequest::default()
+        },
+    );
+    let e = exec(&engine, &id, "b = bytearray(600 * 1024 * 1024)");
+    assert_eq!(e.status, ExecutionStatus::Killed, "{e:?}");
+    assert_eq!(e.usage.killed_by, Some(KilledBy::Oom));
+    assert_eq!(e.error.map(|x| x.name), Some("MemoryError".into()));
+    assert_eq!(main_text(&exec(&engine, &id, "'alive'")), "'alive'");
+
+    let e = exec(&engine, &id, "import ctypes\nctypes.string_at(0)");
+    assert_eq!(e.status, ExecutionStatus::Killed, "{e:?}");
+    assert_eq!(e.usage.killed_by, Some(KilledBy::Signal));
+    assert_eq!(e.error.map(|x| x.name), Some("KernelDied".into()));
+    assert_eq!(
+        main_text(&exec(&engine, &id, "'alive again'")),
+        "'alive again'"
+    );
+}
+
+#[test]
+fn numpy_random_numbers_differ_between_sessions() {
+    let engine = common::engine();
+    let code = "import numpy as np\nnp.random.rand()";
+    let a = create(&engine, LimitsRequest::default());
+    let b = create(&engine, LimitsRequest::default());
+    let (x, y) = (
+        main_text(&exec(&engine, &a, code)),
+        main_text(&exec(&engine, &b, code)),
+    );
+    assert!(!x.is_empty() && x != y, "{x} vs {y}");
+}
+
+#[test]
+fn interrupt_and_fifo_order() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    exec(&engine, &id, "log = []");
+    let e2 = engine.clone();
+    let id2 = id.clone();
+    let slow = std::thread::spawn(move || {
+        e2.sessions()
+            .execute(
+                &id2,
+                "import time\nlog.append('first')\ntime.sleep(30)",
+                None,
+                None,
+            )
+            .expect("slow")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let e3 = engine.clone();
+    let id3 = id.clone();
+    let queued = std::thread::spawn(move || {
+        e3.sessions()
+            .execute(&id3, "log.append('second'); log", None, None)
+            .expect("queued")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(engine.sessions().interrupt(&id).expect("interrupt"));
+    let slow = slow.join().expect("join");
+    assert_eq!(slow.status, ExecutionStatus::Interrupted, "{slow:?}");
+    assert_eq!(slow.error.map(|x| x.name), Some("KeyboardInterrupt".into()));
+    let queued = queued.join().expect("join");
+    assert_eq!(main_text(&queued), "['first', 'second']");
+}
+
+#[test]
+fn files_upload_list_download_delete_and_path_attacks() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    engine
+        .write_file(&id, "data/in.csv", b"a,b\n1,2\n")
+        .expect("upload");
+    let e = exec(
+        &engine,
+        &id,
+        "import pandas as pd\ndf = pd.read_csv('data/in.csv')\ndf.to_csv('out.csv', index=False)\nimport os\nos.symlink('/etc/passwd', 'link')\nos.symlink('/', 'rootlink')\nint(df.b.sum())",
+    );
+    assert_eq!(main_text(&e), "2", "{e:?}");
+    let paths: Vec<String> = engine
+        .list_files(&id, "")
+        .expect("list")
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    assert_eq!(paths, ["data/in.csv", "out.csv"]);
+    assert_eq!(
+        engine.read_file(&id, "out.csv").expect("download"),
+        b"a,b\n1,2\n"
+    );
+    for bad in ["/etc/passwd", "../x", "a/../../x", "a\0b", ""] {
+        assert!(
+            matches!(
+                engine.read_file(&id, bad),
+                Err(EngineError::InvalidRequest(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    // Planted symlinks are never followed, for files or directories.
+    assert!(engine.read_file(&id, "link").is_err());
+    assert!(engine.read_file(&id, "rootlink/etc/passwd").is_err());
+    assert!(engine.write_file(&id, "rootlink/tmp/x", b"x").is_err());
+    assert!(engine.list_files(&id, "rootlink").is_err());
+    engine.delete_file(&id, "out.csv").expect("delete");
+    assert!(matches!(
+        engine.read_file(&id, "out.csv"),
+        Err(EngineError::NotFound(_))
+    ));
+    // The symlink itself can be deleted; its target is untouched.
+    engine.delete_file(&id, "link").expect("delete link");
+    assert!(std::path::Path::new("/etc/passwd").exists());
+}
+
+#[test]
+fn the_workspace_cap_is_enospc_and_idle_sessions_expire() {
+    let engine = common::engine();
+    let id = create(
+        &engine,
+        LimitsRequest {
+            disk_mb: Some(8),
+            idle_timeout_s: Some(1),
+            ..LimitsRequest::default()
+        },
+    );
+    let e = exec(
+        &engine,
+        &id,
+        "try:\n    open('big', 'wb').write(b'x' * (16 << 20))\nexcept OSError as e:\n    print(e.errno)",
+    );
+    assert_eq!(e.stdout, "28\n", "ENOSPC at the cap: {e:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.sessions().get(&id).is_ok() {
+        assert!(Instant::now() < deadline, "the idle session did not expire");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn hostile_probes_fail_inside_a_session_too() {
+    const PROBES: &str = include_str!("../../cli/tests/fixtures/probes.py");
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    exec(
+        &engine,
+        &id,
+        &PROBES.replace("if __name__ == \"__main__\":\n    main()", ""),
+    );
+    let table: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("unshare_user", vec![], "errno:EPERM"),
+        ("mount", vec!["/nonexistent"], "errno:EPERM"),
+        ("clone3", vec![], "errno:ENOSYS"),
+        ("ptrace_traceme", vec![], "errno:EPERM"),
+        ("bpf", vec![], "errno:EPERM"),
+        ("socket", vec!["netlink", "dgram"], "errno:EPERM"),
+        ("read", vec!["/etc/shadow"], "errno:ENOENT"),
+        ("write", vec!["/usr/x"], "errno:EROFS"),
+        ("write", vec!["/opt/runcell/python/x"], "errno:EROFS"),
+        (
+            "tcp_connect",
+            vec!["169.254.169.254", "80"],
+            "errno:ENETUNREACH",
+        ),
+        ("socket", vec!["inet", "stream"], "ok"),
+    ];
+    for (name, args, want) in table {
+        let code = format!("probe({name:?}, {args:?})[0]");
+        let got = main_text(&exec(&engine, &id, &code));
+        assert_eq!(
+            got,
+            format!("{want:?}").replace('"', "'"),
+            "{name} {args:?}"
+        );
+    }
+    let status = exec(&engine, &id, "probe('proc_status', [])[1]");
+    let text = main_text(&status);
+    for want in [
+        "'CapEff': '0000000000000000'",
+        "'NoNewPrivs': '1'",
+        "'Seccomp': '2'",
+    ] {
+        assert!(text.contains(want), "{text}");
+    }
+}

@@ -1,0 +1,997 @@
+#!/usr/bin/env python3
+"""runcell's in-sandbox Python kernel.
+
+Runs code cells in one persistent namespace, Jupyter style, and reports on a
+framed-JSON channel to the host:
+
+* fd 3: the protocol channel (bidirectional Unix stream socket). Each frame is a
+  4-byte big-endian length followed by one UTF-8 JSON object (at most 64 MiB).
+* fds 1 and 2: the user's stdout and stderr, read raw by the host. Nothing the
+  user prints ever travels on fd 3.
+
+Stdlib only. numpy, pandas and matplotlib are used when the user has imported
+them and never imported here, so start-up stays cheap.
+
+Start it as ``python3 runcell_kernel.py`` with the channel on fd 3.
+"""
+
+import ast
+import base64
+import builtins
+import importlib.machinery
+import io
+import json
+import linecache
+import os
+import signal
+import struct
+import sys
+import threading
+import traceback
+import types
+import __future__
+
+CHANNEL_FD = 3
+MAX_FRAME = 64 * 1024 * 1024
+MAX_TEXT = 1024 * 1024  # characters per text MIME string
+MAX_IMAGE = 16 * 1024 * 1024  # characters per base64 image string
+# Ints up to this many digits are shown in full; str() of an int is quadratic in
+# 3.11 (about 0.1 s for 100k digits, 13 s for a million), so bigger ones are summarised.
+MAX_INT_DIGITS = 200_000
+PRETTY_WIDTH = 79
+CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect
+FUTURE_FLAGS = 0
+for _feature in __future__.all_feature_names:
+    FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
+del _feature
+
+
+def _code_filename():
+    return _code_filename.__code__.co_filename
+
+
+# Frames from this file are hidden from user tracebacks.
+KERNEL_FILE = _code_filename()
+
+
+def _warn(message):
+    """A one-line note for the user on stderr; never raises."""
+    try:
+        sys.stderr.write(f"runcell: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _flush_std():
+    """Push buffered Python-level output into fds 1 and 2 before telling the host anything."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------
+# Signals: KeyboardInterrupt only while user code runs
+# --------------------------------------------------------------------------
+
+
+def _allow_interrupts():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _ignore_interrupts():
+    """Make SIGINT a no-op between cells and drop any interrupt still pending.
+
+    Blocking first closes the window in which a late SIGINT could raise
+    KeyboardInterrupt inside the kernel; installing SIG_IGN discards a signal
+    that arrived while blocked. A KeyboardInterrupt that surfaces here came
+    after the user's code had finished, so it is dropped.
+    """
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _block_sigint():
+    """Block SIGINT in this thread and return the previous mask.
+
+    pthread_sigmask() runs pending Python signal handlers after changing the
+    mask, so a KeyboardInterrupt can come out of it with SIGINT already
+    blocked: undo the block then, or interrupts would stop working.
+    """
+    try:
+        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except KeyboardInterrupt:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        raise
+
+
+# --------------------------------------------------------------------------
+# The protocol channel
+# --------------------------------------------------------------------------
+
+
+class ChannelClosed(BaseException):
+    """The host went away. A BaseException so user `except Exception` can't swallow it."""
+
+    def __init__(self, exit_code=0):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
+class ProtocolViolation(Exception):
+    """The host sent something that is not a well-formed frame."""
+
+
+class Channel:
+    """Length-prefixed JSON frames over a file descriptor."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self._write_lock = threading.Lock()
+
+    def recv(self):
+        """The next message, or None on a clean EOF between frames."""
+        header = self._read_exact(4)
+        if header is None:
+            return None
+        (length,) = struct.unpack(">I", header)
+        if length > MAX_FRAME:
+            raise ProtocolViolation(f"frame of {length} bytes is over the {MAX_FRAME}-byte limit")
+        body = self._read_exact(length) if length else b""
+        if body is None:
+            raise ProtocolViolation("channel closed in the middle of a frame")
+        try:
+            message = json.loads(body.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+            raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from None
+        if not isinstance(message, dict):
+            raise ProtocolViolation("frame is not a JSON object")
+        return message
+
+    def _read_exact(self, size):
+        buf = bytearray()
+        while len(buf) < size:
+            try:
+                chunk = os.read(self.fd, min(size - len(buf), 1 << 20))
+            except ConnectionResetError:
+                chunk = b""
+            except OSError as exc:
+                _warn(f"protocol channel unreadable: {exc}")
+                raise ChannelClosed(1) from None
+            if not chunk:
+                if not buf:
+                    return None
+                raise ProtocolViolation("channel closed in the middle of a frame")
+            buf += chunk
+        return bytes(buf)
+
+    def send(self, message):
+        # errors="replace": lone surrogates in user strings are not valid UTF-8.
+        body = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
+        if len(body) > MAX_FRAME:
+            raise ValueError(f"message of {len(body)} bytes is over the frame limit")
+        frame = struct.pack(">I", len(body)) + body
+        # An interrupt between two writes would leave half a frame on the channel
+        # and desynchronise the host, so SIGINT waits until the frame is out.
+        previous_mask = _block_sigint()
+        try:
+            with self._write_lock:
+                self._write_all(frame)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+    def _write_all(self, data):
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except (BrokenPipeError, ConnectionResetError):
+                raise ChannelClosed(0) from None
+            except OSError as exc:
+                _warn(f"protocol channel unwritable: {exc}")
+                raise ChannelClosed(1) from None
+            view = view[written:]
+
+
+# --------------------------------------------------------------------------
+# Rich display: MIME bundles for any object
+# --------------------------------------------------------------------------
+
+# The IPython display protocol: method name per MIME type.
+REPR_METHODS = (
+    ("text/html", "_repr_html_"),
+    ("text/markdown", "_repr_markdown_"),
+    ("image/svg+xml", "_repr_svg_"),
+    ("image/png", "_repr_png_"),
+    ("image/jpeg", "_repr_jpeg_"),
+    ("text/latex", "_repr_latex_"),
+    ("application/json", "_repr_json_"),
+)
+PRETTY_TYPES = (dict, list, tuple, set, frozenset)
+
+
+def mime_bundle(obj):
+    """{mime: str} for obj. Never raises for a misbehaving object: text/plain always comes back."""
+    data = {}
+    if not isinstance(obj, type):  # a class's _repr_*_ are unbound methods, not its display
+        data.update(_repr_mimebundle(obj))
+        for mime, method in REPR_METHODS:
+            if mime not in data:
+                value = _call_repr_method(obj, method)
+                if value is not None:
+                    data[mime] = value
+        for mime, value in _library_reprs(obj).items():
+            data.setdefault(mime, value)
+    bundle = normalise_bundle(data)
+    if "text/plain" not in bundle:
+        bundle["text/plain"] = plain_text(obj)
+    return bundle
+
+
+def _repr_mimebundle(obj):
+    bundle = _call_repr_method(obj, "_repr_mimebundle_", include=None, exclude=None)
+    return bundle if isinstance(bundle, dict) else {}
+
+
+def _call_repr_method(obj, name, **kwargs):
+    try:
+        method = getattr(obj, name, None)
+    except Exception:
+        return None
+    if not callable(method):
+        return None
+    try:
+        value = method(**kwargs)
+    except Exception as exc:
+        _warn(f"{type(obj).__name__}.{name}() failed: {type(exc).__name__}: {exc}")
+        return None
+    if isinstance(value, tuple) and len(value) == 2:
+        value = value[0]  # IPython allows (data, metadata)
+    return value
+
+
+def _library_reprs(obj):
+    """Representations IPython registers for libraries that lack the _repr_*_ methods."""
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(obj, pandas.Series):
+        html = _call_repr_method(obj.to_frame(), "_repr_html_")
+        return {"text/html": html} if html is not None else {}
+    figure_module = sys.modules.get("matplotlib.figure")
+    if figure_module is not None and isinstance(obj, figure_module.Figure):
+        try:
+            png = figure_png(obj)
+        except Exception as exc:
+            _warn(f"could not render the figure: {type(exc).__name__}: {exc}")
+            return {}
+        return {"image/png": png} if png is not None else {}
+    return {}
+
+
+def figure_png(fig):
+    """PNG bytes of a matplotlib figure, or None for an empty one (as IPython does)."""
+    if not (fig.axes or fig.lines or fig.images or fig.texts or fig.patches or fig.artists):
+        return None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def normalise_bundle(data):
+    """Every value becomes a bounded str: base64 for binary data, JSON text for JSON types."""
+    bundle = {}
+    for mime, value in data.items():
+        if not isinstance(mime, str):
+            continue
+        text = _mime_string(mime, value)
+        if text is None:
+            continue
+        limit = MAX_IMAGE if _is_binary_mime(mime) else MAX_TEXT
+        if len(text) > limit:
+            if mime != "text/plain":
+                _warn(f"{mime} output of {len(text)} characters dropped (limit {limit})")
+                continue
+            text = _truncate(text, limit)
+        bundle[mime] = text
+    return bundle
+
+
+def _is_binary_mime(mime):
+    if mime.startswith("image/"):
+        return mime != "image/svg+xml"
+    return mime in ("application/pdf", "application/octet-stream")
+
+
+def _is_json_mime(mime):
+    return mime == "application/json" or mime.endswith("+json")
+
+
+def _mime_string(mime, value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if _is_binary_mime(mime):
+            return base64.b64encode(value).decode("ascii")
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    if _is_json_mime(mime):
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            _warn(f"{mime} output is not valid JSON: {exc}")
+    return None
+
+
+def _truncate(text, limit):
+    return text[:limit] + f"\n… [truncated: {len(text) - limit} more characters]"
+
+
+def plain_text(obj):
+    """repr(obj), pretty-printed for long builtin containers, bounded in size."""
+    if type(obj) is int:
+        text = _int_text(obj)
+    else:
+        try:
+            text = _repr_allowing_big_ints(obj)
+        except Exception as exc:
+            _warn(f"repr() of {type(obj).__name__} failed: {type(exc).__name__}: {exc}")
+            text = object.__repr__(obj)
+        if len(text) > PRETTY_WIDTH and isinstance(obj, PRETTY_TYPES) and len(text) < 100_000:
+            text = _pretty(obj, text)
+    if len(text) > MAX_TEXT:
+        text = _truncate(text, MAX_TEXT)
+    return text
+
+
+def _int_text(value):
+    digits = int(abs(value).bit_length() * 0.30103) + 1
+    if digits > MAX_INT_DIGITS:
+        return f"<int with about {digits} decimal digits: too long to show>"
+    return _repr_allowing_big_ints(value)
+
+
+def _repr_allowing_big_ints(obj):
+    """repr() with Python's 4300-digit int->str guard raised: results are for showing, not parsing."""
+    previous = sys.get_int_max_str_digits()
+    if previous == 0 or previous >= MAX_INT_DIGITS:
+        return repr(obj)
+    sys.set_int_max_str_digits(MAX_INT_DIGITS)
+    try:
+        return repr(obj)
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
+def _pretty(obj, fallback):
+    import pprint
+
+    try:
+        return pprint.pformat(obj, width=PRETTY_WIDTH, sort_dicts=False)
+    except Exception:
+        return fallback
+
+
+# --------------------------------------------------------------------------
+# Tracebacks that show the user's code and never the kernel's
+# --------------------------------------------------------------------------
+
+
+def register_source(filename, source):
+    """Make a cell's lines available to tracebacks, inspect and warnings.
+
+    mtime None keeps linecache.checkcache() from evicting the entry.
+    """
+    lines = source.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def is_cell_filename(filename):
+    return filename.startswith("<cell-")
+
+
+def format_user_traceback(exc):
+    """Python's own traceback text for exc, minus the kernel's frames.
+
+    Frames before the first cell frame (the kernel, asyncio's loop) are dropped
+    too; a SyntaxError then has no frames at all and prints like Python's.
+    """
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    for node in _walk_tracebacks(te):
+        node.stack = _user_frames(node.stack)
+    return "".join(te.format())
+
+
+def _walk_tracebacks(te):
+    seen = set()
+    pending = [te]
+    while pending:
+        node = pending.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        pending.extend([node.__cause__, node.__context__])
+        pending.extend(getattr(node, "exceptions", None) or ())  # exception groups
+
+
+def _user_frames(stack):
+    frames = [frame for frame in stack if frame.filename != KERNEL_FILE]
+    for index, frame in enumerate(frames):
+        if is_cell_filename(frame.filename):
+            frames = frames[index:]
+            break
+    return traceback.StackSummary.from_list(frames)
+
+
+def _exception_value(exc):
+    if isinstance(exc, SystemExit):
+        return str(exc.code)
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"
+
+
+# --------------------------------------------------------------------------
+# Import hooks
+# --------------------------------------------------------------------------
+
+
+class AfterImportHook:
+    """Meta-path finder that calls callback(module) right after `name` is loaded.
+
+    It lets the kernel patch matplotlib.pyplot.show the moment pyplot is
+    imported, even mid-cell, without importing matplotlib itself.
+    """
+
+    def __init__(self, name, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _CallbackLoader(spec.loader, self.callback)
+        return spec
+
+
+class _CallbackLoader:
+    """Wraps a loader; everything but exec_module goes straight to it."""
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._callback(module)
+        except Exception as exc:
+            _warn(f"could not hook {module.__name__}: {type(exc).__name__}: {exc}")
+
+
+class IPythonFallback:
+    """Minimal `IPython.display` for notebook-style code when IPython is not installed.
+
+    It sits last on sys.meta_path, so a real IPython always wins.
+    """
+
+    PACKAGES = {"IPython": True, "IPython.display": False, "IPython.core": True, "IPython.core.display": False}
+
+    def __init__(self, display):
+        self.display = display
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.PACKAGES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=self.PACKAGES[fullname])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.display = self.display
+        if module.__name__ == "IPython":
+            module.get_ipython = lambda: None  # "not inside IPython": libraries fall back to plain mode
+        elif module.__name__.endswith(".display"):
+            module.clear_output = lambda wait=False: None
+            for cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+                setattr(module, cls.__name__, cls)
+
+
+class _DisplayObject:
+    """Base of the fallback IPython.display classes: holds text data."""
+
+    binary = False
+
+    def __init__(self, data=None, url=None, filename=None, metadata=None, **_ignored):
+        if filename is not None:
+            data = self._read(filename)
+        self.data = data
+        self.url = url
+        self.filename = filename
+
+    def _read(self, filename):
+        if self.binary:
+            with open(filename, "rb") as f:
+                return f.read()
+        with open(filename, encoding="utf-8") as f:
+            return f.read()
+
+    def __repr__(self):
+        return f"<IPython.core.display.{type(self).__name__} object>"
+
+
+class HTML(_DisplayObject):
+    def _repr_html_(self):
+        return self.data
+
+
+class Markdown(_DisplayObject):
+    def _repr_markdown_(self):
+        return self.data
+
+
+class Latex(_DisplayObject):
+    def _repr_latex_(self):
+        return self.data
+
+
+class SVG(_DisplayObject):
+    def _repr_svg_(self):
+        return self.data.decode("utf-8") if isinstance(self.data, bytes) else self.data
+
+
+class JSON(_DisplayObject):
+    def __init__(self, data=None, url=None, filename=None, **kwargs):
+        super().__init__(data, url, filename, **kwargs)
+        if isinstance(self.data, str):
+            self.data = json.loads(self.data)
+
+    def _repr_json_(self):
+        return self.data
+
+
+class Image(_DisplayObject):
+    binary = True
+
+    def __init__(self, data=None, url=None, filename=None, format=None, **kwargs):
+        if isinstance(data, str) and url is None and filename is None:
+            if data.startswith(("http://", "https://")):
+                data, url = None, data
+            else:
+                data, filename = None, data
+        super().__init__(data, url, filename, **kwargs)
+        self.format = (format or self._guess_format()).lower().replace("jpg", "jpeg")
+
+    def _guess_format(self):
+        if isinstance(self.data, bytes) and self.data[:2] == b"\xff\xd8":
+            return "jpeg"
+        name = (self.filename or self.url or "").lower()
+        return "jpeg" if name.endswith((".jpg", ".jpeg")) else "png"
+
+    def _repr_png_(self):
+        return self.data if self.format == "png" else None
+
+    def _repr_jpeg_(self):
+        return self.data if self.format == "jpeg" else None
+
+    def _repr_html_(self):
+        if self.data is None and self.url:
+            import html
+
+            return f'<img src="{html.escape(self.url)}"/>'
+        return None
+
+
+for _cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+    _cls.__module__ = "IPython.display"
+del _cls
+
+
+# --------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------
+
+
+class CompiledCell:
+    def __init__(self, body, last_expression, show_result):
+        self.body = body  # code object for every statement but a trailing expression
+        self.last_expression = last_expression  # 'eval' code object, or None
+        self.show_result = show_result  # False when the expression ends with ';'
+
+
+class Kernel:
+    def __init__(self, channel):
+        self.channel = channel
+        self.pid = os.getpid()
+        self.execution_count = 0
+        self.current_id = None
+        self.error_sent = False
+        self.module = types.ModuleType("__main__")
+        self.module.__dict__["__builtins__"] = builtins
+        self.namespace = self.module.__dict__
+        self.future_flags = 0
+        self.loop = None  # asyncio loop for top-level await, created on first use
+        self.displayed_figures = set()  # ids of figures already shown in this cell
+
+    # ---- set-up ----
+
+    def install(self):
+        """Process-wide hooks: __main__, display(), matplotlib, IPython fallback."""
+        # Kept alive on purpose: the kernel's functions use its globals.
+        self.kernel_module = sys.modules.get("__main__")
+        # Pickle and multiprocessing find cell-defined functions via sys.modules['__main__'].
+        sys.modules["__main__"] = self.module
+        builtins.display = self.display
+        sys.meta_path.insert(0, AfterImportHook("matplotlib.pyplot", self.patch_pyplot))
+        sys.meta_path.append(IPythonFallback(self.display))
+        self.install_lazy_hooks()
+
+    def install_lazy_hooks(self):
+        """Catch up with modules imported before the import hook existed."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            self.patch_pyplot(pyplot)
+
+    def patch_pyplot(self, pyplot):
+        if getattr(pyplot.show, "_runcell", False):
+            return
+        kernel = self
+
+        def show(*args, **kwargs):
+            """Show every open figure in the cell's output, then close it (runcell)."""
+            kernel.show_figures()
+
+        show._runcell = True
+        pyplot.show = show
+
+    # ---- the main loop ----
+
+    def serve(self):
+        """Handle messages until EOF. Returns the process exit code."""
+        self.pid = os.getpid()  # after a zygote fork this is the child
+        try:
+            self.send({"type": "ready", "language": "python", "version": "%d.%d.%d" % sys.version_info[:3], "pid": self.pid})
+            while True:
+                try:
+                    message = self.channel.recv()
+                except ProtocolViolation as exc:
+                    _warn(f"malformed frame on the protocol channel: {exc}")
+                    return 3
+                if message is None:
+                    return 0
+                self.dispatch(message)
+        except ChannelClosed as closed:
+            return closed.exit_code
+
+    def dispatch(self, message):
+        kind = message.get("type")
+        try:
+            if kind == "execute":
+                self.handle_execute(message)
+            else:
+                self.send_protocol_error(None, f"unknown message type {kind!r}")
+        except ChannelClosed:
+            raise
+        except BaseException as exc:  # a kernel bug must not end the kernel
+            _ignore_interrupts()
+            _warn("kernel error:\n" + "".join(traceback.format_exception(exc)))
+            self.send(self.kernel_error_message(None, exc))
+
+    def handle_execute(self, message):
+        msg_id, code = message.get("id"), message.get("code")
+        if not isinstance(msg_id, str):
+            self.send_protocol_error(None, "execute needs a string 'id'")
+        elif not isinstance(code, str):
+            self.send_protocol_error(msg_id, "execute needs a string 'code'")
+            self.send({"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count})
+        else:
+            self.execute(msg_id, code)
+
+    def send_protocol_error(self, msg_id, text):
+        self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})
+
+    def send(self, message):
+        self.channel.send(message)
+
+    # ---- one cell ----
+
+    def execute(self, msg_id, code):
+        self.execution_count += 1
+        self.current_id = msg_id
+        self.error_sent = False
+        try:
+            status = self.run_cell(code)
+        except ChannelClosed:
+            raise
+        except BaseException as exc:  # kernel bug, or an interrupt landing in kernel code
+            _ignore_interrupts()
+            status = self.report_kernel_failure(exc)
+        finally:
+            self.current_id = None
+        _flush_std()
+        self.send({"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count})
+
+    def run_cell(self, source):
+        """Compile, run and report one cell; returns the done status."""
+        filename = f"<cell-{self.execution_count}>"
+        register_source(filename, source)
+        self.displayed_figures.clear()
+        self.install_lazy_hooks()
+        try:
+            cell = self.compile_cell(source, filename)
+        except Exception as exc:  # SyntaxError, or ValueError/RecursionError for odd sources
+            return self.report_error(exc)
+
+        value, error = self.guarded(lambda: self.run_code(cell))
+        self.leave_if_forked(error)
+        bundle = None
+        if error is None and value is not None and cell.show_result:
+            bundle, error = self.guarded(lambda: self.result_bundle(value))
+        if "matplotlib.pyplot" in sys.modules:
+            # Figures still open are part of the output even when the cell failed.
+            skip = value if bundle is not None else None
+            _, figure_error = self.guarded(lambda: self.show_figures(skip=skip))
+            error = error or figure_error
+        self.install_lazy_hooks()
+
+        if error is not None:
+            return self.report_error(error)
+        if bundle is not None:
+            _flush_std()
+            self.send({"type": "result", "id": self.current_id, "data": bundle})
+        return "ok"
+
+    def compile_cell(self, source, filename):
+        """Split a trailing expression off so its value can be shown, as IPython does."""
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | self.future_flags
+        tree = compile(source, filename, "exec", flags | ast.PyCF_ONLY_AST, dont_inherit=True)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = tree.body.pop()
+        body = compile(tree, filename, "exec", flags, dont_inherit=True)
+        # `from __future__ import annotations` in one cell holds for the later ones.
+        self.future_flags |= body.co_flags & FUTURE_FLAGS
+        if last is None:
+            return CompiledCell(body, None, False)
+        expression = ast.Expression(body=last.value)
+        code = compile(expression, filename, "eval", flags | self.future_flags, dont_inherit=True)
+        return CompiledCell(body, code, not _ends_with_semicolon(source, last))
+
+    def guarded(self, function):
+        """Run function with KeyboardInterrupt enabled; returns (value, exception or None)."""
+        try:
+            try:
+                _allow_interrupts()
+                return function(), None
+            finally:
+                _ignore_interrupts()
+        except ChannelClosed:
+            raise
+        except BaseException as exc:
+            _ignore_interrupts()  # the interrupt may have come before the finally did its work
+            return None, exc
+
+    def run_code(self, cell):
+        self.run_code_object(cell.body)
+        if cell.last_expression is None:
+            return None
+        return self.run_code_object(cell.last_expression)
+
+    def run_code_object(self, code):
+        if code.co_flags & CO_COROUTINE:  # top-level await: eval() returns a coroutine
+            return self.run_coroutine(eval(code, self.namespace))
+        return eval(code, self.namespace)
+
+    def run_coroutine(self, coroutine):
+        """Run top-level-await code on one persistent loop, so tasks outlive their cell."""
+        import asyncio
+
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)  # asyncio.run() in an earlier cell may have unset it
+        task = self.loop.create_task(coroutine)
+        try:
+            return self.loop.run_until_complete(task)
+        finally:
+            if not task.done():  # interrupted: the cell must not resume in a later one
+                task.cancel()
+
+    def leave_if_forked(self, error):
+        """A child forked by user code (os.fork) must not go on to speak the protocol."""
+        if os.getpid() == self.pid:
+            return
+        if error is not None and not isinstance(error, SystemExit):
+            _warn("forked child failed:\n" + format_user_traceback(error))
+        _flush_std()
+        code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+        os._exit(code)
+
+    def result_bundle(self, value):
+        bundle = mime_bundle(value)
+        self.note_if_figure(value)
+        return bundle
+
+    # ---- reporting ----
+
+    def report_error(self, exc):
+        """Send the error message for exc; returns the done status."""
+        try:
+            text = format_user_traceback(exc)
+        except Exception:
+            text = "".join(traceback.format_exception_only(type(exc), exc))
+        self.send_error(type(exc).__name__, _exception_value(exc), text)
+        return "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+
+    def report_kernel_failure(self, exc):
+        if isinstance(exc, KeyboardInterrupt):
+            if not self.error_sent:
+                self.send_error("KeyboardInterrupt", "", "KeyboardInterrupt\n")
+            return "interrupted"
+        _warn("kernel error:\n" + "".join(traceback.format_exception(exc)))
+        if not self.error_sent:
+            self.send(self.kernel_error_message(self.current_id, exc))
+            self.error_sent = True
+        return "error"
+
+    def kernel_error_message(self, msg_id, exc):
+        text = "".join(traceback.format_exception(exc))
+        return {"type": "error", "id": msg_id, "name": "KernelError", "value": f"{type(exc).__name__}: {_exception_value(exc)}", "traceback": _bounded(text)}
+
+    def send_error(self, name, value, text):
+        _flush_std()
+        self.error_sent = True
+        self.send({"type": "error", "id": self.current_id, "name": name, "value": _bounded(value), "traceback": _bounded(text)})
+
+    # ---- display ----
+
+    def display(self, *objs, raw=False, **_ignored):
+        """Show objects in the cell's output (IPython's display(); extra keywords are ignored)."""
+        for obj in objs:
+            if raw and isinstance(obj, dict):
+                bundle = normalise_bundle(obj)
+                bundle.setdefault("text/plain", "")
+            else:
+                bundle = mime_bundle(obj)
+                self.note_if_figure(obj)
+            self.emit_display(bundle)
+
+    def emit_display(self, bundle):
+        if os.getpid() != self.pid or self.current_id is None:
+            # A forked child, or a thread outside any cell: no channel to speak on.
+            print(bundle.get("text/plain", ""))
+            return
+        _flush_std()  # output printed before the display reaches the host first
+        self.send({"type": "display", "id": self.current_id, "data": bundle})
+
+    def note_if_figure(self, obj):
+        figure_module = sys.modules.get("matplotlib.figure")
+        if figure_module is not None and isinstance(obj, figure_module.Figure):
+            self.displayed_figures.add(id(obj))
+
+    def show_figures(self, skip=None):
+        """plt.show(): display each open pyplot figure once, then close them all."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            for number in pyplot.get_fignums():
+                figure = pyplot.figure(number)
+                if figure is not skip and id(figure) not in self.displayed_figures:
+                    self.display(figure)
+        finally:
+            pyplot.close("all")
+            self.displayed_figures.clear()
+
+
+def _ends_with_semicolon(source, node):
+    """True for `expr;`: what follows the expression on its line starts with ';'.
+
+    ast column offsets count UTF-8 bytes, hence the encode.
+    """
+    lines = source.splitlines()
+    rest = lines[node.end_lineno - 1].encode("utf-8")[node.end_col_offset :].decode("utf-8", "replace")
+    return rest.lstrip().startswith(";")
+
+
+def _bounded(text):
+    return _truncate(text, MAX_TEXT) if len(text) > MAX_TEXT else text
+
+
+# --------------------------------------------------------------------------
+# Process set-up
+# --------------------------------------------------------------------------
+
+
+def reseed():
+    """Fresh seeds for `random` and numpy's global RNG (after a zygote fork, states are shared)."""
+    import random
+
+    random.seed(os.urandom(32))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed(list(struct.unpack("<4I", os.urandom(16))))
+        except Exception as exc:
+            _warn(f"could not reseed numpy: {exc}")
+
+
+def _text_stream(fd, name):
+    """Line-buffered, write-through UTF-8 text on fd: prints reach the host promptly."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    raw.name = name
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
+
+
+def prepare_process():
+    # No KeyboardInterrupt while idle: the host's interrupts are for running cells.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.set_inheritable(CHANNEL_FD, False)  # children (subprocess, os.system) never see the channel
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    if devnull != 0:
+        os.dup2(devnull, 0)  # user code reading stdin gets EOF, not the host's pipe
+        os.close(devnull)
+    os.environ["MPLBACKEND"] = "Agg"  # before any matplotlib import, ours or the user's
+    _flush_std()
+    sys.stdout = sys.__stdout__ = _text_stream(1, "<stdout>")
+    sys.stderr = sys.__stderr__ = _text_stream(2, "<stderr>")
+    # Like an interactive interpreter: no script arguments, imports from the cwd (/workspace).
+    sys.argv = [""]
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        sys.path[0] = ""
+
+
+def shutdown(kernel, code):
+    """Exit without waiting for user threads, but with atexit and files flushed."""
+    import atexit
+    import gc
+
+    try:
+        atexit._run_exitfuncs()
+        kernel.namespace.clear()  # closes (and so flushes) files the user left open
+        gc.collect()
+    except BaseException:
+        pass
+    _flush_std()
+    os._exit(code)
+
+
+def main():
+    try:
+        os.fstat(CHANNEL_FD)
+    except OSError:
+        sys.stderr.write("runcell kernel: fd 3 (the protocol channel) is not open\n")
+        return 2
+    prepare_process()
+    kernel = Kernel(Channel(CHANNEL_FD))
+    kernel.install()
+    reseed()
+    shutdown(kernel, kernel.serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,509 @@
+//! One kernel process in its sandbox: start it, run cells on it one at a time, interrupt it at
+//! the deadline, kill it when it will not stop, and say how it ended.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use runcell_protocol::{DoneStatus, FrameDecoder, HostMessage, KernelMessage, MimeBundle};
+use runcell_sandbox::{
+    CappedOutput, ExitStatus, KillReason, Launch, Running, RunningHandle, Sandbox, SandboxError,
+};
+use rustix::event::{PollFd, PollFlags, Timespec};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("cannot start the kernel")]
+    Start(#[source] SandboxError),
+    #[error("the kernel did not become ready: {0}")]
+    NotReady(String),
+    #[error("the kernel has exited")]
+    Gone,
+    #[error("kernel protocol error")]
+    Protocol(#[from] runcell_protocol::ProtocolError),
+    #[error("kernel i/o failed")]
+    Io(#[from] io::Error),
+}
+
+/// How to run one cell.
+#[derive(Debug, Clone, Copy)]
+pub struct CellOptions {
+    /// At this point the kernel is interrupted (SIGINT: KeyboardInterrupt in Python).
+    pub timeout: Duration,
+    /// After the interrupt, how long the cell has to give up before the kernel is killed.
+    pub grace: Duration,
+    /// Bytes kept per stream (head and tail).
+    pub output_cap: usize,
+    /// Past this much output in total the kernel is killed.
+    pub output_kill_bytes: u64,
+}
+
+impl Default for CellOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+            grace: Duration::from_secs(2),
+            output_cap: 1 << 20,
+            output_kill_bytes: 2 << 30,
+        }
+    }
+}
+
+/// Something a running cell produced, as it happens.
+#[derive(Debug)]
+pub enum CellEvent<'a> {
+    Stdout(&'a [u8]),
+    Stderr(&'a [u8]),
+    /// A display (`is_main_result` false) or the main result (true).
+    Result {
+        is_main_result: bool,
+        data: &'a MimeBundle,
+    },
+    Error(&'a CellError),
+}
+
+/// How a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellStatus {
+    Ok,
+    Error,
+    /// Interrupted on request; the kernel and its state live on.
+    Interrupted,
+    /// Interrupted at the deadline; the kernel and its state live on.
+    TimedOut,
+    /// The kernel is gone: killed at the end of the grace period (`Timeout`), out of memory,
+    /// over the pids or output bound, or crashed (`Signal`, or `None` if it exited by itself).
+    KernelDied {
+        killed_by: Option<KillReason>,
+        exit: ExitStatus,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+/// Everything one cell produced.
+#[derive(Debug)]
+pub struct CellOutcome {
+    pub status: CellStatus,
+    pub execution_count: u64,
+    pub stdout: CappedOutput,
+    pub stderr: CappedOutput,
+    /// (is_main_result, bundle), in order.
+    pub results: Vec<(bool, MimeBundle)>,
+    pub error: Option<CellError>,
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub peak_memory_bytes: u64,
+}
+
+/// A started kernel.
+#[derive(Debug)]
+pub struct Kernel {
+    running: Option<Running>,
+    handle: RunningHandle,
+    channel: UnixStream,
+    stdout: Option<File>,
+    stderr: Option<File>,
+    decoder: FrameDecoder,
+    execution_count: u64,
+    version: String,
+}
+
+/// How long the output of a dying kernel is still collected.
+const DRAIN_AFTER_DEATH: Duration = Duration::from_secs(2);
+
+impl Kernel {
+    /// Starts the program of `launch` (which must ask for a channel) and waits for its `ready`.
+    pub fn start(
+        sandbox: &Sandbox,
+        launch: &Launch<'_>,
+        ready_timeout: Duration,
+    ) -> Result<Kernel, KernelError> {
+        let mut running = sandbox.spawn(launch).map_err(KernelError::Start)?;
+        // Cells come over the channel; the kernel's stdin is at end-of-file from the start.
+        running.stdin = None;
+        let mut channel = running
+            .channel
+            .take()
+            .ok_or_else(|| KernelError::NotReady("the launch has no channel".into()))?;
+        channel.set_read_timeout(Some(ready_timeout))?;
+        let version = match runcell_protocol::read_message::<KernelMessage>(&mut channel) {
+            Ok(KernelMessage::Ready { version, .. }) => version,
+            other => {
+                // Say why: a setup error, or the kernel's own stderr (an import error, a crash).
+                running.kill(KillReason::Signal);
+                let mut err = String::new();
+                if let Some(mut s) = running.stderr.take() {
+                    let _ = s.read_to_string(&mut err);
+                }
+                let why = match (running.finish(), other) {
+                    (Err(SandboxError::Setup(msg)), _) => msg,
+                    (_, Ok(msg)) => format!("unexpected first message {msg:?}"),
+                    (_, Err(e)) => format!("{e}: {}", err.trim()),
+                };
+                return Err(KernelError::NotReady(why));
+            }
+        };
+        channel.set_read_timeout(None)?;
+        channel.set_nonblocking(true)?;
+        let handle = running.handle()?;
+        let stdout = running.stdout.take();
+        let stderr = running.stderr.take();
+        for f in [&stdout, &stderr].into_iter().flatten() {
+            rustix::io::ioctl_fionbio(f, true).map_err(io::Error::from)?;
+        }
+        Ok(Kernel {
+            running: Some(running),
+            handle,
+            channel,
+            stdout,
+            stderr,
+            decoder: FrameDecoder::new(),
+            execution_count: 0,
+            version,
+        })
+    }
+
+    /// The interpreter's version, as the kernel reported it.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// A handle to interrupt the running cell (or kill the kernel) from another thread.
+    pub fn handle(&self) -> RunningHandle {
+        self.handle.clone()
+    }
+
+    /// Whether the kernel is still alive (false after a cell reported `KernelDied`).
+    pub fn is_alive(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Cells run so far.
+    pub fn execution_count(&self) -> u64 {
+        self.execution_count
+    }
+
+    /// Runs one cell. After a `KernelDied` outcome the kernel is finished and must be replaced.
+    pub fn execute(
+        &mut self,
+        id: &str,
+        code: &str,
+        opts: &CellOptions,
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> Result<CellOutcome, KernelError> {
+        let started = Instant::now();
+        let cpu0 = {
+            let running = self.running.as_ref().ok_or(KernelError::Gone)?;
+            running.reset_peak();
+            running.usage_now().0
+        };
+        let frame = runcell_protocol::encode(&HostMessage::Execute {
+            id: id.to_owned(),
+            code: code.to_owned(),
+        })?;
+        self.send(&frame)?;
+
+        let mut out = CellOutcome {
+            status: CellStatus::Ok,
+            execution_count: self.execution_count + 1,
+            stdout: CappedOutput::new(opts.output_cap),
+            stderr: CappedOutput::new(opts.output_cap),
+            results: Vec::new(),
+            error: None,
+            wall: Duration::ZERO,
+            cpu: Duration::ZERO,
+            peak_memory_bytes: 0,
+        };
+        let deadline = started + opts.timeout;
+        let mut interrupted_at: Option<Instant> = None;
+        let mut buf = vec![0u8; 64 << 10];
+        let ended = loop {
+            let now = Instant::now();
+            if interrupted_at.is_none() && now >= deadline {
+                // The deadline: KeyboardInterrupt inside the cell, state kept.
+                self.handle.interrupt();
+                interrupted_at = Some(now);
+            }
+            if interrupted_at.is_some_and(|t| now >= t + opts.grace) {
+                break Ended::Kill(KillReason::Timeout);
+            }
+            let running = self.running.as_ref().ok_or(KernelError::Gone)?;
+            if running.pids_limit_hit() {
+                break Ended::Kill(KillReason::Pids);
+            }
+            if out.stdout.total() + out.stderr.total() > opts.output_kill_bytes {
+                break Ended::Kill(KillReason::Output);
+            }
+            let wake = interrupted_at
+                .map_or(deadline, |t| t + opts.grace)
+                .min(now + Duration::from_millis(100));
+            let [out_ready, err_ready, chan_ready] =
+                self.poll(wake.saturating_duration_since(now))?;
+            if out_ready {
+                pump(&mut self.stdout, &mut out.stdout, &mut buf, &mut |d| {
+                    on_event(CellEvent::Stdout(d))
+                })?;
+            }
+            if err_ready {
+                pump(&mut self.stderr, &mut out.stderr, &mut buf, &mut |d| {
+                    on_event(CellEvent::Stderr(d))
+                })?;
+            }
+            if chan_ready {
+                let closed = self.read_channel(&mut buf)?;
+                if let Some(done) = self.take_messages(&mut out, on_event)? {
+                    break Ended::Done(done);
+                }
+                if closed {
+                    break Ended::Died;
+                }
+            }
+        };
+
+        match ended {
+            Ended::Done(status) => {
+                // Everything the cell printed before `done` is already in the pipes.
+                pump(&mut self.stdout, &mut out.stdout, &mut buf, &mut |d| {
+                    on_event(CellEvent::Stdout(d))
+                })?;
+                pump(&mut self.stderr, &mut out.stderr, &mut buf, &mut |d| {
+                    on_event(CellEvent::Stderr(d))
+                })?;
+                out.status = match status {
+                    DoneStatus::Ok => CellStatus::Ok,
+                    DoneStatus::Error => CellStatus::Error,
+                    DoneStatus::Interrupted if interrupted_at.is_some() => CellStatus::TimedOut,
+                    DoneStatus::Interrupted => CellStatus::Interrupted,
+                };
+                let running = self.running.as_ref().ok_or(KernelError::Gone)?;
+                let (cpu, peak) = running.usage_now();
+                out.cpu = cpu.saturating_sub(cpu0);
+                out.peak_memory_bytes = peak;
+            }
+            Ended::Kill(reason) => self.bury(Some(reason), cpu0, &mut out, &mut buf, on_event)?,
+            Ended::Died => self.bury(None, cpu0, &mut out, &mut buf, on_event)?,
+        }
+        out.wall = started.elapsed();
+        Ok(out)
+    }
+
+    /// Ends a dying kernel: kill (with `reason`) or wait for its end, collect the rest of its
+    /// output and how it ended.
+    fn bury(
+        &mut self,
+        reason: Option<KillReason>,
+        cpu0: Duration,
+        out: &mut CellOutcome,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> Result<(), KernelError> {
+        let mut running = self.running.take().ok_or(KernelError::Gone)?;
+        if let Some(r) = reason {
+            running.kill(r);
+        }
+        let (cpu, peak) = running.usage_now();
+        let until = Instant::now() + DRAIN_AFTER_DEATH;
+        while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < until {
+            let [o, e, _] = self.poll(Duration::from_millis(50))?;
+            if o {
+                pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
+                    on_event(CellEvent::Stdout(d))
+                })?;
+            }
+            if e {
+                pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
+                    on_event(CellEvent::Stderr(d))
+                })?;
+            }
+        }
+        if Instant::now() >= until {
+            // Something still holds the pipes; the sandbox goes now.
+            running.kill(KillReason::Signal);
+        }
+        self.stdout = None;
+        self.stderr = None;
+        let finished = running
+            .finish()
+            .map_err(|e| KernelError::NotReady(e.to_string()))?;
+        out.status = CellStatus::KernelDied {
+            killed_by: reason.or(finished.killed_by),
+            exit: finished.exit,
+        };
+        out.cpu = cpu.saturating_sub(cpu0);
+        out.peak_memory_bytes = peak.max(finished.usage.peak_memory_bytes);
+        Ok(())
+    }
+
+    /// Kills the kernel and waits for the sandbox to be gone.
+    pub fn shutdown(mut self) {
+        if let Some(mut r) = self.running.take() {
+            r.kill(KillReason::Signal);
+            let _ = r.finish();
+        }
+    }
+
+    fn send(&mut self, frame: &[u8]) -> Result<(), KernelError> {
+        let mut data = frame;
+        while !data.is_empty() {
+            match self.channel.write(data) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fds = [PollFd::new(&self.channel, PollFlags::OUT)];
+                    rustix::event::poll(&mut fds, None).map_err(io::Error::from)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(KernelError::Gone),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what the channel has; true when the kernel closed it.
+    fn read_channel(&mut self, buf: &mut [u8]) -> Result<bool, KernelError> {
+        loop {
+            match self.channel.read(buf) {
+                Ok(0) => return Ok(true),
+                Ok(n) => self.decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(true),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Applies every complete message; returns the `done` status once it arrives.
+    fn take_messages(
+        &mut self,
+        out: &mut CellOutcome,
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> Result<Option<DoneStatus>, KernelError> {
+        while let Some(msg) = self.decoder.next_message::<KernelMessage>()? {
+            match msg {
+                KernelMessage::Display { data, .. } => {
+                    on_event(CellEvent::Result {
+                        is_main_result: false,
+                        data: &data,
+                    });
+                    out.results.push((false, data));
+                }
+                KernelMessage::Result { data, .. } => {
+                    on_event(CellEvent::Result {
+                        is_main_result: true,
+                        data: &data,
+                    });
+                    out.results.push((true, data));
+                }
+                KernelMessage::Error {
+                    name,
+                    value,
+                    traceback,
+                    ..
+                } => {
+                    let e = CellError {
+                        name,
+                        value,
+                        traceback,
+                    };
+                    on_event(CellEvent::Error(&e));
+                    out.error = Some(e);
+                }
+                KernelMessage::Done {
+                    status,
+                    execution_count,
+                    ..
+                } => {
+                    self.execution_count = execution_count;
+                    out.execution_count = execution_count;
+                    return Ok(Some(status));
+                }
+                KernelMessage::Ready { .. } => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits up to `timeout` for stdout, stderr or the channel to be readable (or closed).
+    fn poll(&self, timeout: Duration) -> io::Result<[bool; 3]> {
+        let flags = PollFlags::IN;
+        let mut fds = Vec::with_capacity(3);
+        let mut which = Vec::with_capacity(3);
+        if let Some(f) = &self.stdout {
+            fds.push(PollFd::from_borrowed_fd(f.as_fd(), flags));
+            which.push(0);
+        }
+        if let Some(f) = &self.stderr {
+            fds.push(PollFd::from_borrowed_fd(f.as_fd(), flags));
+            which.push(1);
+        }
+        fds.push(PollFd::from_borrowed_fd(self.channel.as_fd(), flags));
+        which.push(2);
+        let timeout = Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok([false; 3]),
+            Err(e) => return Err(e.into()),
+        }
+        let mut ready = [false; 3];
+        for (fd, i) in fds.iter().zip(which) {
+            ready[i] = !fd.revents().is_empty();
+        }
+        Ok(ready)
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.running.take() {
+            r.kill(KillReason::Signal);
+            let _ = r.finish();
+        }
+    }
+}
+
+enum Ended {
+    Done(DoneStatus),
+    Kill(KillReason),
+    Died,
+}
+
+/// Reads what a non-blocking pipe has now into `sink`, streaming the live part. Bounded, so a
+/// program that floods its output cannot keep the caller from checking its deadlines.
+fn pump(
+    stream: &mut Option<File>,
+    sink: &mut CappedOutput,
+    buf: &mut [u8],
+    emit: &mut dyn FnMut(&[u8]),
+) -> io::Result<()> {
+    let Some(f) = stream else { return Ok(()) };
+    for _ in 0..32 {
+        match f.read(buf) {
+            Ok(0) => {
+                *stream = None;
+                return Ok(());
+            }
+            Ok(n) => {
+                let live = sink.push(&buf[..n]);
+                if !live.is_empty() {
+                    emit(live);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
