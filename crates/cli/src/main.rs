@@ -2,9 +2,11 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod keys;
 mod repl;
 mod run;
 mod runtime;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +29,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the HTTP API (and the web page) on this machine.
+    Serve(serve::ServeArgs),
     /// Run a program once in a fresh sandbox; its output is streamed and its exit code returned.
     Run(run::RunArgs),
     /// One stateful session in the terminal (cells separated by `%%` lines when piped).
@@ -36,6 +40,12 @@ enum Command {
     /// Manage the Python runtimes sessions run on.
     #[command(subcommand)]
     Runtime(runtime::RuntimeCommand),
+    /// Manage API keys (stored hashed; the key is shown once).
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
+    /// Read and verify the tamper-evident audit log of executions.
+    #[command(subcommand)]
+    Audit(keys::AuditCommand),
 }
 
 fn main() -> ExitCode {
@@ -47,10 +57,13 @@ fn main() -> ExitCode {
     init_logging();
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     let result = match cli.command {
+        Command::Serve(args) => serve::serve(&data_dir, args),
         Command::Run(args) => run::run(&data_dir, args),
         Command::Repl(args) => repl::repl(&data_dir, args),
         Command::Doctor => doctor::doctor(&data_dir),
         Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
+        Command::Keys(cmd) => keys::keys(&data_dir, cmd),
+        Command::Audit(cmd) => keys::audit(&data_dir, cmd),
     };
     match result {
         Ok(code) => code,
@@ -65,10 +78,12 @@ fn main() -> ExitCode {
 }
 
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let ansi = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let ansi = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        && std::io::stderr().is_terminal();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();

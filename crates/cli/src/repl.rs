@@ -43,6 +43,7 @@ pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
     let engine = crate::engine_with_runtime(data_dir)?;
     let sessions = engine.sessions();
     let session = sessions.create(CreateSession {
+        owner: "local".into(),
         language: Some(args.lang),
         limits: LimitsRequest {
             memory_mb: args.memory,

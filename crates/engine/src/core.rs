@@ -29,6 +29,7 @@ const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Limits a caller may ask for; `None` takes the default (DESIGN.md §7).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
 pub struct LimitsRequest {
     pub memory_mb: Option<u64>,
@@ -40,6 +41,7 @@ pub struct LimitsRequest {
 }
 
 /// A session's resolved limits, as reported in its Session object.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SessionLimits {
     pub memory_mb: u64,
@@ -50,9 +52,11 @@ pub struct SessionLimits {
     pub idle_timeout_s: u64,
 }
 
-/// Receives every finished execution with its code (the store implements it).
+/// Receives every finished execution with its code and owner before anyone sees the result
+/// (the store implements it). An error fails the execution's reply: nothing is acknowledged
+/// that was not recorded.
 pub trait AuditSink: Send + Sync {
-    fn record(&self, execution: &Execution, code: &str);
+    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String>;
 }
 
 /// Host paths and the sandbox factory an engine runs with.
@@ -116,9 +120,17 @@ impl Core {
     }
 
     /// Every finished execution passes here, before its caller sees it.
-    pub(crate) fn audit(&self, execution: &Execution, code: &str) {
-        if let Some(a) = &self.audit {
-            a.record(execution, code);
+    pub(crate) fn audit(
+        &self,
+        owner: &str,
+        execution: &Execution,
+        code: &str,
+    ) -> Result<(), EngineError> {
+        match &self.audit {
+            Some(a) => a
+                .record(owner, execution, code)
+                .map_err(|e| EngineError::Internal(format!("cannot record the execution: {e}"))),
+            None => Ok(()),
         }
     }
 

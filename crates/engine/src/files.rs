@@ -12,6 +12,7 @@ use crate::EngineError;
 pub const MAX_FILE_BYTES: u64 = 100 << 20;
 
 /// One file in a listing.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct FileEntry {
     pub path: String,

@@ -2,6 +2,7 @@
 //! domain words. Knows nothing of HTTP; runs code only through `runcell-sandbox`.
 #![forbid(unsafe_code)]
 
+mod commands;
 mod core;
 mod files;
 mod model;
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 pub use crate::core::{
     AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT, SANDBOX_PYTHON,
 };
+pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};
 pub use model::{
     new_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, KilledBy, Language,
@@ -44,6 +46,9 @@ pub enum EngineError {
     /// Too many executions are already waiting on the session.
     #[error("session busy: {0}")]
     SessionBusy(String),
+    /// Something runcell itself failed at (the audit log, a thread).
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("cannot {action} {path}")]
     Io {
         action: &'static str,

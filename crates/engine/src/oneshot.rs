@@ -32,6 +32,8 @@ pub struct InputFile {
 /// A one-shot execution request.
 #[derive(Debug, Clone)]
 pub struct OneShot {
+    /// Who runs it (recorded with the execution).
+    pub owner: String,
     pub language: Language,
     pub code: String,
     pub files: Vec<InputFile>,
@@ -45,6 +47,7 @@ pub struct OneShot {
 impl OneShot {
     pub fn new(language: Language, code: impl Into<String>) -> Self {
         Self {
+            owner: String::new(),
             language,
             code: code.into(),
             files: Vec::new(),
@@ -158,6 +161,7 @@ impl Engine {
             started_at,
             finished_at,
         };
+        self.core.audit(&req.owner, &execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,
             exit_code: outcome.exit.shell_code(),

@@ -21,6 +21,7 @@ use crate::{oneshot::diff_files, EngineError};
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SessionStatus {
@@ -32,6 +33,7 @@ pub enum SessionStatus {
 }
 
 /// What callers see of a session (DESIGN.md §6).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionInfo {
     pub id: String,
@@ -45,6 +47,10 @@ pub struct SessionInfo {
     pub expires_at: DateTime<Utc>,
     pub limits: SessionLimits,
     pub metadata: BTreeMap<String, String>,
+    /// Who the session belongs to (the server's tenant); opaque to the engine.
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub owner: String,
 }
 
 /// Output of a running execution, as it happens.
@@ -95,6 +101,10 @@ impl Entry {
 pub struct SessionManager {
     core: Arc<Core>,
     sessions: Mutex<HashMap<String, Arc<Entry>>>,
+    /// The expiry sweeper starts with the first session, so an engine used only for one-shot
+    /// runs stays single-threaded (and can fork its sandbox helpers).
+    sweeper: std::sync::Once,
+    me: std::sync::Weak<SessionManager>,
 }
 
 impl std::fmt::Debug for SessionManager {
@@ -106,6 +116,8 @@ impl std::fmt::Debug for SessionManager {
 /// What `create` takes.
 #[derive(Debug, Clone, Default)]
 pub struct CreateSession {
+    /// Who the session belongs to (recorded with every execution).
+    pub owner: String,
     pub language: Option<Language>,
     pub limits: crate::core::LimitsRequest,
     pub env: BTreeMap<String, String>,
@@ -114,21 +126,30 @@ pub struct CreateSession {
 
 impl SessionManager {
     pub(crate) fn new(core: Arc<Core>) -> Arc<SessionManager> {
-        let manager = Arc::new(SessionManager {
+        Arc::new_cyclic(|me| SessionManager {
             core,
             sessions: Mutex::new(HashMap::new()),
+            sweeper: std::sync::Once::new(),
+            me: me.clone(),
+        })
+    }
+
+    /// Idle expiry: a sweep every second; it stops with the manager.
+    fn start_sweeper(&self) {
+        let weak = self.me.clone();
+        self.sweeper.call_once(|| {
+            let spawned =
+                thread::Builder::new()
+                    .name("session-expiry".into())
+                    .spawn(move || loop {
+                        thread::sleep(Duration::from_secs(1));
+                        let Some(m) = weak.upgrade() else { return };
+                        m.expire_idle();
+                    });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start the session expiry thread");
+            }
         });
-        let weak = Arc::downgrade(&manager);
-        // Idle expiry: a sweep every few seconds; it stops with the manager.
-        thread::Builder::new()
-            .name("session-expiry".into())
-            .spawn(move || loop {
-                thread::sleep(Duration::from_secs(2));
-                let Some(m) = weak.upgrade() else { return };
-                m.expire_idle();
-            })
-            .ok();
-        manager
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Entry>>> {
@@ -146,6 +167,7 @@ impl SessionManager {
             )));
         }
         let limits = self.core.resolve_session_limits(&req.limits)?;
+        self.start_sweeper();
         for k in req.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(EngineError::InvalidRequest(format!(
@@ -176,6 +198,7 @@ impl SessionManager {
             expires_at: now + chrono::Duration::seconds(limits.idle_timeout_s as i64),
             limits,
             metadata: req.metadata,
+            owner: req.owner,
         };
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
         let entry = Arc::new(Entry {
@@ -415,8 +438,10 @@ impl Worker {
         mut events: Option<EventSink>,
     ) -> Result<Execution, EngineError> {
         let id = new_id("ex");
-        let session_id = self.entry.lock().info.id.clone();
-        let limits = self.entry.lock().info.limits;
+        let (session_id, owner, limits) = {
+            let s = self.entry.lock();
+            (s.info.id.clone(), s.info.owner.clone(), s.info.limits)
+        };
         {
             let mut s = self.entry.lock();
             s.info.status = SessionStatus::Busy;
@@ -531,7 +556,7 @@ impl Worker {
             started_at,
             finished_at,
         };
-        self.core.audit(&execution, code);
+        self.core.audit(&owner, &execution, code)?;
         Ok(execution)
     }
 }

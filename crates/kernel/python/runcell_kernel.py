@@ -130,6 +130,10 @@ class ProtocolViolation(Exception):
     """The host sent something that is not a well-formed frame."""
 
 
+class FrameTooLarge(ValueError):
+    """A message would not fit in one frame; nothing was sent."""
+
+
 class Channel:
     """Length-prefixed JSON frames over a file descriptor."""
 
@@ -177,7 +181,7 @@ class Channel:
         # errors="replace": lone surrogates in user strings are not valid UTF-8.
         body = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
         if len(body) > MAX_FRAME:
-            raise ValueError(f"message of {len(body)} bytes is over the frame limit")
+            raise FrameTooLarge(f"message of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit")
         frame = struct.pack(">I", len(body)) + body
         # An interrupt between two writes would leave half a frame on the channel
         # and desynchronise the host, so SIGINT waits until the frame is out.
@@ -387,10 +391,16 @@ def register_source(filename, source):
 
     mtime None keeps linecache.checkcache() from evicting the entry.
     """
-    lines = source.splitlines(keepends=True)
+    lines = source_lines(source)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def source_lines(source):
+    """Lines as Python's tokenizer counts them (\\n, \\r\\n, \\r), unlike str.splitlines,
+    which also splits on form feeds and other separators and would shift line numbers."""
+    return io.StringIO(source, newline=None).readlines()
 
 
 def is_cell_filename(filename):
@@ -499,7 +509,12 @@ class IPythonFallback:
     It sits last on sys.meta_path, so a real IPython always wins.
     """
 
-    PACKAGES = {"IPython": True, "IPython.display": False, "IPython.core": True, "IPython.core.display": False}
+    PACKAGES = {
+        "IPython": True,
+        "IPython.display": False,
+        "IPython.core": True,
+        "IPython.core.display": False,
+    }
 
     def __init__(self, display):
         self.display = display
@@ -623,6 +638,10 @@ class CompiledCell:
         self.last_expression = last_expression  # 'eval' code object, or None
         self.show_result = show_result  # False when the expression ends with ';'
 
+    def is_async(self):
+        codes = (self.body, self.last_expression)
+        return any(code is not None and code.co_flags & CO_COROUTINE for code in codes)
+
 
 class Kernel:
     def __init__(self, channel):
@@ -663,7 +682,7 @@ class Kernel:
         kernel = self
 
         def show(*args, **kwargs):
-            """Show every open figure in the cell's output, then close it (runcell)."""
+            """Show every open figure in the cell's output, then close them (runcell)."""
             kernel.show_figures()
 
         show._runcell = True
@@ -675,7 +694,14 @@ class Kernel:
         """Handle messages until EOF. Returns the process exit code."""
         self.pid = os.getpid()  # after a zygote fork this is the child
         try:
-            self.send({"type": "ready", "language": "python", "version": "%d.%d.%d" % sys.version_info[:3], "pid": self.pid})
+            self.send(
+                {
+                    "type": "ready",
+                    "language": "python",
+                    "version": "%d.%d.%d" % sys.version_info[:3],
+                    "pid": self.pid,
+                }
+            )
             while True:
                 try:
                     message = self.channel.recv()
@@ -700,7 +726,10 @@ class Kernel:
         except BaseException as exc:  # a kernel bug must not end the kernel
             _ignore_interrupts()
             _warn("kernel error:\n" + "".join(traceback.format_exception(exc)))
-            self.send(self.kernel_error_message(None, exc))
+            try:
+                self.send(self.kernel_error_message(None, exc))
+            except Exception:
+                pass  # already on stderr
 
     def handle_execute(self, message):
         msg_id, code = message.get("id"), message.get("code")
@@ -708,7 +737,9 @@ class Kernel:
             self.send_protocol_error(None, "execute needs a string 'id'")
         elif not isinstance(code, str):
             self.send_protocol_error(msg_id, "execute needs a string 'code'")
-            self.send({"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count})
+            self.send(
+                {"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count}
+            )
         else:
             self.execute(msg_id, code)
 
@@ -756,31 +787,43 @@ class Kernel:
             # Figures still open are part of the output even when the cell failed.
             skip = value if bundle is not None else None
             _, figure_error = self.guarded(lambda: self.show_figures(skip=skip))
-            error = error or figure_error
+            if error is None:
+                error = figure_error
         self.install_lazy_hooks()
 
         if error is not None:
             return self.report_error(error)
         if bundle is not None:
             _flush_std()
-            self.send({"type": "result", "id": self.current_id, "data": bundle})
+            self.send_bundle("result", bundle)
         return "ok"
 
     def compile_cell(self, source, filename):
         """Split a trailing expression off so its value can be shown, as IPython does."""
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | self.future_flags
         tree = compile(source, filename, "exec", flags | ast.PyCF_ONLY_AST, dont_inherit=True)
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body.pop()
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         body = compile(tree, filename, "exec", flags, dont_inherit=True)
         # `from __future__ import annotations` in one cell holds for the later ones.
         self.future_flags |= body.co_flags & FUTURE_FLAGS
-        if last is None:
-            return CompiledCell(body, None, False)
-        expression = ast.Expression(body=last.value)
-        code = compile(expression, filename, "eval", flags | self.future_flags, dont_inherit=True)
-        return CompiledCell(body, code, not _ends_with_semicolon(source, last))
+        cell = CompiledCell(body, None, False)
+        if last is not None:
+            expression = ast.Expression(body=last.value)
+            cell.last_expression = compile(
+                expression, filename, "eval", flags | self.future_flags, dont_inherit=True
+            )
+            cell.show_result = not _ends_with_semicolon(source, last)
+        if cell.is_async():
+            self.prepare_loop()
+        return cell
+
+    def prepare_loop(self):
+        """Import asyncio and make the loop before the cell runs, while SIGINT is ignored:
+        an interrupt landing inside `import asyncio` would leave it half-initialised."""
+        import asyncio
+
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
 
     def guarded(self, function):
         """Run function with KeyboardInterrupt enabled; returns (value, exception or None)."""
@@ -809,10 +852,8 @@ class Kernel:
 
     def run_coroutine(self, coroutine):
         """Run top-level-await code on one persistent loop, so tasks outlive their cell."""
-        import asyncio
+        import asyncio  # already imported by prepare_loop
 
-        if self.loop is None or self.loop.is_closed():
-            self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)  # asyncio.run() in an earlier cell may have unset it
         task = self.loop.create_task(coroutine)
         try:
@@ -828,7 +869,11 @@ class Kernel:
         if error is not None and not isinstance(error, SystemExit):
             _warn("forked child failed:\n" + format_user_traceback(error))
         _flush_std()
-        code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+        code = (
+            error.code
+            if isinstance(error, SystemExit) and isinstance(error.code, int)
+            else int(error is not None)
+        )
         os._exit(code)
 
     def result_bundle(self, value):
@@ -860,12 +905,26 @@ class Kernel:
 
     def kernel_error_message(self, msg_id, exc):
         text = "".join(traceback.format_exception(exc))
-        return {"type": "error", "id": msg_id, "name": "KernelError", "value": f"{type(exc).__name__}: {_exception_value(exc)}", "traceback": _bounded(text)}
+        return {
+            "type": "error",
+            "id": msg_id,
+            "name": "KernelError",
+            "value": f"{type(exc).__name__}: {_exception_value(exc)}",
+            "traceback": _bounded(text),
+        }
 
     def send_error(self, name, value, text):
         _flush_std()
         self.error_sent = True
-        self.send({"type": "error", "id": self.current_id, "name": name, "value": _bounded(value), "traceback": _bounded(text)})
+        self.send(
+            {
+                "type": "error",
+                "id": self.current_id,
+                "name": name,
+                "value": _bounded(value),
+                "traceback": _bounded(text),
+            }
+        )
 
     # ---- display ----
 
@@ -886,7 +945,17 @@ class Kernel:
             print(bundle.get("text/plain", ""))
             return
         _flush_std()  # output printed before the display reaches the host first
-        self.send({"type": "display", "id": self.current_id, "data": bundle})
+        self.send_bundle("display", bundle)
+
+    def send_bundle(self, kind, bundle):
+        """Send a display or result; one too big for a frame (JSON escaping can
+        multiply the per-type caps) falls back to its text/plain."""
+        try:
+            self.send({"type": kind, "id": self.current_id, "data": bundle})
+        except FrameTooLarge as exc:
+            _warn(f"{kind} output dropped to text/plain: {exc}")
+            text = bundle.get("text/plain", "")[: MAX_TEXT // 8]
+            self.send({"type": kind, "id": self.current_id, "data": {"text/plain": text}})
 
     def note_if_figure(self, obj):
         figure_module = sys.modules.get("matplotlib.figure")
@@ -913,8 +982,8 @@ def _ends_with_semicolon(source, node):
 
     ast column offsets count UTF-8 bytes, hence the encode.
     """
-    lines = source.splitlines()
-    rest = lines[node.end_lineno - 1].encode("utf-8")[node.end_col_offset :].decode("utf-8", "replace")
+    line = source_lines(source)[node.end_lineno - 1]
+    rest = line.encode("utf-8")[node.end_col_offset :].decode("utf-8", "replace")
     return rest.lstrip().startswith(";")
 
 
@@ -944,7 +1013,13 @@ def _text_stream(fd, name):
     """Line-buffered, write-through UTF-8 text on fd: prints reach the host promptly."""
     raw = io.FileIO(fd, "w", closefd=False)
     raw.name = name
-    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+        write_through=True,
+    )
 
 
 def prepare_process():
@@ -961,7 +1036,8 @@ def prepare_process():
     sys.stderr = sys.__stderr__ = _text_stream(2, "<stderr>")
     # Like an interactive interpreter: no script arguments, imports from the cwd (/workspace).
     sys.argv = [""]
-    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+    script_dir = os.path.dirname(os.path.realpath(__file__))
+    if sys.path and os.path.realpath(sys.path[0] or ".") == script_dir:
         sys.path[0] = ""
 
 

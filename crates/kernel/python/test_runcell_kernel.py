@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -75,8 +76,7 @@ class KernelProcess:
             else:
                 os.dup2(child_fd, 3)
 
-        env = dict(os.environ, MPLBACKEND="Agg", HOME=self.workdir, PYTHONUNBUFFERED="")
-        env.pop("PYTHONUNBUFFERED")
+        env = dict(os.environ, MPLBACKEND="Agg", HOME=self.workdir)
         self.proc = subprocess.Popen(
             [python, KERNEL],
             stdin=subprocess.PIPE,
@@ -90,7 +90,11 @@ class KernelProcess:
         child.close()
         self.proc.stdin.close()  # the host's stdin pipe is closed, as in the sandbox
         self.buffers = {"sock": bytearray(), "stdout": bytearray(), "stderr": bytearray()}
-        self.open = {"sock": self.sock.fileno(), "stdout": self.proc.stdout.fileno(), "stderr": self.proc.stderr.fileno()}
+        self.open = {
+            "sock": self.sock.fileno(),
+            "stdout": self.proc.stdout.fileno(),
+            "stderr": self.proc.stderr.fileno(),
+        }
         self.ready = self.recv()
 
     # ---- low level ----
@@ -297,6 +301,11 @@ class ExecutionTests(KernelTestCase):
         self.assertIsNone(self.run_ok("x = 'é'; x ;  # comment").result)
         self.assertEqual(self.run_ok("'a;b'").text, "'a;b'")
 
+    def test_line_numbers_count_like_python(self):
+        # str.splitlines() would also split at the form feed and shift every later line.
+        tb = self.kernel.run("s = '\x0c'\r\nt = 1\n1/0").error["traceback"]
+        self.assertIn("line 3, in <module>\n    1/0\n", tb)
+
     def test_multiline_last_expression(self):
         self.assertEqual(self.run_ok("x = 2\n(x +\n 3)").text, "5")
 
@@ -321,10 +330,16 @@ class ExecutionTests(KernelTestCase):
         self.assertEqual(self.run_ok("import __main__\n__main__.__dict__ is globals()").text, "True")
 
     def test_pickle_and_multiprocessing_of_cell_functions(self):
-        self.run_ok("import pickle\nclass Point:\n    def __init__(self, x):\n        self.x = x\ndef square(v):\n    return v * v")
+        self.run_ok(
+            "import pickle\nclass Point:\n    def __init__(self, x):\n        self.x = x\ndef square(v):\n    return v * v"
+        )
         self.assertEqual(self.run_ok("pickle.loads(pickle.dumps(Point(3))).x").text, "3")
         code = "import multiprocessing as mp\nwith mp.get_context('fork').Pool(2) as pool:\n    r = pool.map(square, range(5))\nr"
         self.assertEqual(self.run_ok(code).text, "[0, 1, 4, 9, 16]")
+
+    def test_interpreter_like_argv_and_path(self):
+        self.run_ok("open('mymod.py', 'w').write('VALUE = 5\\n')")
+        self.assertEqual(self.run_ok("import sys, mymod\nsys.argv, sys.path[0], mymod.VALUE").text, "([''], '', 5)")
 
     def test_stdin_is_empty(self):
         self.assertEqual(self.run_ok("import sys\nsys.stdin.read()").text, "''")
@@ -352,12 +367,16 @@ class ExecutionTests(KernelTestCase):
         self.assertEqual(self.run_ok("await task").text, "10")
 
     def test_asyncio_run_in_a_plain_cell(self):
-        self.assertEqual(self.run_ok("import asyncio\nasync def f():\n    return 3\nasyncio.run(f())").text, "3")
+        self.assertEqual(
+            self.run_ok("import asyncio\nasync def f():\n    return 3\nasyncio.run(f())").text, "3"
+        )
         self.assertEqual(self.run_ok("await f()").text, "3")
 
     def test_future_import_carries_over(self):
         self.run_ok("from __future__ import annotations")
-        self.assertEqual(self.run_ok("def f(x: Undefined) -> None: pass\nf.__annotations__['x']").text, "'Undefined'")
+        self.assertEqual(
+            self.run_ok("def f(x: Undefined) -> None: pass\nf.__annotations__['x']").text, "'Undefined'"
+        )
 
     def test_reseed_changes_random(self):
         a = self.run_ok("import random\nrandom.random()").text
@@ -437,6 +456,12 @@ NoRepr()
     def test_classes_show_as_text(self):
         code = "class C:\n    def _repr_html_(self): return '<b/>'\nC"
         self.assertEqual(self.run_ok(code).result, {"text/plain": "<class '__main__.C'>"})
+
+    def test_bundle_too_big_for_a_frame_falls_back_to_text(self):
+        # Control characters take 6 bytes each in JSON: 12 such MiB-sized types overflow 64 MiB.
+        code = "bundle = {f'text/x-{i}': '\\x01' * (1024 * 1024 - 1) for i in range(12)}\nbundle['text/plain'] = 'small'\ndisplay(bundle, raw=True)"
+        outcome = self.run_ok(code)
+        self.assertEqual(outcome.displays, [{"text/plain": "small"}])
 
     def test_display_raw_bundle(self):
         outcome = self.run_ok("display({'text/html': '<p>x</p>', 'text/plain': 'x'}, raw=True)")
@@ -539,6 +564,32 @@ class ErrorTests(KernelTestCase):
         self.assertEqual(outcome.status, "interrupted")
         self.assertEqual(self.run_ok("await asyncio.sleep(0, 'fine')").text, "'fine'")
 
+    def test_interrupt_storm_never_desynchronises(self):
+        stop = threading.Event()
+
+        def storm():
+            while not stop.is_set():
+                os.kill(self.kernel.proc.pid, signal.SIGINT)
+                time.sleep(0.001)
+
+        codes = [
+            "for i in range(3): display(i)\nprint(2)\n3",
+            "1/0",
+            "import asyncio\nawait asyncio.sleep(0.001)\n5",
+        ]
+        thread = threading.Thread(target=storm)
+        thread.start()
+        try:
+            for i in range(150):
+                outcome = self.kernel.run(codes[i % len(codes)], msg_id=f"e{i}", timeout=10)
+                self.assertIn(outcome.status, ("ok", "error", "interrupted"))
+                if outcome.status == "interrupted":
+                    self.assertEqual(outcome.error["name"], "KeyboardInterrupt")
+        finally:
+            stop.set()
+            thread.join()
+        self.assertEqual(self.run_ok("'alive'").text, "'alive'")
+
     def test_sigint_while_idle_is_ignored(self):
         self.run_ok("z = 3")
         for _ in range(3):
@@ -577,7 +628,9 @@ class NumpyTests(KernelTestCase):
 @unittest.skipUnless(has_module("pandas"), "pandas is not installed")
 class PandasTests(KernelTestCase):
     def test_dataframe_result(self):
-        data = self.run_ok("import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\ndf").result
+        data = self.run_ok(
+            "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\ndf"
+        ).result
         self.assertIn("<table", data["text/html"])
         self.assertEqual(data["text/plain"].split(), ["a", "b", "0", "1", "x", "1", "2", "y"])
 
@@ -614,7 +667,9 @@ class MatplotlibTests(KernelTestCase):
 
     def test_pyplot_imported_in_a_later_cell(self):
         self.run_ok("import matplotlib")
-        outcome = self.run_ok("from matplotlib import pyplot as plt\nplt.plot([1])\nplt.show()\nplt.get_fignums()")
+        outcome = self.run_ok(
+            "from matplotlib import pyplot as plt\nplt.plot([1])\nplt.show()\nplt.get_fignums()"
+        )
         self.assertEqual(len(outcome.displays), 1)
         self.assertEqual(outcome.text, "[]")
 
@@ -636,7 +691,9 @@ class MatplotlibTests(KernelTestCase):
         self.assertEqual(self.run_ok("plt.get_fignums()").text, "[]")
 
     def test_displayed_figure_is_not_emitted_again(self):
-        outcome = self.run_ok("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1])\ndisplay(fig)")
+        outcome = self.run_ok(
+            "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1])\ndisplay(fig)"
+        )
         self.assertEqual(len(outcome.displays), 1)
 
     def test_backend_is_agg(self):

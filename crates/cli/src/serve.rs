@@ -1,0 +1,112 @@
+//! `runcell serve`: the HTTP API on one node.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use runcell_sandbox::doctor::{self, State};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Beyond loopback, API keys are required (`runcell keys create`).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// A configuration file (reserved; every setting has a flag today).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(c) = &args.config {
+        bail!(
+            "invalid request: --config {} is not supported yet; use the flags",
+            c.display()
+        );
+    }
+    // Every layer's state, for the operator: degraded layers are named, missing mandatory
+    // layers stop the server.
+    for layer in doctor::check() {
+        match layer.state {
+            State::Available => tracing::info!(layer = layer.name, "{}", layer.detail),
+            State::Degraded | State::Missing if !layer.mandatory => {
+                tracing::warn!(
+                    layer = layer.name,
+                    state = layer.state.as_str(),
+                    "{}",
+                    layer.detail
+                )
+            }
+            _ => tracing::error!(
+                layer = layer.name,
+                state = layer.state.as_str(),
+                "{}",
+                layer.detail
+            ),
+        }
+    }
+    let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
+        .context("cannot open the database")?;
+    let has_keys = store.has_active_keys()?;
+    if !has_keys && !args.listen.ip().is_loopback() {
+        bail!(
+            "refusing to listen on {} without API keys: create one with `runcell keys create --name NAME`, or listen on 127.0.0.1",
+            args.listen
+        );
+    }
+    let orphans = runcell_server::mark_orphaned_sessions(&store)?;
+    if orphans > 0 {
+        tracing::warn!(
+            sessions = orphans,
+            "sessions of a previous run are marked dead: their kernels ended with it"
+        );
+    }
+    let runtime = crate::runtime::ensure_default(data_dir)?;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = Some(runtime.path);
+    let engine = runcell_engine::Engine::with_audit(
+        config,
+        Some(Arc::new(runcell_server::StoreAudit(store.clone()))),
+    )?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("runcell-http")
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        if has_keys {
+            tracing::info!(%addr, "runcell listening; API keys required");
+        } else {
+            tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
+        }
+        eprintln!("runcell serving on http://{addr}");
+        let state = runcell_server::state(engine.clone(), store);
+        let router = runcell_server::app(state);
+        runcell_server::serve(listener, router, shutdown_signal()).await?;
+        tracing::info!("shutting down: ending sessions");
+        tokio::task::spawn_blocking(move || engine.sessions().shutdown()).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,125 @@
+//! Every HTTP error status is decided here, and clients never see internals: an internal
+//! failure is logged with its chain and answered with a generic message.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_engine::EngineError;
+use serde::Serialize;
+
+/// The error codes of DESIGN.md §6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidRequest,
+    Unauthorized,
+    NotFound,
+    SessionBusy,
+    LimitExceeded,
+    PayloadTooLarge,
+    Internal,
+}
+
+impl ErrorCode {
+    fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::SessionBusy => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::LimitExceeded | ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// `{"error":{"code","message"}}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    /// Overrides the code's usual status (409 for a session that has ended).
+    status: Option<StatusCode>,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            status: None,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        Self::new(ErrorCode::NotFound, format!("{what} not found"))
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unauthorized, message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::PayloadTooLarge, message)
+    }
+
+    /// A session that can no longer run anything: 409 Conflict.
+    pub fn ended(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::SessionBusy,
+            status: Some(StatusCode::CONFLICT),
+            message: message.into(),
+        }
+    }
+
+    /// Logs the real cause; the client gets a generic message.
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %cause, "internal error");
+        Self::new(ErrorCode::Internal, "internal error; see the server log")
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::InvalidRequest(m) => ApiError::invalid(m),
+            EngineError::NotFound(m) if m.contains("ended") => ApiError::ended(m),
+            EngineError::NotFound(m) => {
+                ApiError::new(ErrorCode::NotFound, format!("{m} not found"))
+            }
+            EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
+            EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m),
+            other => ApiError::internal(other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status.unwrap_or_else(|| self.code.status());
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,123 @@
+//! `/v1/executions` and `/v1/audit/verify`: the tenant's recorded executions and the state of
+//! its hash chain.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::ApiQuery;
+use crate::state::{AppState, Tenant};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this session's executions.
+    pub session_id: Option<String>,
+    /// Page size, 1..=1000 (default 50).
+    pub limit: Option<usize>,
+    /// The `next` cursor of the previous page.
+    pub before: Option<String>,
+}
+
+/// An Execution (as returned by execute) plus the `code` that ran.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionList {
+    #[schema(value_type = Vec<Object>)]
+    pub executions: Vec<serde_json::Value>,
+    /// Pass as `before` for the next (older) page; null on the last page.
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VerifyResult {
+    pub ok: bool,
+    pub checked: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_broken: Option<FirstBroken>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FirstBroken {
+    pub execution_id: String,
+    pub reason: String,
+}
+
+fn with_code(row: runcell_store::ExecutionRow) -> serde_json::Value {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&row.execution_json).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("code".into(), row.code.into());
+    }
+    v
+}
+
+#[utoipa::path(get, path = "/v1/executions", tag = "executions",
+    params(ListQuery),
+    responses((status = 200, body = ExecutionList), (status = 400, body = ErrorBody)))]
+pub async fn list_executions(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<ExecutionList>> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 1000"));
+    }
+    let store = state.store.clone();
+    let (rows, next) = tokio::task::spawn_blocking(move || {
+        store.list_executions(
+            &tenant.0,
+            q.session_id.as_deref(),
+            limit,
+            q.before.as_deref(),
+        )
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(crate::store_error)?;
+    Ok(Json(ExecutionList {
+        executions: rows.into_iter().map(with_code).collect(),
+        next,
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Object, description = "an Execution plus its code"), (status = 404, body = ErrorBody)))]
+pub async fn get_execution(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let store = state.store.clone();
+    let id2 = id.clone();
+    let row = tokio::task::spawn_blocking(move || store.get_execution(&tenant.0, &id2))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(crate::store_error)?;
+    row.map(|r| Json(with_code(r)))
+        .ok_or_else(|| ApiError::not_found(format!("execution {id}")))
+}
+
+#[utoipa::path(get, path = "/v1/audit/verify", tag = "executions",
+    responses((status = 200, body = VerifyResult)))]
+pub async fn verify(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> ApiResult<Json<VerifyResult>> {
+    let store = state.store.clone();
+    let report = tokio::task::spawn_blocking(move || store.verify_chain(Some(&tenant.0)))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(crate::store_error)?;
+    Ok(Json(VerifyResult {
+        ok: report.ok,
+        checked: report.checked,
+        first_broken: report.first_broken.map(|b| FirstBroken {
+            execution_id: b.execution_id,
+            reason: b.reason,
+        }),
+    }))
+}

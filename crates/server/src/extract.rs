@@ -1,0 +1,50 @@
+//! Extractors whose rejections use the API's error envelope.
+
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts};
+
+use crate::error::ApiError;
+
+/// JSON bodies: malformed JSON, wrong types and unknown fields are a 400 `invalid_request`.
+#[derive(Debug, FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match r {
+            JsonRejection::BytesRejection(b) => b.into(),
+            other => ApiError::invalid(other.body_text()),
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> Self {
+        if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!(
+                "the request body is larger than {} MiB",
+                crate::MAX_BODY_BYTES >> 20
+            ))
+        } else {
+            ApiError::invalid(r.body_text())
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::invalid(r.body_text())
+    }
+}
+
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(r: axum::extract::rejection::PathRejection) -> Self {
+        ApiError::invalid(r.body_text())
+    }
+}
+
+/// Query strings, with the error envelope.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);

@@ -1,0 +1,193 @@
+//! `/v1/sessions/{id}/files`: list, upload (raw PUT and multipart POST), download, delete.
+//! Paths are relative to /workspace; the engine refuses absolute paths, `..`, NUL, over-long
+//! names and planted symlinks.
+
+use axum::body::Bytes;
+use axum::extract::{Multipart, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_engine::FileEntry;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::ApiQuery;
+use crate::sessions::owned;
+use crate::state::{AppState, Tenant};
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileList {
+    pub files: Vec<FileEntry>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// A directory relative to /workspace (default: all files).
+    pub path: Option<String>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, runcell_engine::EngineError> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), ListQuery),
+    responses((status = 200, body = FileList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_files(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<FileList>> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    let dir = q.path.unwrap_or_default();
+    let files = blocking(move || engine.list_files(&id, &dir)).await?;
+    Ok(Json(FileList { files }))
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path, description = "relative to /workspace")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = FileEntry), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn put_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> ApiResult<(StatusCode, Json<FileEntry>)> {
+    owned(&state, &tenant, &id).await?;
+    let body = body?;
+    let entry = store_file(&state, &id, path, body).await?;
+    Ok((StatusCode::CREATED, Json(entry)))
+}
+
+/// Writes one upload, records it, and returns its listing entry.
+async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> ApiResult<FileEntry> {
+    let engine = state.engine.clone();
+    let (id2, path2) = (id.to_owned(), path.clone());
+    let sha256 = {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(&data);
+        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let entry = blocking(move || {
+        engine.write_file(&id2, &path2, &data)?;
+        let parts: Vec<&str> = path2.rsplitn(2, '/').collect();
+        let name = parts[0];
+        let dir = parts.get(1).copied().unwrap_or("");
+        let listing = engine.list_files(&id2, dir)?;
+        let full = if dir.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{dir}/{name}")
+        };
+        listing
+            .into_iter()
+            .find(|f| f.path == full)
+            .ok_or_else(|| runcell_engine::EngineError::Internal("the upload vanished".into()))
+    })
+    .await?;
+    crate::record_upload(state, id, &entry, sha256).await?;
+    Ok(entry)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), ListQuery),
+    request_body(content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name (below `?path=dir` if given)"),
+    responses((status = 201, body = FileList), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn upload_multipart(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> ApiResult<(StatusCode, Json<FileList>)> {
+    owned(&state, &tenant, &id).await?;
+    let mut multipart = multipart.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let mut files = Vec::new();
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                return Err(ApiError::too_large(e.body_text()))
+            }
+            Err(e) => return Err(ApiError::invalid(e.body_text())),
+        };
+        let name = field
+            .file_name()
+            .or(field.name())
+            .map(str::to_owned)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::invalid("every part needs a file name"))?;
+        let path = match &q.path {
+            Some(dir) if !dir.is_empty() => format!("{}/{name}", dir.trim_end_matches('/')),
+            _ => name,
+        };
+        let data = field.bytes().await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(e.body_text())
+            } else {
+                ApiError::invalid(e.body_text())
+            }
+        })?;
+        files.push(store_file(&state, &id, path, data).await?);
+    }
+    if files.is_empty() {
+        return Err(ApiError::invalid("no file parts in the upload"));
+    }
+    Ok((StatusCode::CREATED, Json(FileList { files })))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path)),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)))]
+pub async fn get_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    let p = path.clone();
+    let data = blocking(move || engine.read_file(&id, &p)).await?;
+    let mime = runcell_engine::mime_of(&path);
+    let name = path
+        .rsplit('/')
+        .next()
+        .unwrap_or("file")
+        .replace(['"', '\\'], "_");
+    Ok((
+        [
+            (header::CONTENT_TYPE, mime),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}\""),
+            ),
+        ],
+        data,
+    )
+        .into_response())
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", tag = "files",
+    params(("id" = String, Path), ("path" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn delete_file(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    blocking(move || engine.delete_file(&id, &path)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

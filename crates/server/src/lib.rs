@@ -1,0 +1,228 @@
+//! runcell-server: the HTTP API (axum) over the engine, its OpenAPI document, metrics and the
+//! web page. The only crate that speaks HTTP; it decides every status code in `error.rs`.
+#![forbid(unsafe_code)]
+
+mod error;
+mod executions;
+mod extract;
+mod files;
+mod metrics;
+mod misc;
+mod oneshot;
+mod sessions;
+mod state;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use axum::Router;
+use chrono::Utc;
+use runcell_engine::{AuditSink, Execution, SessionInfo};
+use runcell_store::{NewExecution, SessionRecord, Store, StoreError};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use error::{ApiError, ErrorCode};
+pub use metrics::Metrics;
+pub use state::{AppState, OPEN_TENANT};
+
+/// Largest request body: an upload of the 100 MiB file limit, plus multipart framing.
+pub const MAX_BODY_BYTES: usize = (100 << 20) + (1 << 20);
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "runcell", description = "A self-hosted code interpreter for AI agents"),
+    paths(files::get_file, files::put_file, files::delete_file),
+    modifiers(&BearerAuth)
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "api_key",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+/// The router and the OpenAPI document, built from the same handler declarations so the two
+/// cannot drift apart (the file routes need axum's `{*path}` and are added by hand; a test
+/// checks every documented path is served).
+pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
+    let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(sessions::create_session, sessions::list_sessions))
+        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::interrupt_session))
+        .routes(routes!(sessions::restart_session))
+        .routes(routes!(sessions::execute))
+        .routes(routes!(sessions::run_command))
+        .routes(routes!(files::list_files, files::upload_multipart))
+        .routes(routes!(oneshot::execute_once))
+        .routes(routes!(executions::list_executions))
+        .routes(routes!(executions::get_execution))
+        .routes(routes!(executions::verify))
+        .routes(routes!(misc::healthz))
+        .routes(routes!(misc::metrics))
+        .split_for_parts();
+    let doc = api.clone();
+    let router = router
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(files::get_file)
+                .put(files::put_file)
+                .delete(files::delete_file),
+        )
+        .route("/", get(misc::index))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc) }
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state);
+    (router, api)
+}
+
+/// `app(state) -> Router`: the whole HTTP surface.
+pub fn app(state: AppState) -> Router {
+    app_with_openapi(state).0
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves; requests in flight finish first.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Records every execution in the store's per-tenant hash chain before its reply is sent.
+#[derive(Debug)]
+pub struct StoreAudit(pub Store);
+
+impl AuditSink for StoreAudit {
+    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String> {
+        let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
+        let status = serde_json::to_value(execution.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
+        self.0
+            .append_execution(&NewExecution {
+                tenant: tenant.to_owned(),
+                execution_id: execution.id.clone(),
+                session_id: execution.session_id.clone(),
+                status,
+                code: code.to_owned(),
+                execution_json: json,
+                created_at: execution.finished_at,
+            })
+            .map_err(|e| chain(&e))?;
+        Ok(())
+    }
+}
+
+/// Marks sessions a previous server process left behind as dead: their kernels died with it.
+/// Returns how many.
+pub fn mark_orphaned_sessions(store: &Store) -> Result<usize, StoreError> {
+    let stale = store.sessions_with_status(&["starting", "ready", "busy"])?;
+    for s in &stale {
+        store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)?;
+    }
+    Ok(stale.len())
+}
+
+pub(crate) fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Invalid(m) => ApiError::invalid(m),
+        StoreError::NotFound(m) => ApiError::not_found(m),
+        other => ApiError::internal(chain(&other)),
+    }
+}
+
+/// An error with its causes, for logs.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Result<(), ApiError> {
+    let store = state.store.clone();
+    let rec = SessionRecord {
+        id: info.id.clone(),
+        tenant: info.owner.clone(),
+        language: info.language.as_str().to_owned(),
+        status: "ready".into(),
+        created_at: info.created_at,
+        last_active_at: info.last_active_at,
+        expires_at: info.expires_at,
+        limits_json: serde_json::to_string(&info.limits).map_err(ApiError::internal)?,
+        metadata_json: serde_json::to_string(&info.metadata).map_err(ApiError::internal)?,
+        workspace_path: String::new(),
+    };
+    tokio::task::spawn_blocking(move || store.put_session(&rec))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(store_error)
+}
+
+pub(crate) async fn forget_session(state: &AppState, id: &str) -> Result<(), ApiError> {
+    let store = state.store.clone();
+    let id = id.to_owned();
+    tokio::task::spawn_blocking(move || store.delete_session(&id))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(store_error)?;
+    Ok(())
+}
+
+pub(crate) async fn record_upload(
+    state: &AppState,
+    session: &str,
+    entry: &runcell_engine::FileEntry,
+    sha256: String,
+) -> Result<(), ApiError> {
+    let store = state.store.clone();
+    let (session, path, size) = (session.to_owned(), entry.path.clone(), entry.size);
+    tokio::task::spawn_blocking(move || {
+        store.record_upload(&session, &path, size, &sha256, Utc::now())
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(store_error)
+}
+
+/// Builds the shared state.
+pub fn state(engine: runcell_engine::Engine, store: Store) -> AppState {
+    AppState {
+        engine,
+        store,
+        metrics: Arc::new(Metrics::default()),
+    }
+}

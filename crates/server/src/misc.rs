@@ -1,0 +1,53 @@
+//! `/healthz`, `/metrics`, `/openapi.json` and the landing page.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
+use axum::Json;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, content_type = "text/plain", body = String, description = "Prometheus text exposition")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let engine = state.engine.clone();
+    let statuses = tokio::task::spawn_blocking(move || {
+        engine
+            .sessions()
+            .list()
+            .into_iter()
+            .map(|s| s.status)
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(&statuses),
+    )
+}
+
+/// Until the web UI lands: what this server is and where its API is described.
+pub async fn index() -> Html<&'static str> {
+    Html(concat!(
+        "<!doctype html><meta charset=utf-8><title>runcell</title>",
+        "<h1>runcell</h1><p>A self-hosted code interpreter. The HTTP API is described in ",
+        "<a href=\"/openapi.json\">/openapi.json</a>; health at <a href=\"/healthz\">/healthz</a>, ",
+        "metrics at <a href=\"/metrics\">/metrics</a>.</p>"
+    ))
+}

@@ -1,0 +1,74 @@
+//! `POST /v1/execute`: one program in a fresh sandbox (Judge0/Piston style).
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::Json;
+use base64::Engine as _;
+use runcell_engine::{Execution, InputFile, Language, LimitsRequest, OneShot};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::ApiJson;
+use crate::state::{AppState, Tenant};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteOnceRequest {
+    /// `python` (default), `bash` or `javascript`.
+    pub language: Option<Language>,
+    pub code: String,
+    /// Files placed in /workspace first.
+    pub files: Option<Vec<InputFileBody>>,
+    /// Bytes on the program's stdin (UTF-8 text).
+    pub stdin: Option<String>,
+    /// Wall-clock limit in seconds (default 60).
+    pub timeout_s: Option<f64>,
+    pub limits: Option<LimitsRequest>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputFileBody {
+    pub path: String,
+    pub content_base64: String,
+}
+
+#[utoipa::path(post, path = "/v1/execute", tag = "execute",
+    request_body = ExecuteOnceRequest,
+    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn execute_once(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJson(req): ApiJson<ExecuteOnceRequest>,
+) -> ApiResult<Json<Execution>> {
+    let mut one = OneShot::new(req.language.unwrap_or(Language::Python), req.code);
+    one.owner = tenant.0;
+    one.timeout = match req.timeout_s {
+        None => Duration::from_secs(60),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Duration::from_secs_f64(s),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "timeout_s must be between 0 and 3600 seconds",
+            ))
+        }
+    };
+    one.limits = req.limits.unwrap_or_default();
+    one.stdin = req.stdin.unwrap_or_default().into_bytes();
+    for f in req.files.unwrap_or_default() {
+        let content = base64::engine::general_purpose::STANDARD
+            .decode(f.content_base64.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("files[{}].content_base64: {e}", f.path)))?;
+        one.files.push(InputFile {
+            path: f.path,
+            content,
+        });
+    }
+    let engine = state.engine.clone();
+    let outcome = tokio::task::spawn_blocking(move || engine.run_once(&one, &mut |_, _| {}))
+        .await
+        .map_err(ApiError::internal)??;
+    state.metrics.observe_execution(&outcome.execution);
+    Ok(Json(outcome.execution))
+}

@@ -1,0 +1,376 @@
+//! `/v1/sessions`: create, list, get, delete, interrupt, restart, execute (JSON or NDJSON
+//! stream), commands.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use runcell_engine::{
+    CommandOutput, CreateSession, Engine, ExecEvent, Execution, Language, LimitsRequest,
+    SessionInfo,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::extract::ApiJson;
+use crate::state::{AppState, Tenant};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    /// `python` (default).
+    pub language: Option<Language>,
+    pub limits: Option<LimitsRequest>,
+    /// Extra environment variables for the kernel.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Free-form labels, filterable with `?metadata.k=v`.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    pub code: String,
+    /// Per-execution time limit (seconds); defaults to the session's `exec_timeout_s`.
+    pub timeout_s: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandRequest {
+    pub command: String,
+    pub timeout_s: Option<f64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Interrupted {
+    /// Whether an execution was running and got the interrupt.
+    pub interrupted: bool,
+}
+
+/// Looks up a session the tenant owns; another tenant's session does not exist (404).
+pub(crate) async fn owned(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<SessionInfo> {
+    let engine = state.engine.clone();
+    let id2 = id.to_owned();
+    let info = tokio::task::spawn_blocking(move || engine.sessions().get(&id2))
+        .await
+        .map_err(ApiError::internal)?;
+    match info {
+        Ok(i) if i.owner == tenant.0 => Ok(i),
+        _ => Err(ApiError::not_found(format!("session {id}"))),
+    }
+}
+
+pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
+    match t {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(_) => Err(ApiError::invalid(
+            "timeout_s must be between 0 and 3600 seconds",
+        )),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, runcell_engine::EngineError> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)
+}
+
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body = CreateSessionRequest,
+    responses((status = 201, body = SessionInfo), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn create_session(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJson(req): ApiJson<CreateSessionRequest>,
+) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
+    let engine = state.engine.clone();
+    let started = Instant::now();
+    let info = blocking(move || {
+        engine.sessions().create(CreateSession {
+            owner: tenant.0,
+            language: req.language,
+            limits: req.limits.unwrap_or_default(),
+            env: req.env.unwrap_or_default(),
+            metadata: req.metadata.unwrap_or_default(),
+        })
+    })
+    .await?;
+    state
+        .metrics
+        .observe_session_start(started.elapsed().as_secs_f64());
+    crate::persist_session(&state, &info).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    params(("metadata.KEY" = Option<String>, Query, description = "only sessions whose metadata KEY equals this value")),
+    responses((status = 200, body = SessionList)))]
+pub async fn list_sessions(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<SessionList>> {
+    let mut filters = Vec::new();
+    for (k, v) in form_pairs(query.as_deref().unwrap_or("")) {
+        match k.strip_prefix("metadata.") {
+            Some(key) if !key.is_empty() => filters.push((key.to_owned(), v)),
+            _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?}"))),
+        }
+    }
+    let engine = state.engine.clone();
+    let all = tokio::task::spawn_blocking(move || engine.sessions().list())
+        .await
+        .map_err(ApiError::internal)?;
+    let sessions = all
+        .into_iter()
+        .filter(|s| s.owner == tenant.0)
+        .filter(|s| filters.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
+        .collect();
+    Ok(Json(SessionList { sessions }))
+}
+
+/// `a=1&b=x%20y` -> pairs, percent- and plus-decoded.
+fn form_pairs(q: &str) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let bytes = s.replace('+', " ").into_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' && i + 2 < bytes.len() {
+                if let Ok(b) =
+                    u8::from_str_radix(&String::from_utf8_lossy(&bytes[i + 1..i + 3]), 16)
+                {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+            }
+            out.push(bytes[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody)))]
+pub async fn get_session(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionInfo>> {
+    Ok(Json(owned(&state, &tenant, &id).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = ErrorBody)))]
+pub async fn delete_session(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    let id2 = id.clone();
+    blocking(move || engine.sessions().delete(&id2)).await?;
+    crate::forget_session(&state, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/interrupt", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = Interrupted), (status = 404, body = ErrorBody)))]
+pub async fn interrupt_session(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Interrupted>> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    let interrupted = blocking(move || engine.sessions().interrupt(&id)).await?;
+    Ok(Json(Interrupted { interrupted }))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/restart", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn restart_session(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionInfo>> {
+    owned(&state, &tenant, &id).await?;
+    let engine = state.engine.clone();
+    let info = blocking(move || engine.sessions().restart(&id)).await?;
+    Ok(Json(info))
+}
+
+/// Interrupts the session's execution if the request goes away before it finishes (the
+/// client disconnected: axum drops the handler's future, or the stream's body).
+struct InterruptOnDrop {
+    engine: Engine,
+    session: String,
+    armed: bool,
+}
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::info!(session = %self.session, "client went away; interrupting its execution");
+            let engine = self.engine.clone();
+            let session = std::mem::take(&mut self.session);
+            std::thread::spawn(move || {
+                let _ = engine.sessions().interrupt(&session);
+            });
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/execute", tag = "sessions",
+    params(("id" = String, Path)),
+    request_body = ExecuteRequest,
+    responses(
+        (status = 200, body = Execution, description = "the finished execution; with `Accept: application/x-ndjson`, a stream of events ending with `{\"type\":\"end\",\"execution\":...}`"),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn execute(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> ApiResult<Response> {
+    owned(&state, &tenant, &id).await?;
+    let timeout = timeout(req.timeout_s)?;
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"));
+    if wants_stream {
+        return Ok(stream_execution(state, id, req.code, timeout));
+    }
+    let mut guard = InterruptOnDrop {
+        engine: state.engine.clone(),
+        session: id.clone(),
+        armed: true,
+    };
+    let engine = state.engine.clone();
+    let result = blocking(move || engine.sessions().execute(&id, &req.code, timeout, None)).await;
+    guard.armed = false;
+    let execution = result?;
+    state.metrics.observe_execution(&execution);
+    Ok(Json(execution).into_response())
+}
+
+/// NDJSON events as they happen, then `end` with the Execution.
+fn stream_execution(
+    state: AppState,
+    id: String,
+    code: String,
+    timeout: Option<Duration>,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(256);
+    let line = |v: serde_json::Value| {
+        let mut s = v.to_string();
+        s.push('\n');
+        bytes::Bytes::from(s)
+    };
+    let events_tx = tx.clone();
+    let sink: runcell_engine::EventSink = Box::new(move |e: ExecEvent<'_>| {
+        let v = match e {
+            ExecEvent::Stdout(text) => serde_json::json!({"type": "stdout", "text": text}),
+            ExecEvent::Stderr(text) => serde_json::json!({"type": "stderr", "text": text}),
+            ExecEvent::Result(r) => {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                v["type"] = "result".into();
+                v
+            }
+            ExecEvent::Error(err) => {
+                let mut v = serde_json::to_value(err).unwrap_or_default();
+                v["type"] = "error".into();
+                v
+            }
+        };
+        // A full or closed channel must never stall the kernel's worker: the client that went
+        // away gets its execution interrupted by the stream's guard below.
+        let _ = events_tx.try_send(line(v));
+    });
+    let engine = state.engine.clone();
+    let metrics = state.metrics.clone();
+    let session = id.clone();
+    tokio::task::spawn_blocking(move || {
+        let result = engine
+            .sessions()
+            .execute(&session, &code, timeout, Some(sink));
+        let end = match result {
+            Ok(execution) => {
+                metrics.observe_execution(&execution);
+                serde_json::json!({"type": "end", "execution": execution})
+            }
+            Err(e) => {
+                let api: ApiError = e.into();
+                let resp = api.into_response();
+                serde_json::json!({"type": "end", "error": {"status": resp.status().as_u16()}})
+            }
+        };
+        let _ = tx.blocking_send(line(end));
+    });
+    let guard = InterruptOnDrop {
+        engine: state.engine.clone(),
+        session: id,
+        armed: true,
+    };
+    let stream = futures_util::stream::unfold((rx, guard), |(mut rx, mut guard)| async move {
+        let chunk = rx.recv().await?;
+        if chunk.starts_with(b"{\"type\":\"end\"")
+            || chunk.windows(12).any(|w| w == b"\"type\":\"end\"")
+        {
+            guard.armed = false;
+        }
+        Some((Ok::<_, std::io::Error>(chunk), (rx, guard)))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| ApiError::internal(e).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/commands", tag = "sessions",
+    params(("id" = String, Path)),
+    request_body = CommandRequest,
+    responses((status = 200, body = CommandOutput), (status = 404, body = ErrorBody)))]
+pub async fn run_command(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<CommandRequest>,
+) -> ApiResult<Json<CommandOutput>> {
+    owned(&state, &tenant, &id).await?;
+    let timeout = timeout(req.timeout_s)?;
+    let engine = state.engine.clone();
+    let out = blocking(move || engine.run_command(&id, &req.command, timeout)).await?;
+    Ok(Json(out))
+}

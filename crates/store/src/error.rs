@@ -1,0 +1,60 @@
+//! The store's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the store. Messages are lowercase and never contain the
+/// underlying cause's text: walk [`std::error::Error::source`] for it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The caller passed something the store refuses (bad name, bad limit, bad JSON, ...).
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    /// A record the operation needs does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The record already exists (e.g. an execution id appended twice).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The database was migrated by a newer runcell than this one.
+    #[error("database schema version {found} is newer than this binary knows ({known}); upgrade runcell")]
+    SchemaTooNew {
+        /// Highest migration recorded in the database.
+        found: i64,
+        /// Highest migration this binary carries.
+        known: i64,
+    },
+    /// A migration failed; nothing of it was applied.
+    #[error("applying schema migration {version} failed")]
+    Migration {
+        /// The migration's version.
+        version: i64,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The database file's directory could not be created or the file could not be prepared.
+    #[error("cannot prepare database path {path}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite could not be configured as required (e.g. WAL unavailable on this filesystem).
+    #[error("unsupported database setup: {0}")]
+    Unsupported(String),
+    /// A stored value could not be read back (unparseable timestamp, negative size, ...).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The operating system's random number generator failed.
+    #[error("random number generator failed")]
+    Random(#[source] getrandom::Error),
+    /// Any other SQLite error.
+    #[error("sqlite error")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

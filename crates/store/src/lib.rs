@@ -1,0 +1,290 @@
+//! Persistence for runcell: API keys, sessions, upload metadata and the executions audit log.
+//!
+//! SQLite is the default (and so far only) backend; this is the only crate that speaks SQL.
+//! The interface is the [`Backend`] trait so a PostgreSQL backend can be added later; callers
+//! hold a [`Store`], a cheap-to-clone handle to some backend.
+//!
+//! The API is synchronous. Async callers should wrap calls in `tokio::task::spawn_blocking`.
+//!
+//! # Durability
+//! The SQLite database runs in WAL mode with `synchronous=NORMAL`: once a write method returns,
+//! the change survives the process being killed (even `kill -9`), because the committed WAL
+//! frames are already in the operating system. Surviving a power loss or kernel crash as well
+//! needs `synchronous=FULL` (an fsync per commit): open with [`Durability::PowerLoss`].
+//!
+//! # The audit chain
+//! [`Backend::append_execution`] adds each execution to a per-tenant hash chain; see [`audit`]
+//! for the exact hashed encoding and [`Backend::verify_chain`] for what verification detects.
+//!
+//! # Records
+//! The store does not depend on the engine: executions are stored as JSON text
+//! (`execution_json`), session limits and metadata likewise.
+
+#![forbid(unsafe_code)]
+
+pub mod audit;
+mod error;
+mod sqlite;
+mod time;
+mod validate;
+
+use std::fmt;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub use error::{Result, StoreError};
+pub use sqlite::{Durability, SqliteStore};
+
+/// An API key as the store knows it (never the plaintext).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyInfo {
+    /// `key_` + 16 base62 characters.
+    pub id: String,
+    /// Human name given at creation (not necessarily unique).
+    pub name: String,
+    /// The tenant the key acts as.
+    pub tenant: String,
+    /// When the key was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// The first 7 characters of the key (e.g. `rc_AbCd`), for display.
+    pub prefix: String,
+}
+
+/// A session as persisted. Status and language are free-form words owned by the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// Session id (`[A-Za-z0-9_.-]`, 1..=128 chars).
+    pub id: String,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Kernel language, e.g. `python`.
+    pub language: String,
+    /// `starting|ready|busy|dead|expired` (not checked by the store).
+    pub status: String,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last activity.
+    pub last_active_at: DateTime<Utc>,
+    /// When the session expires if idle.
+    pub expires_at: DateTime<Utc>,
+    /// Effective limits as JSON (must parse).
+    pub limits_json: String,
+    /// User metadata as JSON (must parse).
+    pub metadata_json: String,
+    /// Host path of the session's workspace.
+    pub workspace_path: String,
+}
+
+/// The latest upload of one path into a session's workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadRecord {
+    /// Session the file belongs to.
+    pub session_id: String,
+    /// Path relative to the workspace.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the content.
+    pub sha256: String,
+    /// When it was stored.
+    pub uploaded_at: DateTime<Utc>,
+}
+
+/// An execution to append to the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewExecution {
+    /// Owning tenant.
+    pub tenant: String,
+    /// Globally unique execution id (`[A-Za-z0-9_.-]`, 1..=128 chars).
+    pub execution_id: String,
+    /// The session it ran in; `None` for one-shot executions.
+    pub session_id: Option<String>,
+    /// Final status word (`ok|error|timeout|interrupted|killed`, not checked).
+    pub status: String,
+    /// The code that ran.
+    pub code: String,
+    /// The whole execution record as JSON (must parse).
+    pub execution_json: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Where an appended execution landed in its tenant's chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Position in the tenant's chain, from 1.
+    pub seq: u64,
+    /// The row's hash (lowercase hex SHA-256).
+    pub hash: String,
+}
+
+/// A stored execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutionRow {
+    /// Execution id.
+    pub execution_id: String,
+    /// Session, if any.
+    pub session_id: Option<String>,
+    /// Final status word.
+    pub status: String,
+    /// The code that ran.
+    pub code: String,
+    /// The execution record as JSON.
+    pub execution_json: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// Position in the tenant's chain.
+    pub seq: u64,
+    /// The row's chain hash.
+    pub hash: String,
+}
+
+/// Result of [`Backend::verify_chain`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// True when every checked chain is intact.
+    pub ok: bool,
+    /// Rows found intact before the first problem (all rows when `ok`).
+    pub checked: u64,
+    /// The first problem found, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_broken: Option<Broken>,
+}
+
+/// Where a chain breaks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Broken {
+    /// The tenant whose chain is broken.
+    pub tenant: String,
+    /// The first row found wrong; for a deleted last row, the last remaining row ("" if none).
+    pub execution_id: String,
+    /// Human-readable reason, e.g. `row edited: hash mismatch`.
+    pub reason: String,
+}
+
+/// Storage operations. Implemented by [`SqliteStore`]; a PostgreSQL backend would implement
+/// it too. All methods validate their input and return [`StoreError::Invalid`] rather than
+/// panic.
+pub trait Backend: Send + Sync + fmt::Debug {
+    // ---- API keys ----
+
+    /// Creates an API key for `tenant` and returns it with its plaintext, which is not stored
+    /// (only its SHA-256) and cannot be recovered later. Key and tenant names must be 1..=64
+    /// characters of `[A-Za-z0-9_.-]`. Names need not be unique.
+    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)>;
+    /// All keys, revoked ones included, oldest first.
+    fn list_keys(&self) -> Result<Vec<KeyInfo>>;
+    /// Revokes the key with this id, or else the only active key with this name. Returns
+    /// `false` if nothing was revoked (no match, or already revoked); `Invalid` when the name
+    /// matches several active keys.
+    fn revoke_key(&self, id_or_name: &str) -> Result<bool>;
+    /// The active key whose plaintext is `key`; `None` if unknown or revoked.
+    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>>;
+    /// Whether any unrevoked key exists.
+    fn has_active_keys(&self) -> Result<bool>;
+
+    // ---- sessions ----
+
+    /// Inserts the session or replaces the stored one with the same id. A session cannot move
+    /// to another tenant (`Conflict`). Replacing keeps the session's uploads.
+    fn put_session(&self, session: &SessionRecord) -> Result<()>;
+    /// Updates a session's status and times; `false` if there is no such session.
+    fn update_session_status(
+        &self,
+        id: &str,
+        status: &str,
+        last_active_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<bool>;
+    /// The tenant's session with this id (another tenant's session is `None`).
+    fn get_session(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>>;
+    /// The tenant's sessions, oldest first.
+    fn list_sessions(&self, tenant: &str) -> Result<Vec<SessionRecord>>;
+    /// Deletes a session and its upload records (not its executions); `false` if absent.
+    fn delete_session(&self, id: &str) -> Result<bool>;
+    /// Sessions of every tenant whose status is one of `statuses`, oldest first.
+    fn sessions_with_status(&self, statuses: &[&str]) -> Result<Vec<SessionRecord>>;
+
+    // ---- uploads ----
+
+    /// Records (or re-records) an upload into a session's workspace. `NotFound` if the session
+    /// does not exist.
+    fn record_upload(
+        &self,
+        session_id: &str,
+        path: &str,
+        size: u64,
+        sha256_hex: &str,
+        at: DateTime<Utc>,
+    ) -> Result<()>;
+    /// A session's uploads, by path.
+    fn uploads(&self, session_id: &str) -> Result<Vec<UploadRecord>>;
+
+    // ---- executions and the audit chain ----
+
+    /// Appends an execution to its tenant's hash chain, atomically, and returns its place.
+    /// The commit is durable (see the crate docs) when this returns. `Conflict` if the
+    /// execution id was already used (by any tenant).
+    fn append_execution(&self, rec: &NewExecution) -> Result<AuditEntry>;
+    /// The tenant's executions newest first, optionally of one session, at most `limit`
+    /// (1..=1000), strictly older than the execution `before` if given. The second value is
+    /// the cursor for the next page (`None` on the last page). An unknown cursor is `Invalid`.
+    fn list_executions(
+        &self,
+        tenant: &str,
+        session_id: Option<&str>,
+        limit: usize,
+        before: Option<&str>,
+    ) -> Result<(Vec<ExecutionRow>, Option<String>)>;
+    /// The tenant's execution with this id (another tenant's is `None`).
+    fn get_execution(&self, tenant: &str, id: &str) -> Result<Option<ExecutionRow>>;
+    /// Re-walks one tenant's chain (or every tenant's, in name order) and reports the first
+    /// edited, deleted or out-of-band row, from one consistent snapshot.
+    fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport>;
+}
+
+/// A shared handle to a storage backend: `Clone + Send + Sync`, and derefs to
+/// [`Backend`], so `store.get_session(..)` just works.
+#[derive(Clone)]
+pub struct Store(Arc<dyn Backend>);
+
+impl Store {
+    /// Opens (creating if needed) the SQLite database at `path` with [`Durability::Process`].
+    pub fn open(path: &Path) -> Result<Store> {
+        Ok(Store(Arc::new(SqliteStore::open(path)?)))
+    }
+
+    /// Like [`Store::open`] with an explicit durability level.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<Store> {
+        Ok(Store(Arc::new(SqliteStore::open_with(path, durability)?)))
+    }
+
+    /// A private in-memory SQLite database (for tests).
+    pub fn open_in_memory() -> Result<Store> {
+        Ok(Store(Arc::new(SqliteStore::open_in_memory()?)))
+    }
+
+    /// Wraps any backend.
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Store {
+        Store(backend)
+    }
+}
+
+impl Deref for Store {
+    type Target = dyn Backend;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Store").field(&self.0).finish()
+    }
+}

@@ -1,0 +1,811 @@
+//! The SQLite backend.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rusqlite::types::ValueRef;
+use rusqlite::{
+    params, params_from_iter, Connection, OpenFlags, OptionalExtension, Params, Row,
+    TransactionBehavior,
+};
+
+use crate::audit::{chain_hash, ChainFields, StoredRow, TenantWalk, GENESIS_HASH};
+use crate::error::{Result, StoreError};
+use crate::validate::{self, KEY_PREFIX_LEN};
+use crate::{
+    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, SessionRecord, UploadRecord,
+    VerifyReport,
+};
+
+/// Schema migrations, applied in order, each in its own transaction, recorded in
+/// `schema_migrations`. Never edit a released migration: add a new file.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How hard a commit is pushed to disk before a write returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=NORMAL` (with WAL): survives the process being killed, not a power loss.
+    #[default]
+    Process,
+    /// `synchronous=FULL`: every commit is fsynced; survives a power loss. Slower.
+    PowerLoss,
+}
+
+/// SQLite storage: one writer connection (writes are serialised, which SQLite requires
+/// anyway) and one reader connection so reads are not stuck behind writes. Chain
+/// verification uses a connection of its own so it never blocks appends.
+pub struct SqliteStore {
+    path: Option<PathBuf>,
+    writer: Mutex<Connection>,
+    reader: Option<Mutex<Connection>>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic while holding the lock cannot leave a transaction open (rusqlite rolls back on
+    // drop), so a poisoned connection is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn open_flags() -> OpenFlags {
+    // No SQLITE_OPEN_URI: the path is always a plain file name.
+    OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+}
+
+/// Creates missing parent directories (0700) and the database file (0600) so the key hashes
+/// and code are not world-readable. SQLite gives the -wal and -shm files the same mode.
+fn prepare_path(path: &Path) -> Result<()> {
+    let io = |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(dir).map_err(io)?;
+    }
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(path).map(drop).map_err(io)
+}
+
+fn configure(conn: &Connection, durability: Durability, file: bool) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    if file {
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unsupported(format!(
+                "sqlite refused WAL journal mode (got {mode:?}); is the data dir on a network \
+                 filesystem?"
+            )));
+        }
+    }
+    let sync = match durability {
+        Durability::Process => "NORMAL",
+        Durability::PowerLoss => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
+/// The highest schema version this binary knows.
+fn known_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    INTEGER PRIMARY KEY,
+             applied_at TEXT NOT NULL
+         ) STRICT;",
+    )?;
+    let known = known_version();
+    for &(version, sql) in MIGRATIONS {
+        // IMMEDIATE: two processes opening a fresh database at once apply each migration once.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let found: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )?;
+        if found > known {
+            return Err(StoreError::SchemaTooNew { found, known });
+        }
+        if found < version {
+            tx.execute_batch(sql)
+                .map_err(|source| StoreError::Migration { version, source })?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+                params![version, time::fmt(Utc::now())],
+            )?;
+        }
+        tx.commit()?;
+    }
+    // Also covers a binary with no migrations newer than what is recorded.
+    let found: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    if found > known {
+        return Err(StoreError::SchemaTooNew { found, known });
+    }
+    Ok(())
+}
+
+/// Runs `sql` and maps every row with `f`.
+fn collect<T>(
+    conn: &Connection,
+    sql: &str,
+    p: impl Params,
+    f: impl Fn(&Row<'_>) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(p)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(f(r)?);
+    }
+    Ok(out)
+}
+
+/// Runs `sql` and maps the first row, if any, with `f`.
+fn first<T>(
+    conn: &Connection,
+    sql: &str,
+    p: impl Params,
+    f: impl Fn(&Row<'_>) -> Result<T>,
+) -> Result<Option<T>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(p)?;
+    match rows.next()? {
+        Some(r) => Ok(Some(f(r)?)),
+        None => Ok(None),
+    }
+}
+
+fn ts(r: &Row<'_>, i: usize) -> Result<DateTime<Utc>> {
+    time::parse(&r.get::<_, String>(i)?)
+}
+
+fn seq_of(r: &Row<'_>, i: usize) -> Result<u64> {
+    let v: i64 = r.get(i)?;
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative seq {v}")))
+}
+
+const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix";
+
+fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
+    Ok(KeyInfo {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        tenant: r.get(2)?,
+        created_at: ts(r, 3)?,
+        revoked_at: match r.get::<_, Option<String>>(4)? {
+            Some(s) => Some(time::parse(&s)?),
+            None => None,
+        },
+        prefix: r.get(5)?,
+    })
+}
+
+const SESSION_COLS: &str = "id, tenant, language, status, created_at, last_active_at, \
+                            expires_at, limits_json, metadata_json, workspace_path";
+
+fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
+    Ok(SessionRecord {
+        id: r.get(0)?,
+        tenant: r.get(1)?,
+        language: r.get(2)?,
+        status: r.get(3)?,
+        created_at: ts(r, 4)?,
+        last_active_at: ts(r, 5)?,
+        expires_at: ts(r, 6)?,
+        limits_json: r.get(7)?,
+        metadata_json: r.get(8)?,
+        workspace_path: r.get(9)?,
+    })
+}
+
+const EXEC_COLS: &str =
+    "execution_id, session_id, status, code, execution_json, created_at, seq, hash";
+
+fn execution_from(r: &Row<'_>) -> Result<ExecutionRow> {
+    Ok(ExecutionRow {
+        execution_id: r.get(0)?,
+        session_id: r.get(1)?,
+        status: r.get(2)?,
+        code: r.get(3)?,
+        execution_json: r.get(4)?,
+        created_at: ts(r, 5)?,
+        seq: seq_of(r, 6)?,
+        hash: r.get(7)?,
+    })
+}
+
+/// Text column as `&str`, or the column's name if it holds anything else.
+fn text<'a>(r: &'a Row<'_>, i: usize, name: &'static str) -> Result<&'a str, &'static str> {
+    match r.get_ref(i) {
+        Ok(ValueRef::Text(b)) => std::str::from_utf8(b).map_err(|_| name),
+        _ => Err(name),
+    }
+}
+
+fn stored_row<'a>(r: &'a Row<'_>, tenant: &'a str) -> Result<StoredRow<'a>, &'static str> {
+    let seq = match r.get_ref(0) {
+        Ok(ValueRef::Integer(i)) => i,
+        _ => return Err("seq"),
+    };
+    let session_id = match r.get_ref(2) {
+        Ok(ValueRef::Null) => None,
+        _ => Some(text(r, 2, "session_id")?),
+    };
+    Ok(StoredRow {
+        fields: ChainFields {
+            seq,
+            tenant,
+            execution_id: text(r, 1, "execution_id")?,
+            session_id,
+            status: text(r, 3, "status")?,
+            code: text(r, 4, "code")?,
+            execution_json: text(r, 5, "execution_json")?,
+            created_at: text(r, 6, "created_at")?,
+        },
+        prev_hash: text(r, 7, "prev_hash")?,
+        hash: text(r, 8, "hash")?,
+    })
+}
+
+fn verify_on(conn: &mut Connection, tenant: Option<&str>) -> Result<VerifyReport> {
+    // One read transaction = one snapshot of rows and heads, even while appends go on.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+    let tenants: Vec<String> = match tenant {
+        Some(t) => vec![t.to_owned()],
+        None => collect(
+            &tx,
+            "SELECT tenant FROM chain_heads UNION SELECT tenant FROM executions ORDER BY 1",
+            [],
+            |r| Ok(r.get(0)?),
+        )?,
+    };
+    let mut checked = 0u64;
+    for t in &tenants {
+        let head = first(
+            &tx,
+            "SELECT seq, hash FROM chain_heads WHERE tenant = ?1",
+            [t],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+        )?;
+        let mut walk = TenantWalk::new(t, head);
+        let mut stmt = tx.prepare_cached(
+            "SELECT seq, execution_id, session_id, status, code, execution_json, created_at, \
+                    prev_hash, hash
+             FROM executions WHERE tenant = ?1 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query([t])?;
+        let mut result = Ok(());
+        while let Some(r) = rows.next()? {
+            result = match stored_row(r, t) {
+                Ok(row) => walk.row(&row),
+                Err(column) => {
+                    let id = match r.get_ref(1) {
+                        Ok(ValueRef::Text(b)) => String::from_utf8_lossy(b).into_owned(),
+                        _ => String::new(),
+                    };
+                    Err(walk.broken(&id, format!("row edited: malformed {column}")))
+                }
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        let result = result.and_then(|()| walk.finish());
+        checked += walk.checked;
+        if let Err(b) = result {
+            return Ok(VerifyReport {
+                ok: false,
+                checked,
+                first_broken: Some(b),
+            });
+        }
+    }
+    Ok(VerifyReport {
+        ok: true,
+        checked,
+        first_broken: None,
+    })
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with [`Durability::Process`]:
+    /// creates parent directories, enables WAL, `synchronous=NORMAL`, foreign keys and a 5 s
+    /// busy timeout, and applies pending migrations. Refuses a database migrated by a newer
+    /// runcell ([`StoreError::SchemaTooNew`]).
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        Self::open_with(path, Durability::Process)
+    }
+
+    /// Like [`SqliteStore::open`] with an explicit durability level.
+    pub fn open_with(path: &Path, durability: Durability) -> Result<SqliteStore> {
+        prepare_path(path)?;
+        let mut writer = Connection::open_with_flags(path, open_flags())?;
+        configure(&writer, durability, true)?;
+        migrate(&mut writer)?;
+        let reader = Connection::open_with_flags(path, open_flags())?;
+        configure(&reader, durability, true)?;
+        reader.pragma_update(None, "query_only", true)?;
+        Ok(SqliteStore {
+            path: Some(path.to_owned()),
+            writer: Mutex::new(writer),
+            reader: Some(Mutex::new(reader)),
+        })
+    }
+
+    /// A private in-memory database (one connection; for tests).
+    pub fn open_in_memory() -> Result<SqliteStore> {
+        let mut conn = Connection::open_in_memory()?;
+        configure(&conn, Durability::Process, false)?;
+        migrate(&mut conn)?;
+        Ok(SqliteStore {
+            path: None,
+            writer: Mutex::new(conn),
+            reader: None,
+        })
+    }
+
+    /// The database file, if not in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The schema version this binary migrates to.
+    pub fn schema_version() -> i64 {
+        known_version()
+    }
+
+    fn write(&self) -> MutexGuard<'_, Connection> {
+        lock(&self.writer)
+    }
+
+    fn read(&self) -> MutexGuard<'_, Connection> {
+        match &self.reader {
+            Some(r) => lock(r),
+            None => self.write(),
+        }
+    }
+}
+
+impl Backend for SqliteStore {
+    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
+        validate::name("key name", name)?;
+        validate::name("tenant", tenant)?;
+        let key = validate::new_key()?;
+        let info = KeyInfo {
+            id: validate::new_key_id()?,
+            name: name.to_owned(),
+            tenant: tenant.to_owned(),
+            created_at: Utc::now(),
+            revoked_at: None,
+            prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
+        };
+        self.write().execute(
+            "INSERT INTO api_keys (id, name, tenant, key_hash, prefix, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                info.id,
+                info.name,
+                info.tenant,
+                validate::sha256(key.as_bytes()),
+                info.prefix,
+                time::fmt(info.created_at)
+            ],
+        )?;
+        Ok((info, key))
+    }
+
+    fn list_keys(&self) -> Result<Vec<KeyInfo>> {
+        collect(
+            &self.read(),
+            &format!("SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"),
+            [],
+            key_from,
+        )
+    }
+
+    fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let by_id: Option<Option<String>> = tx
+            .query_row(
+                "SELECT revoked_at FROM api_keys WHERE id = ?1",
+                [id_or_name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let id = match by_id {
+            Some(Some(_)) => return Ok(false), // already revoked
+            Some(None) => id_or_name.to_owned(),
+            None => {
+                let ids = collect(
+                    &tx,
+                    "SELECT id FROM api_keys WHERE name = ?1 AND revoked_at IS NULL",
+                    [id_or_name],
+                    |r| Ok(r.get::<_, String>(0)?),
+                )?;
+                match ids.as_slice() {
+                    [] => return Ok(false),
+                    [one] => one.clone(),
+                    many => {
+                        return Err(StoreError::Invalid(format!(
+                            "{} active keys are named {id_or_name:?}; revoke one by id",
+                            many.len()
+                        )))
+                    }
+                }
+            }
+        };
+        tx.execute(
+            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
+            params![id, time::fmt(Utc::now())],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>> {
+        first(
+            &self.read(),
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL"),
+            [validate::sha256(key.as_bytes())],
+            key_from,
+        )
+    }
+
+    fn has_active_keys(&self) -> Result<bool> {
+        Ok(self.read().query_row(
+            "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    fn put_session(&self, s: &SessionRecord) -> Result<()> {
+        validate::id("session id", &s.id)?;
+        validate::name("tenant", &s.tenant)?;
+        validate::word("language", &s.language)?;
+        validate::word("status", &s.status)?;
+        validate::json("limits_json", &s.limits_json)?;
+        validate::json("metadata_json", &s.metadata_json)?;
+        // An upsert, not INSERT OR REPLACE: REPLACE deletes the old row first, which would
+        // cascade to the session's uploads.
+        let changed = self.write().execute(
+            &format!(
+                "INSERT INTO sessions ({SESSION_COLS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (id) DO UPDATE SET
+                     language = excluded.language, status = excluded.status,
+                     created_at = excluded.created_at, last_active_at = excluded.last_active_at,
+                     expires_at = excluded.expires_at, limits_json = excluded.limits_json,
+                     metadata_json = excluded.metadata_json,
+                     workspace_path = excluded.workspace_path
+                 WHERE sessions.tenant = excluded.tenant"
+            ),
+            params![
+                s.id,
+                s.tenant,
+                s.language,
+                s.status,
+                time::fmt(s.created_at),
+                time::fmt(s.last_active_at),
+                time::fmt(s.expires_at),
+                s.limits_json,
+                s.metadata_json,
+                s.workspace_path
+            ],
+        )?;
+        if changed == 0 {
+            return Err(StoreError::Conflict(format!(
+                "session {} belongs to another tenant",
+                s.id
+            )));
+        }
+        Ok(())
+    }
+
+    fn update_session_status(
+        &self,
+        id: &str,
+        status: &str,
+        last_active_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Result<bool> {
+        validate::word("status", status)?;
+        let n = self.write().execute(
+            "UPDATE sessions SET status = ?2, last_active_at = ?3, expires_at = ?4 WHERE id = ?1",
+            params![id, status, time::fmt(last_active_at), time::fmt(expires_at)],
+        )?;
+        Ok(n > 0)
+    }
+
+    fn get_session(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>> {
+        first(
+            &self.read(),
+            &format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant = ?1 AND id = ?2"),
+            [tenant, id],
+            session_from,
+        )
+    }
+
+    fn list_sessions(&self, tenant: &str) -> Result<Vec<SessionRecord>> {
+        collect(
+            &self.read(),
+            &format!(
+                "SELECT {SESSION_COLS} FROM sessions WHERE tenant = ?1 ORDER BY created_at, id"
+            ),
+            [tenant],
+            session_from,
+        )
+    }
+
+    fn delete_session(&self, id: &str) -> Result<bool> {
+        // Uploads go with it (ON DELETE CASCADE), in the same statement.
+        let n = self
+            .write()
+            .execute("DELETE FROM sessions WHERE id = ?1", [id])?;
+        Ok(n > 0)
+    }
+
+    fn sessions_with_status(&self, statuses: &[&str]) -> Result<Vec<SessionRecord>> {
+        if statuses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks = vec!["?"; statuses.len()].join(", ");
+        collect(
+            &self.read(),
+            &format!(
+                "SELECT {SESSION_COLS} FROM sessions WHERE status IN ({marks})
+                 ORDER BY created_at, id"
+            ),
+            params_from_iter(statuses),
+            session_from,
+        )
+    }
+
+    fn record_upload(
+        &self,
+        session_id: &str,
+        path: &str,
+        size: u64,
+        sha256_hex: &str,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        if path.is_empty() || path.len() > 4096 || path.contains('\0') {
+            return Err(StoreError::Invalid(
+                "upload path must be 1 to 4096 bytes without NUL".into(),
+            ));
+        }
+        validate::sha256_hex("sha256", sha256_hex)?;
+        let size = i64::try_from(size)
+            .map_err(|_| StoreError::Invalid(format!("upload size {size} is too large")))?;
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let exists: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sessions WHERE id = ?1)",
+            [session_id],
+            |r| r.get(0),
+        )?;
+        if !exists {
+            return Err(StoreError::NotFound(format!("session {session_id}")));
+        }
+        tx.execute(
+            "INSERT INTO uploads (session_id, path, size, sha256, uploaded_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (session_id, path) DO UPDATE SET
+                 size = excluded.size, sha256 = excluded.sha256,
+                 uploaded_at = excluded.uploaded_at",
+            params![session_id, path, size, sha256_hex, time::fmt(at)],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn uploads(&self, session_id: &str) -> Result<Vec<UploadRecord>> {
+        collect(
+            &self.read(),
+            "SELECT session_id, path, size, sha256, uploaded_at FROM uploads
+             WHERE session_id = ?1 ORDER BY path",
+            [session_id],
+            |r| {
+                let size: i64 = r.get(2)?;
+                Ok(UploadRecord {
+                    session_id: r.get(0)?,
+                    path: r.get(1)?,
+                    size: u64::try_from(size)
+                        .map_err(|_| StoreError::Corrupt(format!("negative size {size}")))?,
+                    sha256: r.get(3)?,
+                    uploaded_at: ts(r, 4)?,
+                })
+            },
+        )
+    }
+
+    fn append_execution(&self, rec: &NewExecution) -> Result<AuditEntry> {
+        validate::name("tenant", &rec.tenant)?;
+        validate::id("execution id", &rec.execution_id)?;
+        if let Some(s) = &rec.session_id {
+            validate::id("session id", s)?;
+        }
+        validate::word("status", &rec.status)?;
+        validate::json("execution_json", &rec.execution_json)?;
+        let created_at = time::fmt(rec.created_at);
+
+        let mut conn = self.write();
+        // IMMEDIATE takes the write lock up front, so no other writer (another process on the
+        // same file included) can read the same head and fork the chain.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let taken: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM executions WHERE execution_id = ?1)",
+            [&rec.execution_id],
+            |r| r.get(0),
+        )?;
+        if taken {
+            return Err(StoreError::Conflict(format!(
+                "execution {} is already recorded",
+                rec.execution_id
+            )));
+        }
+        let (last, prev_hash) = tx
+            .query_row(
+                "SELECT seq, hash FROM chain_heads WHERE tenant = ?1",
+                [&rec.tenant],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()?
+            .unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
+        let seq = last
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Corrupt("chain head seq overflow".into()))?;
+        let hash = chain_hash(
+            &prev_hash,
+            &ChainFields {
+                seq,
+                tenant: &rec.tenant,
+                execution_id: &rec.execution_id,
+                session_id: rec.session_id.as_deref(),
+                status: &rec.status,
+                code: &rec.code,
+                execution_json: &rec.execution_json,
+                created_at: &created_at,
+            },
+        );
+        tx.execute(
+            "INSERT INTO executions (tenant, seq, execution_id, session_id, status, code,
+                                     execution_json, created_at, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                rec.tenant,
+                seq,
+                rec.execution_id,
+                rec.session_id,
+                rec.status,
+                rec.code,
+                rec.execution_json,
+                created_at,
+                prev_hash,
+                hash
+            ],
+        )?;
+        tx.execute(
+            "INSERT INTO chain_heads (tenant, seq, hash) VALUES (?1, ?2, ?3)
+             ON CONFLICT (tenant) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+            params![rec.tenant, seq, hash],
+        )?;
+        // With WAL the commit has reached the OS when this returns (and the disk too with
+        // Durability::PowerLoss).
+        tx.commit()?;
+        let seq = u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative seq".into()))?;
+        Ok(AuditEntry { seq, hash })
+    }
+
+    fn list_executions(
+        &self,
+        tenant: &str,
+        session_id: Option<&str>,
+        limit: usize,
+        before: Option<&str>,
+    ) -> Result<(Vec<ExecutionRow>, Option<String>)> {
+        if !(1..=1000).contains(&limit) {
+            return Err(StoreError::Invalid(format!(
+                "limit must be 1 to 1000 (got {limit})"
+            )));
+        }
+        let mut conn = self.read();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let below = match before {
+            None => i64::MAX,
+            Some(cursor) => tx
+                .query_row(
+                    "SELECT seq FROM executions WHERE tenant = ?1 AND execution_id = ?2",
+                    [tenant, cursor],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .ok_or_else(|| StoreError::Invalid(format!("before: no execution {cursor:?}")))?,
+        };
+        // Fetch one extra row to know whether there is a next page.
+        let fetch = i64::try_from(limit).unwrap_or(1000) + 1;
+        let mut rows = match session_id {
+            // Two statements so each can walk its own index backwards.
+            None => collect(
+                &tx,
+                &format!(
+                    "SELECT {EXEC_COLS} FROM executions
+                     WHERE tenant = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3"
+                ),
+                params![tenant, below, fetch],
+                execution_from,
+            )?,
+            Some(session) => collect(
+                &tx,
+                &format!(
+                    "SELECT {EXEC_COLS} FROM executions
+                     WHERE tenant = ?1 AND session_id = ?2 AND seq < ?3
+                     ORDER BY seq DESC LIMIT ?4"
+                ),
+                params![tenant, session, below, fetch],
+                execution_from,
+            )?,
+        };
+        drop(tx);
+        let next = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| r.execution_id.clone())
+        } else {
+            None
+        };
+        Ok((rows, next))
+    }
+
+    fn get_execution(&self, tenant: &str, id: &str) -> Result<Option<ExecutionRow>> {
+        first(
+            &self.read(),
+            &format!("SELECT {EXEC_COLS} FROM executions WHERE tenant = ?1 AND execution_id = ?2"),
+            [tenant, id],
+            execution_from,
+        )
+    }
+
+    fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport> {
+        match &self.path {
+            Some(path) => {
+                // A connection of its own: a long walk must not hold up appends or reads.
+                let mut conn = Connection::open_with_flags(path, open_flags())?;
+                conn.busy_timeout(BUSY_TIMEOUT)?;
+                conn.pragma_update(None, "query_only", true)?;
+                verify_on(&mut conn, tenant)
+            }
+            None => verify_on(&mut self.write(), tenant),
+        }
+    }
+}
