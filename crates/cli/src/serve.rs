@@ -55,13 +55,6 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.listen
         );
     }
-    let orphans = runcell_server::mark_orphaned_sessions(&store)?;
-    if orphans > 0 {
-        tracing::warn!(
-            sessions = orphans,
-            "sessions of a previous run are marked dead: their kernels ended with it"
-        );
-    }
     let runtime = crate::runtime::ensure_default(data_dir)?;
     let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
     let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
@@ -70,6 +63,15 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
         config,
         Some(Arc::new(runcell_server::StoreAudit(store.clone()))),
     )?;
+
+    let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
+    if recovered + dead > 0 {
+        tracing::warn!(
+            recovered,
+            dead,
+            "sessions of a previous run: recovered ones have their files and a fresh kernel"
+        );
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -86,7 +88,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
         eprintln!("runcell serving on http://{addr}");
-        let state = runcell_server::state(engine.clone(), store);
+        let state = runcell_server::state(engine.clone(), store, addr.ip().is_loopback());
         let router = runcell_server::app(state);
         runcell_server::serve(listener, router, shutdown_signal()).await?;
         tracing::info!("shutting down: ending sessions");

@@ -42,7 +42,7 @@ pub struct LimitsRequest {
 
 /// A session's resolved limits, as reported in its Session object.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SessionLimits {
     pub memory_mb: u64,
     pub cpu: f64,

@@ -8,6 +8,8 @@ mod files;
 mod model;
 mod oneshot;
 mod session;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::path::PathBuf;
 
@@ -23,7 +25,8 @@ pub use model::{
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
 pub use session::{
-    CreateSession, EventSink, ExecEvent, SessionInfo, SessionManager, SessionStatus, QUEUE_DEPTH,
+    CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
+    SessionStatus, QUEUE_DEPTH,
 };
 
 /// Errors of the engine, in the words a caller can act on.

@@ -113,6 +113,16 @@ impl std::fmt::Debug for SessionManager {
     }
 }
 
+/// What `recover` takes: what the store remembers of a session.
+#[derive(Debug, Clone)]
+pub struct RecoverSession {
+    pub id: String,
+    pub owner: String,
+    pub created_at: DateTime<Utc>,
+    pub limits: SessionLimits,
+    pub metadata: BTreeMap<String, String>,
+}
+
 /// What `create` takes.
 #[derive(Debug, Clone, Default)]
 pub struct CreateSession {
@@ -187,10 +197,9 @@ impl SessionManager {
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?,
         );
         let env: Vec<(String, String)> = req.env.into_iter().collect();
-        let kernel = self.core.start_kernel(&workspace, &limits, &env)?;
         let now = Utc::now();
         let info = SessionInfo {
-            id: id.clone(),
+            id,
             language,
             status: SessionStatus::Ready,
             created_at: now,
@@ -200,6 +209,44 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
+        self.launch(info, workspace, env)
+    }
+
+    /// Brings back a session whose server died: its workspace (still mounted, owned by its host
+    /// uid) gets a fresh kernel. Variables are gone; files are intact.
+    pub fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
+        self.start_sweeper();
+        let path = self.core.config.data_dir.join("workspaces").join(&req.id);
+        let unavailable = |e: &dyn std::error::Error| EngineError::Unavailable(crate::chain(e));
+        let uid = Workspace::owner_of(&path)
+            .ok_or_else(|| EngineError::NotFound(format!("workspace of session {}", req.id)))?;
+        let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
+            .map_err(|e| unavailable(&e))?;
+        let workspace = Arc::new(Workspace::adopt(&path, lease).map_err(|e| unavailable(&e))?);
+        let now = Utc::now();
+        let info = SessionInfo {
+            id: req.id,
+            language: Language::Python,
+            status: SessionStatus::Ready,
+            created_at: req.created_at,
+            last_active_at: now,
+            expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
+            limits: req.limits,
+            metadata: req.metadata,
+            owner: req.owner,
+        };
+        self.launch(info, workspace, Vec::new())
+    }
+
+    /// Starts the kernel and the worker of a session and registers it.
+    fn launch(
+        &self,
+        info: SessionInfo,
+        workspace: Arc<Workspace>,
+        env: Vec<(String, String)>,
+    ) -> Result<SessionInfo, EngineError> {
+        let kernel = self.core.start_kernel(&workspace, &info.limits, &env)?;
+        let id = info.id.clone();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
         let entry = Arc::new(Entry {
             shared: Mutex::new(Shared {

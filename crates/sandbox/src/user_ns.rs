@@ -32,6 +32,8 @@ pub enum UserNsError {
     },
     #[error("all {0} sandbox host uids are in use")]
     Exhausted(u32),
+    #[error("host uid {0} is in use by another sandbox")]
+    InUse(u32),
     #[error("cannot switch to the sandbox user")]
     SetId(#[source] io::Error),
 }
@@ -100,6 +102,33 @@ impl UidLease {
             }
         }
         Err(UserNsError::Exhausted(HOST_UID_COUNT))
+    }
+
+    /// Reserves one particular host uid (a workspace that outlived its server is owned by it).
+    pub fn acquire_uid(lock_dir: &Path, uid: u32) -> Result<UidLease, UserNsError> {
+        if !(HOST_UID_BASE..HOST_UID_BASE + HOST_UID_COUNT).contains(&uid) {
+            return Err(UserNsError::Exhausted(0));
+        }
+        fs::create_dir_all(lock_dir).map_err(|source| UserNsError::LeaseDir {
+            path: lock_dir.to_owned(),
+            source,
+        })?;
+        let path = lock_dir.join(uid.to_string());
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| UserNsError::LeaseDir {
+                path: path.clone(),
+                source,
+            })?;
+        // SAFETY: flock on a descriptor we own.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            return Err(UserNsError::InUse(uid));
+        }
+        Ok(UidLease { uid, _lock: file })
     }
 
     pub fn uid(&self) -> u32 {

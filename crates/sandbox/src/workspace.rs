@@ -85,6 +85,51 @@ impl Workspace {
         })
     }
 
+    /// Takes over a workspace that outlived the process that created it (a server killed
+    /// with -9): it must still be runcell's tmpfs mount, owned by the lease's uid.
+    pub fn adopt(path: &Path, lease: UidLease) -> Result<Workspace, WorkspaceError> {
+        use std::os::unix::fs::MetadataExt;
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        };
+        let meta = fs::symlink_metadata(path).map_err(|e| io_err("open", e))?;
+        let parent = path
+            .parent()
+            .and_then(|p| fs::metadata(p).ok())
+            .ok_or_else(|| io_err("open", io::Error::from(io::ErrorKind::NotFound)))?;
+        // A mount point sits on another device than its parent; ours is owned by the lease.
+        if !meta.is_dir() || meta.dev() == parent.dev() || meta.uid() != lease.uid() {
+            return Err(io_err(
+                "adopt",
+                io::Error::new(io::ErrorKind::InvalidData, "not a runcell workspace mount"),
+            ));
+        }
+        let c = cstr(path).map_err(|e| io_err("statfs", e))?;
+        // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid path and out-pointer.
+        cvt(unsafe { libc::statfs(c.as_ptr(), &mut st) }).map_err(|e| io_err("statfs", e))?;
+        if st.f_type != libc::TMPFS_MAGIC {
+            return Err(io_err(
+                "adopt",
+                io::Error::new(io::ErrorKind::InvalidData, "not a tmpfs"),
+            ));
+        }
+        Ok(Workspace {
+            path: path.to_owned(),
+            lease,
+            size_bytes: st.f_blocks * st.f_bsize as u64,
+        })
+    }
+
+    /// The host uid that owns the workspace at `path` (to re-acquire its lease).
+    pub fn owner_of(path: &Path) -> Option<u32> {
+        use std::os::unix::fs::MetadataExt;
+        fs::symlink_metadata(path).ok().map(|m| m.uid())
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

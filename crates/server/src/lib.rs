@@ -142,14 +142,65 @@ impl AuditSink for StoreAudit {
     }
 }
 
-/// Marks sessions a previous server process left behind as dead: their kernels died with it.
-/// Returns how many.
-pub fn mark_orphaned_sessions(store: &Store) -> Result<usize, StoreError> {
+/// Sessions a previous server process left behind (killed with -9, say): their kernels died
+/// with it, their workspaces did not. Each one whose workspace is still mounted gets a fresh
+/// kernel (recovered: files intact, variables lost); the others are marked dead. Returns
+/// (recovered, dead).
+pub fn recover_sessions(
+    engine: &runcell_engine::Engine,
+    store: &Store,
+) -> Result<(usize, usize), StoreError> {
     let stale = store.sessions_with_status(&["starting", "ready", "busy"])?;
-    for s in &stale {
-        store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)?;
+    let (mut recovered, mut dead) = (0, 0);
+    for s in stale {
+        let limits = serde_json::from_str(&s.limits_json);
+        let metadata = serde_json::from_str(&s.metadata_json).unwrap_or_default();
+        let result = match limits {
+            Ok(limits) => engine
+                .sessions()
+                .recover(runcell_engine::RecoverSession {
+                    id: s.id.clone(),
+                    owner: s.tenant.clone(),
+                    created_at: s.created_at,
+                    limits,
+                    metadata,
+                })
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match result {
+            Ok(info) => {
+                recovered += 1;
+                store.update_session_status(
+                    &s.id,
+                    "ready",
+                    info.last_active_at,
+                    info.expires_at,
+                )?;
+            }
+            Err(why) => {
+                dead += 1;
+                tracing::warn!(session = %s.id, reason = %why, "session could not be recovered; marked dead");
+                store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)?;
+            }
+        }
     }
-    Ok(stale.len())
+    Ok((recovered, dead))
+}
+
+/// What the API shows of a session only the store remembers (its kernel is gone).
+pub(crate) fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
+    Some(SessionInfo {
+        id: rec.id.clone(),
+        language: rec.language.parse().ok()?,
+        status: runcell_engine::SessionStatus::Dead,
+        created_at: rec.created_at,
+        last_active_at: rec.last_active_at,
+        expires_at: rec.expires_at,
+        limits: serde_json::from_str(&rec.limits_json).ok()?,
+        metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
+        owner: rec.tenant.clone(),
+    })
 }
 
 pub(crate) fn store_error(e: StoreError) -> ApiError {
@@ -184,7 +235,14 @@ pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Res
         expires_at: info.expires_at,
         limits_json: serde_json::to_string(&info.limits).map_err(ApiError::internal)?,
         metadata_json: serde_json::to_string(&info.metadata).map_err(ApiError::internal)?,
-        workspace_path: String::new(),
+        workspace_path: state
+            .engine
+            .config()
+            .data_dir
+            .join("workspaces")
+            .join(&info.id)
+            .to_string_lossy()
+            .into_owned(),
     };
     tokio::task::spawn_blocking(move || store.put_session(&rec))
         .await
@@ -218,11 +276,12 @@ pub(crate) async fn record_upload(
     .map_err(store_error)
 }
 
-/// Builds the shared state.
-pub fn state(engine: runcell_engine::Engine, store: Store) -> AppState {
+/// Builds the shared state; `loopback` says whether the listener is loopback-only.
+pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> AppState {
     AppState {
         engine,
         store,
         metrics: Arc::new(Metrics::default()),
+        loopback,
     }
 }

@@ -60,13 +60,33 @@ pub struct Interrupted {
 
 /// Looks up a session the tenant owns; another tenant's session does not exist (404).
 pub(crate) async fn owned(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<SessionInfo> {
+    let info = lookup(state, tenant, id).await?;
+    if info.status == runcell_engine::SessionStatus::Dead {
+        return Err(ApiError::ended(format!(
+            "session {id} is dead: its kernel ended with a previous server process"
+        )));
+    }
+    Ok(info)
+}
+
+/// A live session of the tenant, or a dead one the store remembers.
+async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<SessionInfo> {
     let engine = state.engine.clone();
-    let id2 = id.to_owned();
-    let info = tokio::task::spawn_blocking(move || engine.sessions().get(&id2))
-        .await
-        .map_err(ApiError::internal)?;
-    match info {
-        Ok(i) if i.owner == tenant.0 => Ok(i),
+    let store = state.store.clone();
+    let (id2, tenant2) = (id.to_owned(), tenant.0.clone());
+    let found = tokio::task::spawn_blocking(move || match engine.sessions().get(&id2) {
+        Ok(i) => Some(i),
+        Err(_) => store
+            .get_session(&tenant2, &id2)
+            .ok()
+            .flatten()
+            .filter(|r| r.status == "dead")
+            .and_then(|r| crate::dead_session(&r)),
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    match found {
+        Some(i) if i.owner == tenant.0 => Ok(i),
         _ => Err(ApiError::not_found(format!("session {id}"))),
     }
 }
@@ -133,9 +153,21 @@ pub async fn list_sessions(
         }
     }
     let engine = state.engine.clone();
-    let all = tokio::task::spawn_blocking(move || engine.sessions().list())
-        .await
-        .map_err(ApiError::internal)?;
+    let store = state.store.clone();
+    let owner = tenant.0.clone();
+    let all = tokio::task::spawn_blocking(move || {
+        let mut live = engine.sessions().list();
+        // Sessions whose kernel died with an earlier server are reported, never missing.
+        let dead = store.list_sessions(&owner).unwrap_or_default();
+        live.extend(
+            dead.iter()
+                .filter(|r| r.status == "dead")
+                .filter_map(crate::dead_session),
+        );
+        live
+    })
+    .await
+    .map_err(ApiError::internal)?;
     let sessions = all
         .into_iter()
         .filter(|s| s.owner == tenant.0)
@@ -182,7 +214,7 @@ pub async fn get_session(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SessionInfo>> {
-    Ok(Json(owned(&state, &tenant, &id).await?))
+    Ok(Json(lookup(&state, &tenant, &id).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
@@ -193,10 +225,12 @@ pub async fn delete_session(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    owned(&state, &tenant, &id).await?;
-    let engine = state.engine.clone();
-    let id2 = id.clone();
-    blocking(move || engine.sessions().delete(&id2)).await?;
+    let info = lookup(&state, &tenant, &id).await?;
+    if info.status != runcell_engine::SessionStatus::Dead {
+        let engine = state.engine.clone();
+        let id2 = id.clone();
+        blocking(move || engine.sessions().delete(&id2)).await?;
+    }
     crate::forget_session(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -18,6 +18,9 @@ pub struct AppState {
     pub engine: Engine,
     pub store: Store,
     pub metrics: Arc<Metrics>,
+    /// Whether the listener is loopback-only: without any active key, only such a server
+    /// serves requests (openly, as the default tenant).
+    pub loopback: bool,
 }
 
 impl std::fmt::Debug for AppState {
@@ -41,22 +44,33 @@ impl FromRequestParts<AppState> for Tenant {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let store = state.store.clone();
+        let loopback = state.loopback;
         let result = tokio::task::spawn_blocking(move || -> Result<Tenant, ApiError> {
-            if !store.has_active_keys().map_err(ApiError::internal)? {
-                return Ok(Tenant(OPEN_TENANT.to_owned()));
-            }
             let key = header
                 .as_deref()
                 .and_then(|h| h.strip_prefix("Bearer "))
                 .map(str::trim)
-                .filter(|k| !k.is_empty())
-                .ok_or_else(|| {
-                    ApiError::unauthorized("an API key is required: Authorization: Bearer KEY")
-                })?;
-            match store.authenticate(key).map_err(ApiError::internal)? {
-                Some(info) => Ok(Tenant(info.tenant)),
-                None => Err(ApiError::unauthorized("invalid or revoked API key")),
+                .filter(|k| !k.is_empty());
+            // A key that is sent is checked, even on an open server: a revoked or mistyped key
+            // should fail loudly rather than act as the default tenant.
+            if let Some(key) = key {
+                return match store.authenticate(key).map_err(ApiError::internal)? {
+                    Some(info) => Ok(Tenant(info.tenant)),
+                    None => Err(ApiError::unauthorized("invalid or revoked API key")),
+                };
             }
+            if store.has_active_keys().map_err(ApiError::internal)? {
+                return Err(ApiError::unauthorized(
+                    "an API key is required: Authorization: Bearer KEY",
+                ));
+            }
+            if !loopback {
+                // Every key was revoked while serving beyond loopback: serve nobody.
+                return Err(ApiError::unauthorized(
+                    "this server requires API keys and none is active: runcell keys create",
+                ));
+            }
+            Ok(Tenant(OPEN_TENANT.to_owned()))
         })
         .await
         .map_err(ApiError::internal)?;

@@ -1,0 +1,301 @@
+//! `runcell serve`, `keys` and `audit` as an operator uses them: the real binary, a real
+//! database file, `kill -9` in the middle of work.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A data dir whose runtime is the shared, already-installed test runtime.
+fn data_dir() -> PathBuf {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    runcell_engine::testing::python_runtime(cache);
+    let dir = tempfile::Builder::new()
+        .prefix("runcell-serve-test-")
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    std::os::unix::fs::symlink(
+        cache.join("runcell-test-runtimes/runtimes"),
+        dir.join("runtimes"),
+    )
+    .expect("link runtimes");
+    dir
+}
+
+fn runcell(data: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runcell"));
+    c.env("RUNCELL_DATA_DIR", data).env("NO_COLOR", "1");
+    c
+}
+
+struct Serve {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+fn serve(data: &Path) -> Serve {
+    let port = free_port();
+    let mut child = runcell(data)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    // Wait for the line that says it listens (no sleeps).
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = lines.next().expect("serve exited early").expect("line");
+        if line.contains("runcell serving on") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "serve did not start");
+    }
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    Serve {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
+    let data = data_dir();
+    let c = http();
+    let first = serve(&data);
+    let session: Value = c
+        .post(format!("{}/v1/sessions", first.base))
+        .json(&json!({"metadata": {"test": "crash"}}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("create");
+    let id = session["id"].as_str().expect("id").to_owned();
+    let put = c
+        .put(format!("{}/v1/sessions/{id}/files/upload.txt", first.base))
+        .body("uploaded before the crash")
+        .send()
+        .expect("upload");
+    assert_eq!(put.status(), 201);
+    let mut acknowledged = Vec::new();
+    for i in 0..5 {
+        let e: Value = c
+            .post(format!("{}/v1/sessions/{id}/execute", first.base))
+            .json(&json!({"code": format!("x = {i}\nopen('cell{i}.txt', 'w').write('{i}')")}))
+            .send()
+            .and_then(|r| r.json())
+            .expect("execute");
+        assert_eq!(e["status"], "ok", "{e}");
+        acknowledged.push(e["id"].as_str().expect("id").to_owned());
+    }
+    // Work in flight when the server dies.
+    let inflight = {
+        let url = format!("{}/v1/sessions/{id}/execute", first.base);
+        std::thread::spawn(move || {
+            let _ = http()
+                .post(url)
+                .json(&json!({"code": "import time; time.sleep(30)"}))
+                .send();
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let mut first = first;
+    first.child.kill().expect("kill -9");
+    first.child.wait().expect("reap");
+    let _ = inflight.join();
+
+    let second = serve(&data);
+    let list: Value = c
+        .get(format!("{}/v1/executions?limit=100", second.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("executions");
+    let listed: Vec<&str> = list["executions"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|e| e["id"].as_str())
+        .collect();
+    for id in &acknowledged {
+        assert!(
+            listed.contains(&id.as_str()),
+            "acknowledged {id} was lost: {listed:?}"
+        );
+    }
+    let verify: Value = c
+        .get(format!("{}/v1/audit/verify", second.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("verify");
+    assert_eq!(verify["ok"], true, "{verify}");
+    // The session is not missing: it was recovered with its files, and a fresh kernel.
+    let s: Value = c
+        .get(format!("{}/v1/sessions/{id}", second.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session");
+    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["metadata"]["test"], "crash");
+    let body = c
+        .get(format!("{}/v1/sessions/{id}/files/upload.txt", second.base))
+        .send()
+        .and_then(|r| r.text())
+        .expect("download");
+    assert_eq!(body, "uploaded before the crash");
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{id}/execute", second.base))
+        .json(&json!({"code": "import os\nprint(sorted(f for f in os.listdir() if f.startswith('cell')))\nx"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute");
+    assert!(
+        e["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cell4.txt"),
+        "{e}"
+    );
+    assert_eq!(
+        e["error"]["name"], "NameError",
+        "variables do not survive: {e}"
+    );
+}
+
+#[test]
+fn keys_and_loopback_rules_and_audit_commands() {
+    let data = data_dir();
+    // Without keys, only loopback.
+    let out = runcell(&data)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without API keys"), "{err}");
+
+    let out = runcell(&data)
+        .args(["keys", "create", "--name", "ci", "--tenant", "team-a"])
+        .output()
+        .expect("keys create");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let key = stdout.lines().last().expect("key line").to_owned();
+    assert!(key.starts_with("rc_") && key.len() > 20, "{stdout}");
+    let out = runcell(&data)
+        .args(["keys", "list"])
+        .output()
+        .expect("list");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("ci") && listed.contains("team-a") && !listed.contains(&key));
+
+    let srv = serve(&data);
+    let c = http();
+    assert_eq!(
+        c.get(format!("{}/v1/sessions", srv.base))
+            .send()
+            .expect("get")
+            .status(),
+        401
+    );
+    let e: Value = c
+        .post(format!("{}/v1/execute", srv.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "print('audited')"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute");
+    assert_eq!(e["stdout"], "audited\n");
+    let ex_id = e["id"].as_str().expect("id").to_owned();
+    drop(srv);
+
+    let out = runcell(&data)
+        .args(["audit", "list", "--tenant", "team-a"])
+        .output()
+        .expect("audit list");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&ex_id));
+    let out = runcell(&data)
+        .args(["audit", "show", &ex_id, "--tenant", "team-a"])
+        .output()
+        .expect("audit show");
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(shown["code"], "print('audited')");
+    let out = runcell(&data)
+        .args(["audit", "verify"])
+        .output()
+        .expect("verify");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Someone edits the record directly in the database file.
+    let db = rusqlite::Connection::open(data.join("runcell.db")).expect("open db");
+    db.execute_batch(
+        "DROP TRIGGER IF EXISTS executions_no_update; DROP TRIGGER IF EXISTS executions_no_delete;",
+    )
+    .expect("drop triggers");
+    let names: Vec<String> = db
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("triggers");
+    for t in names {
+        db.execute_batch(&format!("DROP TRIGGER \"{t}\""))
+            .expect("drop");
+    }
+    let changed = db
+        .execute(
+            "UPDATE executions SET code = 'print(\"innocent\")' WHERE execution_id = ?1",
+            [&ex_id],
+        )
+        .expect("tamper");
+    assert_eq!(changed, 1);
+    drop(db);
+    let out = runcell(&data)
+        .args(["audit", "verify"])
+        .output()
+        .expect("verify");
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("report");
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["first_broken"]["execution_id"], ex_id.as_str());
+
+    // Revoked keys stop working.
+    let out = runcell(&data)
+        .args(["keys", "revoke", "ci"])
+        .output()
+        .expect("revoke");
+    assert!(out.status.success());
+    let srv = serve(&data);
+    let r = c
+        .get(format!("{}/v1/sessions", srv.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("get");
+    assert_eq!(r.status(), 401);
+}

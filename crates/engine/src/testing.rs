@@ -1,0 +1,62 @@
+//! Test support (feature `test-support`): the init helper and the default Python runtime for
+//! tests of this crate and the crates above it.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::{Engine, EngineConfig};
+
+/// The init helper the sandbox execs: the sandbox crate's small binary (built by
+/// `cargo test --workspace`), built on demand when a crate is tested alone.
+pub fn init_exe() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        if let Some(p) = runcell_sandbox::find_init_exe() {
+            return p;
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "runcell-sandbox",
+                "--bin",
+                "runcell-sandbox-init",
+            ])
+            .status()
+            .expect("cargo build runcell-sandbox-init");
+        assert!(status.success(), "cannot build runcell-sandbox-init");
+        runcell_sandbox::find_init_exe().expect("runcell-sandbox-init")
+    })
+    .clone()
+}
+
+/// The default runtime, installed once under `cache` (pass `env!("CARGO_TARGET_TMPDIR")`) and
+/// shared by every test; concurrent installers wait for each other.
+pub fn python_runtime(cache: &Path) -> PathBuf {
+    static RT: OnceLock<PathBuf> = OnceLock::new();
+    RT.get_or_init(|| {
+        runcell_kernel::runtime::Runtimes::new(&cache.join("runcell-test-runtimes"))
+            .ensure_default(&mut |_| {})
+            .expect("install the default Python runtime")
+            .path
+    })
+    .clone()
+}
+
+/// An engine on a fresh data dir, with the Python runtime cached under `cache`.
+pub fn engine_config(cache: &Path) -> EngineConfig {
+    let dir = tempfile::Builder::new()
+        .prefix("runcell-test-")
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    let mut config = EngineConfig::new(dir, init_exe());
+    config.python_runtime = Some(python_runtime(cache));
+    config
+}
+
+/// [`engine_config`] made into an engine.
+pub fn engine(cache: &Path) -> Engine {
+    Engine::new(engine_config(cache)).expect("engine")
+}
