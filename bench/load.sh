@@ -9,8 +9,11 @@
 #   3. CLIENTS concurrent keep-alive clients (wrk) for SECONDS doing `POST .../execute
 #      {"code":"1+1"}` round-robin over SESSIONS sessions (a session runs one execution at a time
 #      with a queue of 8 behind it; past that the server answers 429, counted separately).
+#      Round-robin sends every client to a session that stalls, so its queue fills up and 429s
+#      appear even though clients/sessions <= 9; RUNCELL_BENCH_MODE=pinned instead gives each
+#      session its own wrk thread and CLIENTS/SESSIONS connections (no session ever sees more).
 # Prints a markdown report and writes it to bench/results/load-<timestamp>.md. Exits non-zero on
-# any 5xx, socket error, timeout or wrong `1+1` result. This is a shared, noisy machine: compare
+# any 5xx, socket error, timeout, wrong `1+1` result or session not `ready` after the load. This is a shared, noisy machine: compare
 # ratios from the same run (load vs. sequential), not absolute numbers across runs.
 #
 # Environment:
@@ -18,7 +21,8 @@
 #                        honours CARGO_TARGET_DIR)
 #   RUNCELL_BENCH_DATA   cache for the Python runtime, reused across runs
 #                        (default /var/tmp/runcell-bench; the first run installs it, ~30 s)
-#   WRK_THREADS          wrk threads (default: number of CPUs, at most CLIENTS)
+#   RUNCELL_BENCH_MODE   rr (default: round-robin per request) or pinned (see 3. above)
+#   WRK_THREADS          wrk threads in rr mode (default: number of CPUs, at most CLIENTS)
 #   RUNCELL_BENCH_KEEP=1 keep the run's data dir and server log
 # Needs wrk (installed with apt-get if missing), curl and awk.
 set -euo pipefail
@@ -32,6 +36,13 @@ for v in "$clients" "$seconds" "$nsessions"; do
 done
 create_n=50
 exec_n=500
+mode=${RUNCELL_BENCH_MODE:-rr}
+case $mode in
+  rr) ;;
+  pinned) (( clients % nsessions == 0 )) ||
+    { echo "pinned mode needs CLIENTS to be a multiple of SESSIONS" >&2; exit 2; } ;;
+  *) echo "RUNCELL_BENCH_MODE must be rr or pinned" >&2; exit 2 ;;
+esac
 
 say() { printf '[load] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -58,7 +69,11 @@ bin=$(realpath "$bin")
 # --- A fresh data dir per run; the Python runtime comes from a cache shared by runs. ---
 cache=${RUNCELL_BENCH_DATA:-/var/tmp/runcell-bench}
 mkdir -p "$cache"
-say "runtime cache: $cache (installed on first use)"
+if compgen -G "$cache/runtimes/python-*" >/dev/null; then
+  say "runtime cache: $cache"
+else
+  say "installing the Python runtime into $cache (first run only, ~30 s)"
+fi
 NO_COLOR=1 "$bin" runtime install --data-dir "$cache" >/dev/null 2>"$cache/install.log" ||
   { tail -20 "$cache/install.log" >&2; die "cannot install the Python runtime"; }
 work=$(mktemp -d /var/tmp/runcell-load.XXXXXX)
@@ -68,6 +83,7 @@ ln -s "$(realpath "$cache")/runtimes" "$data/runtimes"
 log=$work/serve.log
 
 server_pid=
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -77,6 +93,9 @@ cleanup() {
     kill -KILL "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
   fi
+  # The server should have unmounted every session workspace; never leave a mount behind.
+  awk -v w="$work/" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
   if (( rc != 0 )) && [[ -f $log ]]; then
     say "last lines of the server log ($log):"
     tail -20 "$log" >&2 || true
@@ -134,6 +153,10 @@ for i in $(seq "$create_n"); do
   if [[ -n $id ]]; then printf 'url = "%s/v1/sessions/%s"\noutput = "/dev/null"\n' "$base" "$id"; fi
 done | curl_seq -X DELETE >"$work/delete.raw"
 delete_bad=$(split_times "$work/delete.raw" "$work/delete.ms" 204)
+sleep 1
+# What the deleted sessions left behind (both should be 0).
+leaked_mounts=$(awk -v w="$data/workspaces/" 'index($2, w) == 1' /proc/mounts | wc -l)
+leaked_zombies=$(ps --ppid "$server_pid" -o stat= | awk '$1 ~ /^Z/' | wc -l)
 
 # --- The load's sessions. ---
 sessions=()
@@ -154,27 +177,36 @@ check=$(curl -s -X POST "${json[@]}" -d '{"code":"1+1"}' "$base/v1/sessions/${se
 [[ $check == *'"text/plain":"2"'* ]] || die "1+1 did not return 2: $check"
 
 # --- 3. The load. ---
-threads=${WRK_THREADS:-$(nproc)}
-if (( threads > clients )); then threads=$clients; fi
-say "3/3: $clients clients for ${seconds}s over $nsessions sessions (wrk, $threads threads)"
+if [[ $mode == pinned ]]; then
+  threads=$nsessions
+else
+  threads=${WRK_THREADS:-$(nproc)}
+  if (( threads > clients )); then threads=$clients; fi
+fi
+say "3/3: $clients clients for ${seconds}s over $nsessions sessions (wrk, $threads threads, $mode)"
 cpu_before=$(awk '{print $14+$15}' "/proc/$server_pid/stat")
 wrk -t "$threads" -c "$clients" -d "${seconds}s" --timeout 60s -s bench/load/execute.lua "$base" \
-  -- "${sessions[@]}" >"$work/wrk.out" 2>&1 || { cat "$work/wrk.out" >&2; die "wrk failed"; }
+  -- "$mode" "${sessions[@]}" >"$work/wrk.out" 2>&1 || { cat "$work/wrk.out" >&2; die "wrk failed"; }
 cpu_after=$(awk '{print $14+$15}' "/proc/$server_pid/stat")
 get() { awk -v k="$1" '$1=="@@" && $2==k {print $3; f=1} END {if (!f) print 0}' "$work/wrk.out"; }
 grep -q '^@@ requests' "$work/wrk.out" || { cat "$work/wrk.out" >&2; die "no results from wrk"; }
 
-# Server-side state after the load: sessions still ready, memory.
-after=$(curl -s "$base/v1/sessions?metadata.bench=load")
-ready=$({ grep -o '"status":"ready"' <<<"$after" || true; } | wc -l)
+# Server-side state after the load: wrk abandons the requests in flight when it stops, and their
+# sessions finish the queued executions first; then every session must be ready again.
 rss_kb=$(awk '/^VmHWM/ {print $2}' "/proc/$server_pid/status")
+for _ in $(seq 300); do
+  after=$(curl -s "$base/v1/sessions?metadata.bench=load")
+  [[ $after == *'"status":"busy"'* ]] || break
+  sleep 0.1
+done
+ready=$({ grep -o '"status":"ready"' <<<"$after" || true; } | wc -l)
 
 # --- Report. ---
 requests=$(get requests)
 dur_us=$(get duration_us)
 ms() { awk -v us="$1" 'BEGIN {printf "%.1f", us/1000}'; }
 rps=$(awk -v n="$requests" -v us="$dur_us" 'BEGIN {printf "%.0f", n/(us/1e6)}')
-s2xx=0 s429=0 s4xx=0 s5xx=0 other=0
+s2xx=0 s429=0 s4xx=0 s5xx=0
 status_rows=""
 while read -r _ key n; do
   code=${key#status_}
@@ -184,7 +216,6 @@ while read -r _ key n; do
     429) s429=$((s429 + n)) ;;
     4??) s4xx=$((s4xx + n)) ;;
     5??) s5xx=$((s5xx + n)) ;;
-    *) other=$((other + n)) ;;
   esac
 done < <(grep '^@@ status_' "$work/wrk.out" | sort -k2)
 sock_err=$(( $(get err_connect) + $(get err_read) + $(get err_write) ))
@@ -201,8 +232,12 @@ mkdir -p bench/results
 {
   echo "# runcell HTTP load, $(date -u +'%Y-%m-%d %H:%M UTC')"
   echo
+  # shellcheck disable=SC1091
   echo "Host: $(nproc) CPUs, $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r), cgroup $cgroup;" \
-    "runcell $("$bin" --version 2>/dev/null | awk '{print $2}') ($(git rev-parse --short HEAD 2>/dev/null || echo '?')), server and wrk on the same host."
+    "runcell $("$bin" --version 2>/dev/null | awk '{print $2}')" \
+    "$([[ -n ${RUNCELL_BIN:-} ]] && echo "(RUNCELL_BIN; checkout" || echo "(built from")" \
+    "$(git rev-parse --short HEAD 2>/dev/null || echo '?'))," \
+    "release build; server and wrk on the same host."
   echo
   echo "## Sequential (one client, keep-alive)"
   echo
@@ -212,11 +247,17 @@ mkdir -p bench/results
   echo "| \`DELETE /v1/sessions/{id}\` | $(wc -l <"$work/delete.ms") | $(pct "$work/delete.ms" 50) | $(pct "$work/delete.ms" 99) | $(pct "$work/delete.ms" 100) | $delete_bad |"
   echo "| \`POST .../execute {\"code\":\"1+1\"}\`, one session | $(wc -l <"$work/exec.ms") | $exec_p50 | $(pct "$work/exec.ms" 99) | $(pct "$work/exec.ms" 100) | $exec_bad |"
   echo
-  echo "## Load: $clients clients, ${seconds} s, $nsessions sessions, \`1+1\` round-robin"
+  echo "Workspaces still mounted after the $create_n DELETEs: $leaked_mounts; zombie children of the server: $leaked_zombies (both should be 0)."
+  echo
+  if [[ $mode == pinned ]]; then
+    echo "## Load: $clients clients, ${seconds} s, $nsessions sessions, \`1+1\`, pinned ($((clients / nsessions)) clients per session)"
+  else
+    echo "## Load: $clients clients, ${seconds} s, $nsessions sessions, \`1+1\` round-robin"
+  fi
   echo
   echo "| Requests | Throughput [req/s] | p50 [ms] | p90 [ms] | p99 [ms] | max [ms] | p50 / sequential p50 |"
   echo "|---:|---:|---:|---:|---:|---:|---:|"
-  echo "| $requests | $rps | $load_p50 | $(ms "$(get lat_p90_us)") | $(ms "$(get lat_p99_us)") | $(ms "$(get lat_max_us)") | $(awk -v a="$load_p50" -v b="$exec_p50" 'BEGIN {printf "%.1fx", a/b}') |"
+  echo "| $requests | $rps | $load_p50 | $(ms "$(get lat_p90_us)") | $(ms "$(get lat_p99_us)") | $(ms "$(get lat_max_us)") | $(awk -v a="$load_p50" -v b="$exec_p50" 'BEGIN {if (b > 0) printf "%.1fx", a/b; else print "n/a"}') |"
   echo
   echo "| Status | Count |"
   echo "|:---|---:|"
@@ -229,8 +270,11 @@ mkdir -p bench/results
   echo "| client timeouts (60 s) | $timeouts |"
   echo "| 200 whose body is not \`1+1\` = 2 | $bad_bodies |"
   echo
+  echo "wrk: $threads threads, $clients connections, 60 s client timeout. Latencies are of all" \
+    "responses, 429s (answered at once) included."
+  echo
   echo "Server during the load: ${cpu_s} s CPU in ${seconds} s (server process only; sandboxes are" \
-    "separate processes); peak RSS $((rss_kb / 1024)) MiB. Sessions still \`ready\` after the load: $ready of $nsessions."
+    "separate processes); peak RSS $((rss_kb / 1024)) MiB. Sessions \`ready\` once the load drained: $ready of $nsessions."
 } >"$out"
 cat "$out"
 say "results: $out"
@@ -242,4 +286,6 @@ fail=0
 (( bad_bodies == 0 )) || { say "FAIL: $bad_bodies replies were not a successful 1+1"; fail=1; }
 (( create_bad + delete_bad + exec_bad == 0 )) || { say "FAIL: unexpected statuses in the sequential part"; fail=1; }
 (( ready == nsessions )) || { say "FAIL: only $ready of $nsessions sessions are ready after the load"; fail=1; }
+(( leaked_mounts + leaked_zombies == 0 )) ||
+  say "warning: deleted sessions left $leaked_mounts workspace mounts and $leaked_zombies zombie processes"
 exit "$fail"

@@ -1,9 +1,12 @@
--- wrk script for bench/load.sh: POST /v1/sessions/{id}/execute {"code":"1+1"}, round-robin over
--- the session ids given after `--`, counting responses by status code and 200 replies whose
--- body is not a successful `1+1` execution. Every thread prints nothing; `done` prints
--- `@@ key value` lines that bench/load.sh parses.
+-- wrk script for bench/load.sh: POST /v1/sessions/{id}/execute {"code":"1+1"} over the session
+-- ids given after `--`, counting responses by status code and 200 replies whose body is not a
+-- successful `1+1` execution. `done` prints `@@ key value` lines that bench/load.sh parses.
 --
---   wrk -t2 -c100 -d60s --timeout 60s -s bench/load/execute.lua http://127.0.0.1:PORT -- ID...
+--   wrk -t2 -c100 -d60s --timeout 60s -s bench/load/execute.lua http://127.0.0.1:PORT -- MODE ID...
+--
+-- MODE `rr`: every request goes to the next session (round-robin per wrk thread).
+-- MODE `pinned`: wrk thread i only uses session i (run as many threads as sessions), so a
+-- session never has more requests in flight than its thread has connections.
 
 local threads = {}
 local next_thread = 0
@@ -16,24 +19,31 @@ end
 
 local requests = {}
 local turn = 0
+local pinned = false
 statuses = {}
 bad_bodies = 0
 
 function init(args)
-  if #args == 0 then
-    error("execute.lua: pass the session ids after `--`")
+  local mode = args[1]
+  if (mode ~= "rr" and mode ~= "pinned") or #args < 2 then
+    error("execute.lua: pass `rr|pinned ID...` after `--`")
   end
+  pinned = mode == "pinned"
   local headers = { ["Content-Type"] = "application/json", ["Accept"] = "application/json" }
   local body = '{"code":"1+1"}'
-  for i, id in ipairs(args) do
-    requests[i] = wrk.format("POST", "/v1/sessions/" .. id .. "/execute", headers, body)
+  for i = 2, #args do
+    requests[#requests + 1] =
+      wrk.format("POST", "/v1/sessions/" .. args[i] .. "/execute", headers, body)
   end
-  -- Threads start at different sessions so they do not walk the list in step.
-  turn = (index or 0) * 7
+  -- Round-robin threads start at different sessions so they do not walk the list in step;
+  -- pinned threads stay on their own.
+  turn = pinned and (index or 0) or (index or 0) * 7
 end
 
 function request()
-  turn = turn + 1
+  if not pinned then
+    turn = turn + 1
+  end
   return requests[(turn % #requests) + 1]
 end
 

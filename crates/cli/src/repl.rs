@@ -122,6 +122,15 @@ fn split_cells(input: &str) -> Vec<String> {
 
 fn interactive(engine: &Engine, session: &str, timeout: Duration) -> anyhow::Result<ExitCode> {
     use rustyline::error::ReadlineError;
+    // Ctrl-C while a cell runs interrupts the cell (KeyboardInterrupt inside), not runcell.
+    // At the prompt the line editor reads Ctrl-C itself.
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])?;
+    let (e, id) = (engine.clone(), session.to_owned());
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            let _ = e.sessions().interrupt(&id);
+        }
+    });
     let mut rl = rustyline::Editor::<CellHelper, rustyline::history::DefaultHistory>::new()?;
     rl.set_helper(Some(CellHelper));
     let history = history_path();
@@ -140,7 +149,10 @@ fn interactive(engine: &Engine, session: &str, timeout: Duration) -> anyhow::Res
                 let _ = rl.add_history_entry(cell.as_str());
                 run_cell(engine, session, &cell, timeout, true)?;
             }
-            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Interrupted) => {
+                eprintln!("KeyboardInterrupt (Ctrl-D quits)");
+                continue;
+            }
             Err(ReadlineError::Eof) => break,
             Err(e) => return Err(e.into()),
         }

@@ -67,6 +67,13 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
+    // Ctrl-C or SIGTERM end the program, not runcell: it still kills the sandbox, removes the
+    // workspace and reports how the program ended.
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, cancel.clone())?;
+    }
+    req.cancel = Some(cancel);
     let engine = crate::engine(data_dir)?;
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();

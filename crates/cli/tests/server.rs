@@ -35,11 +35,26 @@ fn runcell(data: &Path) -> Command {
 struct Serve {
     child: Child,
     base: String,
+    stopped: bool,
+}
+
+impl Serve {
+    fn kill9(&mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+        self.stopped = true;
+    }
 }
 
 impl Drop for Serve {
+    /// A graceful stop (SIGTERM): the server ends its sessions, so no workspace mount stays.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if self.stopped {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -74,6 +89,7 @@ fn serve(data: &Path) -> Serve {
     Serve {
         child,
         base: format!("http://127.0.0.1:{port}"),
+        stopped: false,
     }
 }
 
@@ -125,8 +141,7 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     };
     std::thread::sleep(Duration::from_millis(500));
     let mut first = first;
-    first.child.kill().expect("kill -9");
-    first.child.wait().expect("reap");
+    first.kill9();
     let _ = inflight.join();
 
     let second = serve(&data);

@@ -31,6 +31,7 @@ const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Limits a caller may ask for; `None` takes the default (DESIGN.md §7).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
     pub memory_mb: Option<u64>,
     pub cpu: Option<f64>,
@@ -111,6 +112,7 @@ impl Core {
             create_dir(&dir)?;
         }
         let kernel_dir = write_kernel(&config.data_dir)?;
+        sweep_stale_one_shots(&config);
         Ok(Core {
             config,
             sandbox,
@@ -261,6 +263,38 @@ impl Engine {
 
     pub fn sessions(&self) -> &SessionManager {
         &self.sessions
+    }
+}
+
+/// One-shot workspaces whose runcell process was killed before it could clean up: their uid
+/// lease is free again (nobody holds its lock), so nobody uses them. Unmount and remove them.
+fn sweep_stale_one_shots(config: &EngineConfig) {
+    let Ok(dir) = fs::read_dir(config.data_dir.join("workspaces")) else {
+        return;
+    };
+    let leases = config.run_dir.join("uids");
+    for entry in dir.flatten() {
+        let path = entry.path();
+        let one_shot = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("ex_"));
+        let Some(uid) = one_shot
+            .then(|| runcell_sandbox::Workspace::owner_of(&path))
+            .flatten()
+        else {
+            continue;
+        };
+        let Ok(lease) = runcell_sandbox::UidLease::acquire_uid(&leases, uid) else {
+            continue; // in use by a running `runcell run`
+        };
+        match runcell_sandbox::Workspace::adopt(&path, lease) {
+            Ok(ws) => drop(ws), // unmounts and removes it
+            Err(_) => {
+                let _ = fs::remove_dir_all(&path);
+            }
+        }
+        tracing::info!(path = %path.display(), "removed a stale one-shot workspace");
     }
 }
 

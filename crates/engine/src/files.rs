@@ -25,18 +25,33 @@ pub struct FileEntry {
 fn map_err(e: WorkspaceError) -> EngineError {
     match e {
         WorkspaceError::InvalidPath { .. } => EngineError::InvalidRequest(e.to_string()),
-        WorkspaceError::Io { ref source, .. } => match source.raw_os_error() {
-            Some(2) => EngineError::NotFound(e.to_string()),
-            Some(20) | Some(40) => EngineError::InvalidRequest(crate::chain(&e)),
-            Some(28) => EngineError::LimitExceeded(crate::chain(&e)),
-            _ if source.kind() == std::io::ErrorKind::FileTooLarge => {
-                EngineError::LimitExceeded(crate::chain(&e))
+        WorkspaceError::Io {
+            ref source,
+            ref path,
+            ..
+        } => {
+            let path = path.display();
+            match source.raw_os_error() {
+                Some(2) => EngineError::NotFound(format!("file {path}")),
+                // ENOTDIR, ELOOP: a component is not a directory, or is a symlink.
+                Some(20) | Some(40) => EngineError::InvalidRequest(format!(
+                    "{path}: a component of the path is a file or a symbolic link"
+                )),
+                Some(21) => EngineError::InvalidRequest(format!("{path} is a directory")),
+                Some(39) => EngineError::InvalidRequest(format!("directory {path} is not empty")),
+                Some(28) => EngineError::LimitExceeded(format!("the workspace is full ({path})")),
+                _ if source.kind() == std::io::ErrorKind::FileTooLarge => {
+                    EngineError::LimitExceeded(format!(
+                        "{path} is larger than {} MiB",
+                        MAX_FILE_BYTES >> 20
+                    ))
+                }
+                _ if source.kind() == std::io::ErrorKind::InvalidInput => {
+                    EngineError::InvalidRequest(format!("{path} is not a regular file"))
+                }
+                _ => EngineError::Sandbox(crate::chain(&e)),
             }
-            _ if source.kind() == std::io::ErrorKind::InvalidInput => {
-                EngineError::InvalidRequest(crate::chain(&e))
-            }
-            _ => EngineError::Sandbox(crate::chain(&e)),
-        },
+        }
     }
 }
 

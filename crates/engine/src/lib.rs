@@ -25,7 +25,7 @@ pub use model::{
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
 pub use session::{
-    CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
+    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
 };
 
@@ -49,6 +49,9 @@ pub enum EngineError {
     /// Too many executions are already waiting on the session.
     #[error("session busy: {0}")]
     SessionBusy(String),
+    /// The caller called the request off before it ran.
+    #[error("the execution was cancelled before it started")]
+    Cancelled,
     /// Something runcell itself failed at (the audit log, a thread).
     #[error("internal error: {0}")]
     Internal(String),

@@ -42,6 +42,8 @@ pub struct OneShot {
     pub limits: LimitsRequest,
     /// Bytes kept per stream.
     pub output_cap: usize,
+    /// Set to end the run early (the caller got SIGINT, say).
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl OneShot {
@@ -55,6 +57,7 @@ impl OneShot {
             timeout: Duration::from_secs(60),
             limits: LimitsRequest::default(),
             output_cap: 1 << 20,
+            cancel: None,
         }
     }
 }
@@ -125,6 +128,7 @@ impl Engine {
                     stdin: req.stdin.clone(),
                     timeout: req.timeout,
                     output_cap: req.output_cap,
+                    cancel: req.cancel.clone(),
                     ..RunOptions::default()
                 },
                 on_output,

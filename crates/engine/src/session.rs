@@ -65,11 +65,31 @@ pub enum ExecEvent<'a> {
 /// Receives [`ExecEvent`]s on the session's worker thread.
 pub type EventSink = Box<dyn FnMut(ExecEvent<'_>) + Send>;
 
+/// Cancels one execution request: skipped if still queued, interrupted if running, and never
+/// anyone else's (a client that gives up while queued must not interrupt the one running).
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn same(&self, other: &CancelToken) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 enum Job {
     Execute {
         code: String,
         timeout: Duration,
         events: Option<EventSink>,
+        cancel: CancelToken,
         reply: mpsc::Sender<Result<Execution, EngineError>>,
     },
     Restart {
@@ -79,6 +99,8 @@ enum Job {
 
 struct Shared {
     info: SessionInfo,
+    /// The token of the execution running now.
+    running: Option<CancelToken>,
     /// Interrupts or kills the current kernel from outside the worker.
     handle: Option<RunningHandle>,
     deleted: bool,
@@ -86,7 +108,11 @@ struct Shared {
 
 struct Entry {
     shared: Mutex<Shared>,
-    jobs: SyncSender<Job>,
+    /// Taken (dropped) when the session ends: the worker holds this entry too, so only
+    /// dropping the sender itself lets its `recv` return.
+    jobs: Mutex<Option<SyncSender<Job>>>,
+    /// Joined on delete, so that when delete returns the sandbox and workspace are gone.
+    worker: Mutex<Option<thread::JoinHandle<()>>>,
     /// Shared with the worker: host-side file operations need no trip through the queue.
     workspace: Arc<Workspace>,
 }
@@ -94,6 +120,13 @@ struct Entry {
 impl Entry {
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
+        match &*self.jobs.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(tx) => tx.try_send(job),
+            None => Err(TrySendError::Disconnected(job)),
+        }
     }
 }
 
@@ -251,10 +284,12 @@ impl SessionManager {
         let entry = Arc::new(Entry {
             shared: Mutex::new(Shared {
                 info: info.clone(),
+                running: None,
                 handle: Some(kernel.handle()),
                 deleted: false,
             }),
-            jobs: tx,
+            jobs: Mutex::new(Some(tx)),
+            worker: Mutex::new(None),
             workspace: workspace.clone(),
         });
         let worker = Worker {
@@ -264,10 +299,11 @@ impl SessionManager {
             kernel: Some(kernel),
             env,
         };
-        thread::Builder::new()
+        let handle = thread::Builder::new()
             .name(format!("session-{id}"))
             .spawn(move || worker.run(rx))
             .map_err(|e| EngineError::Unavailable(format!("cannot start a session thread: {e}")))?;
+        *entry.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         self.map().insert(id, entry);
         Ok(info)
     }
@@ -298,6 +334,18 @@ impl SessionManager {
         timeout: Option<Duration>,
         events: Option<EventSink>,
     ) -> Result<Execution, EngineError> {
+        self.execute_cancellable(id, code, timeout, events, CancelToken::new())
+    }
+
+    /// [`SessionManager::execute`] that [`SessionManager::cancel`] can call off with `cancel`.
+    pub fn execute_cancellable(
+        &self,
+        id: &str,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<EventSink>,
+        cancel: CancelToken,
+    ) -> Result<Execution, EngineError> {
         let entry = self.entry(id)?;
         let timeout = {
             let s = entry.lock();
@@ -317,10 +365,11 @@ impl SessionManager {
             }
         };
         let (reply, wait) = mpsc::channel();
-        match entry.jobs.try_send(Job::Execute {
+        match entry.send(Job::Execute {
             code: code.to_owned(),
             timeout,
             events,
+            cancel,
             reply,
         }) {
             Ok(()) => {}
@@ -336,6 +385,19 @@ impl SessionManager {
         wait.recv().map_err(|_| {
             EngineError::NotFound(format!("session {id} ended during the execution"))
         })?
+    }
+
+    /// Calls off one request: a queued one is skipped, a running one is interrupted; someone
+    /// else's running execution is left alone.
+    pub fn cancel(&self, id: &str, token: &CancelToken) {
+        token.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        let Ok(entry) = self.entry(id) else { return };
+        let s = entry.lock();
+        if s.running.as_ref().is_some_and(|r| r.same(token)) {
+            if let Some(h) = &s.handle {
+                h.interrupt();
+            }
+        }
     }
 
     /// Interrupts the running execution (KeyboardInterrupt; the session keeps its state).
@@ -354,8 +416,7 @@ impl SessionManager {
         let entry = self.entry(id)?;
         let (reply, wait) = mpsc::channel();
         entry
-            .jobs
-            .try_send(Job::Restart { reply })
+            .send(Job::Restart { reply })
             .map_err(|_| EngineError::SessionBusy(format!("session {id} is busy")))?;
         wait.recv()
             .map_err(|_| EngineError::NotFound(format!("session {id} has ended")))??;
@@ -369,12 +430,7 @@ impl SessionManager {
             .map()
             .remove(id)
             .ok_or_else(|| EngineError::NotFound(format!("session {id}")))?;
-        let mut s = entry.lock();
-        s.deleted = true;
-        if let Some(h) = s.handle.take() {
-            h.kill();
-        }
-        // Dropping the last job sender ends the worker, which drops kernel and workspace.
+        end(entry);
         Ok(())
     }
 
@@ -396,12 +452,8 @@ impl SessionManager {
             .collect();
         for id in expired {
             if let Some(entry) = self.map().remove(&id) {
-                let mut s = entry.lock();
-                s.info.status = SessionStatus::Expired;
-                s.deleted = true;
-                if let Some(h) = s.handle.take() {
-                    h.kill();
-                }
+                entry.lock().info.status = SessionStatus::Expired;
+                end(entry);
                 tracing::info!(session = %id, "idle session expired");
             }
         }
@@ -412,6 +464,32 @@ impl SessionManager {
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             let _ = self.delete(&id);
+        }
+    }
+}
+
+/// Ends a session removed from the map: kills its kernel (a running cell ends as killed), then
+/// waits for its worker, which drops the kernel's sandbox and the workspace mount.
+fn end(entry: Arc<Entry>) {
+    let worker = {
+        let mut s = entry.lock();
+        s.deleted = true;
+        if let Some(h) = s.handle.take() {
+            h.kill();
+        }
+        entry
+            .worker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    };
+    // The worker stops when the job sender goes (the worker holds the entry too, so dropping
+    // the entry would not be enough); jobs still queued are answered "ended".
+    entry.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+    drop(entry);
+    if let Some(w) = worker {
+        if w.thread().id() != thread::current().id() {
+            let _ = w.join();
         }
     }
 }
@@ -436,9 +514,16 @@ impl Worker {
                     code,
                     timeout,
                     events,
+                    cancel,
                     reply,
                 } => {
+                    if cancel.is_cancelled() {
+                        let _ = reply.send(Err(EngineError::Cancelled));
+                        continue;
+                    }
+                    self.entry.lock().running = Some(cancel.clone());
                     let result = self.execute(&code, timeout, events);
+                    self.entry.lock().running = None;
                     let _ = reply.send(result);
                 }
                 Job::Restart { reply } => {

@@ -56,7 +56,25 @@ pub fn engine_config(cache: &Path) -> EngineConfig {
     config
 }
 
-/// [`engine_config`] made into an engine.
-pub fn engine(cache: &Path) -> Engine {
-    Engine::new(engine_config(cache)).expect("engine")
+/// [`engine_config`] made into an engine that ends its sessions when dropped, so a test leaves
+/// no sandbox or workspace mount behind.
+pub fn engine(cache: &Path) -> TestEngine {
+    TestEngine(Engine::new(engine_config(cache)).expect("engine"))
+}
+
+/// An engine that shuts its sessions down on drop.
+#[derive(Debug)]
+pub struct TestEngine(pub Engine);
+
+impl std::ops::Deref for TestEngine {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.0
+    }
+}
+
+impl Drop for TestEngine {
+    fn drop(&mut self) {
+        self.0.sessions().shutdown();
+    }
 }

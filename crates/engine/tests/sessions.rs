@@ -383,3 +383,25 @@ fn hostile_probes_fail_inside_a_session_too() {
         assert!(text.contains(want), "{text}");
     }
 }
+
+#[test]
+fn deleting_a_session_leaves_no_mount_process_or_directory() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    exec(&engine, &id, "open('f', 'w').write('x')");
+    let ws = engine.config().data_dir.join("workspaces").join(&id);
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .contains(ws.to_str().expect("utf8"))
+    };
+    assert!(mounted() && ws.exists());
+    engine.sessions().delete(&id).expect("delete");
+    // delete returns once the kernel's sandbox and the workspace are gone.
+    assert!(!mounted(), "the workspace is still mounted");
+    assert!(!ws.exists(), "the workspace directory is still there");
+    assert!(matches!(
+        engine.sessions().get(&id),
+        Err(EngineError::NotFound(_))
+    ));
+}

@@ -92,6 +92,11 @@ pub fn run_if_init() {
 
 /// Entry point of the helper process.
 pub fn init_main() -> ! {
+    // Out of the caller's session and process group: a Ctrl-C at the caller's terminal is for
+    // the caller (a REPL interrupts the cell), not a reason for the sandbox to die. If the
+    // caller itself dies, the control socket tells us.
+    // SAFETY: setsid has no arguments; failure (already a leader) is harmless.
+    unsafe { libc::setsid() };
     // Nothing but stdio, the control socket and the program's channel is meant for us.
     close_fds_from(CHANNEL_FD + 1, &[]);
     let spec = read_spec().and_then(|b| Spec::from_bytes(&b).map_err(io::Error::other));

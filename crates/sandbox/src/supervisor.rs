@@ -269,6 +269,12 @@ impl Sandbox {
                     running.kill(KillReason::Pids);
                 } else if stdout.total() + stderr.total() > opts.output_kill_bytes {
                     running.kill(KillReason::Output);
+                } else if opts
+                    .cancel
+                    .as_ref()
+                    .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+                {
+                    running.kill(KillReason::Signal);
                 }
                 if running.killed_by.is_some() {
                     drain_until = Some(now + Duration::from_secs(2));
@@ -313,6 +319,8 @@ pub struct RunOptions {
     pub output_cap: usize,
     /// Past this many bytes of output in total the run is killed (`KillReason::Output`).
     pub output_kill_bytes: u64,
+    /// Set from elsewhere (a signal handler) to end the run early; checked every 100 ms.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for RunOptions {
@@ -322,6 +330,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             output_cap: 1 << 20,
             output_kill_bytes: 2 << 30,
+            cancel: None,
         }
     }
 }

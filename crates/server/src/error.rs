@@ -104,13 +104,16 @@ impl From<EngineError> for ApiError {
             }
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
             EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m),
+            EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
         }
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The status and the envelope, for replies that cannot carry a status of their own (the
+    /// last event of a stream that already started).
+    pub fn parts(self) -> (StatusCode, ErrorBody) {
         let status = self.status.unwrap_or_else(|| self.code.status());
         let body = ErrorBody {
             error: ErrorDetail {
@@ -118,7 +121,23 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (status, Json(body)).into_response()
+        (status, body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let busy = self.code == ErrorCode::SessionBusy;
+        let (status, body) = self.parts();
+        let mut resp = (status, Json(body)).into_response();
+        if busy && status == StatusCode::TOO_MANY_REQUESTS {
+            // Executions on a session are short on average; one second is a fair first wait.
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        resp
     }
 }
 

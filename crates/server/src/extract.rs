@@ -23,8 +23,8 @@ impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(format!(
-                "the request body is larger than {} MiB",
-                crate::MAX_BODY_BYTES >> 20
+                "the request body is too large: files are limited to {} MiB",
+                runcell_engine::MAX_FILE_BYTES >> 20
             ))
         } else {
             ApiError::invalid(r.body_text())

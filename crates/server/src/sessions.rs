@@ -10,8 +10,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_engine::{
-    CommandOutput, CreateSession, Engine, ExecEvent, Execution, Language, LimitsRequest,
-    SessionInfo,
+    CancelToken, CommandOutput, CreateSession, Engine, ExecEvent, Execution, Language,
+    LimitsRequest, SessionInfo,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -263,23 +263,24 @@ pub async fn restart_session(
     Ok(Json(info))
 }
 
-/// Interrupts the session's execution if the request goes away before it finishes (the
-/// client disconnected: axum drops the handler's future, or the stream's body).
-struct InterruptOnDrop {
+/// Calls off this request's execution if the request goes away before it finishes (the
+/// client disconnected: axum drops the handler's future, or the stream's body): interrupted
+/// if it runs, skipped if still queued; never another client's execution.
+struct CancelOnDrop {
     engine: Engine,
     session: String,
+    token: CancelToken,
     armed: bool,
 }
 
-impl Drop for InterruptOnDrop {
+impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if self.armed {
-            tracing::info!(session = %self.session, "client went away; interrupting its execution");
+            tracing::info!(session = %self.session, "client went away; cancelling its execution");
             let engine = self.engine.clone();
             let session = std::mem::take(&mut self.session);
-            std::thread::spawn(move || {
-                let _ = engine.sessions().interrupt(&session);
-            });
+            let token = self.token.clone();
+            std::thread::spawn(move || engine.sessions().cancel(&session, &token));
         }
     }
 }
@@ -306,13 +307,20 @@ pub async fn execute(
     if wants_stream {
         return Ok(stream_execution(state, id, req.code, timeout));
     }
-    let mut guard = InterruptOnDrop {
+    let token = CancelToken::new();
+    let mut guard = CancelOnDrop {
         engine: state.engine.clone(),
         session: id.clone(),
+        token: token.clone(),
         armed: true,
     };
     let engine = state.engine.clone();
-    let result = blocking(move || engine.sessions().execute(&id, &req.code, timeout, None)).await;
+    let result = blocking(move || {
+        engine
+            .sessions()
+            .execute_cancellable(&id, &req.code, timeout, None, token)
+    })
+    .await;
     guard.armed = false;
     let execution = result?;
     state.metrics.observe_execution(&execution);
@@ -326,7 +334,10 @@ fn stream_execution(
     code: String,
     timeout: Option<Duration>,
 ) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(256);
+    // Unbounded, yet bounded in practice: only the head of each output stream (the capped
+    // part) and the results are streamed, and a slow client must not stall the kernel's
+    // deadline checks. The flag marks the last event.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(bytes::Bytes, bool)>();
     let line = |v: serde_json::Value| {
         let mut s = v.to_string();
         s.push('\n');
@@ -348,40 +359,46 @@ fn stream_execution(
                 v
             }
         };
-        // A full or closed channel must never stall the kernel's worker: the client that went
-        // away gets its execution interrupted by the stream's guard below.
-        let _ = events_tx.try_send(line(v));
+        // A client that went away has its execution called off by the stream's guard.
+        let _ = events_tx.send((line(v), false));
     });
     let engine = state.engine.clone();
     let metrics = state.metrics.clone();
     let session = id.clone();
+    let token = CancelToken::new();
+    let worker_token = token.clone();
     tokio::task::spawn_blocking(move || {
-        let result = engine
-            .sessions()
-            .execute(&session, &code, timeout, Some(sink));
+        let result = engine.sessions().execute_cancellable(
+            &session,
+            &code,
+            timeout,
+            Some(sink),
+            worker_token,
+        );
         let end = match result {
             Ok(execution) => {
                 metrics.observe_execution(&execution);
                 serde_json::json!({"type": "end", "execution": execution})
             }
+            // The stream has started (status 200): the error travels in the last event, with
+            // the status it would have had.
             Err(e) => {
                 let api: ApiError = e.into();
-                let resp = api.into_response();
-                serde_json::json!({"type": "end", "error": {"status": resp.status().as_u16()}})
+                let (status, body) = api.parts();
+                serde_json::json!({"type": "end", "status": status.as_u16(), "error": body.error})
             }
         };
-        let _ = tx.blocking_send(line(end));
+        let _ = tx.send((line(end), true));
     });
-    let guard = InterruptOnDrop {
+    let guard = CancelOnDrop {
         engine: state.engine.clone(),
         session: id,
+        token,
         armed: true,
     };
     let stream = futures_util::stream::unfold((rx, guard), |(mut rx, mut guard)| async move {
-        let chunk = rx.recv().await?;
-        if chunk.starts_with(b"{\"type\":\"end\"")
-            || chunk.windows(12).any(|w| w == b"\"type\":\"end\"")
-        {
+        let (chunk, last) = rx.recv().await?;
+        if last {
             guard.armed = false;
         }
         Some((Ok::<_, std::io::Error>(chunk), (rx, guard)))

@@ -12,7 +12,15 @@ struct Server {
     base: String,
     store: Store,
     http: reqwest::Client,
+    engine: runcell_engine::Engine,
     _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Drop for Server {
+    /// No sandbox or workspace mount outlives the test.
+    fn drop(&mut self) {
+        self.engine.sessions().shutdown();
+    }
 }
 
 async fn start() -> Server {
@@ -24,7 +32,7 @@ async fn start() -> Server {
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
     let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
     let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
-    let router = runcell_server::app(runcell_server::state(engine, store.clone(), true));
+    let router = runcell_server::app(runcell_server::state(engine.clone(), store.clone(), true));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -37,6 +45,7 @@ async fn start() -> Server {
         base,
         store,
         http: reqwest::Client::new(),
+        engine,
         _shutdown: tx,
     }
 }
@@ -613,4 +622,78 @@ async fn one_shot_health_metrics_and_openapi() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_queued_client_that_leaves_does_not_interrupt_another_and_errors_are_clear() {
+    let srv = start().await;
+    let id = srv.session(None).await;
+    // A runs for a while.
+    let url = srv.url(&format!("/v1/sessions/{id}/execute"));
+    let c = srv.http.clone();
+    let a = tokio::spawn(async move {
+        c.post(url)
+            .json(&json!({"code": "import time\ntime.sleep(2)\n'A done'"}))
+            .send()
+            .await
+            .expect("a")
+            .json::<Value>()
+            .await
+            .expect("json")
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // B queues behind it and gives up.
+    let short = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let b = short
+        .post(srv.url(&format!("/v1/sessions/{id}/execute")))
+        .json(&json!({"code": "open('b_ran', 'w').write('x')"}))
+        .send()
+        .await;
+    assert!(b.is_err());
+    let a = a.await.expect("join");
+    assert_eq!(a["status"], "ok", "A was not interrupted by B leaving: {a}");
+    assert_eq!(main_text(&a), "'A done'");
+    // B's abandoned request never ran.
+    let e = srv
+        .exec(&id, None, "import os\nos.path.exists('b_ran')")
+        .await;
+    assert_eq!(main_text(&e), "False");
+
+    // Clear errors for directories and misspelt limits.
+    srv.exec(
+        &id,
+        None,
+        "import os\nos.makedirs('d/e')\nopen('d/e/f.txt', 'w').write('x')",
+    )
+    .await;
+    let resp = srv
+        .http
+        .delete(srv.url(&format!("/v1/sessions/{id}/files/d")))
+        .send()
+        .await
+        .expect("delete");
+    let s = resp.status();
+    let body: Value = resp.json().await.expect("json");
+    assert_error(s, &body, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not empty"),
+        "{body}"
+    );
+    let (s, body) = srv.get(&format!("/v1/sessions/{id}/files/d"), None).await;
+    assert_error(s, &body, StatusCode::BAD_REQUEST, "invalid_request");
+    let (s, body) = srv
+        .get(&format!("/v1/sessions/{id}/files/nope.txt"), None)
+        .await;
+    assert_error(s, &body, StatusCode::NOT_FOUND, "not_found");
+    assert_eq!(body["error"]["message"], "file nope.txt not found");
+    let (s, body) = srv
+        .post("/v1/sessions", None, json!({"limits": {"memry_mb": 5}}))
+        .await;
+    assert_error(s, &body, StatusCode::BAD_REQUEST, "invalid_request");
 }
