@@ -1,6 +1,7 @@
 //! The `runcell` command: clap commands over the engine; thin glue, anyhow at the top.
 #![forbid(unsafe_code)]
 
+mod args;
 mod doctor;
 mod keys;
 mod repl;

@@ -7,46 +7,29 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use runcell_engine::{
-    CreateSession, Engine, ExecEvent, Execution, ExecutionStatus, Language, LimitsRequest,
-};
+use crate::args::SandboxArgs;
+use anyhow::Context;
+use runcell_engine::{CreateSession, Engine, ExecEvent, Execution, ExecutionStatus, LimitsRequest};
 
 #[derive(Debug, clap::Args)]
 pub struct ReplArgs {
-    /// The session's language.
-    #[arg(long, default_value = "python", value_parser = parse_lang)]
-    lang: Language,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
     /// Per-cell time limit in seconds (interrupted, then killed after a grace period).
     #[arg(long, default_value_t = 30.0, value_name = "S")]
     timeout: f64,
-    /// Memory limit in MiB for the session.
-    #[arg(long, value_name = "MB")]
-    memory: Option<u64>,
-    /// A file copied into /workspace before the first cell (repeatable).
-    #[arg(long = "file", value_name = "PATH")]
-    files: Vec<PathBuf>,
-    /// Print one Execution object per cell (JSON lines) instead of the output.
-    #[arg(long)]
-    json: bool,
-}
-
-fn parse_lang(s: &str) -> Result<Language, String> {
-    s.parse()
 }
 
 pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        bail!("invalid request: --timeout must be a positive number of seconds");
-    }
-    let timeout = Duration::from_secs_f64(args.timeout.min(3600.0));
+    let timeout = crate::args::timeout(args.timeout)?;
+    let files = args.sandbox.input_files()?;
     let engine = crate::engine_with_runtime(data_dir)?;
     let sessions = engine.sessions();
     let session = sessions.create(CreateSession {
         owner: "local".into(),
-        language: Some(args.lang),
+        language: Some(args.sandbox.lang),
         limits: LimitsRequest {
-            memory_mb: args.memory,
+            memory_mb: args.sandbox.memory,
             exec_timeout_s: Some(timeout.as_secs().max(1)),
             ..LimitsRequest::default()
         },
@@ -54,28 +37,17 @@ pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
         metadata: BTreeMap::from([("client".to_owned(), "runcell repl".to_owned())]),
     })?;
     let result = (|| {
-        upload(&engine, &session.id, &args.files)?;
-        if std::io::stdin().is_terminal() && !args.json {
+        for f in &files {
+            engine.write_file(&session.id, &f.path, &f.content)?;
+        }
+        if std::io::stdin().is_terminal() && !args.sandbox.json {
             interactive(&engine, &session.id, timeout)
         } else {
-            scripted(&engine, &session.id, timeout, args.json)
+            scripted(&engine, &session.id, timeout, args.sandbox.json)
         }
     })();
     let _ = sessions.delete(&session.id);
     result
-}
-
-fn upload(engine: &Engine, session: &str, files: &[PathBuf]) -> anyhow::Result<()> {
-    for f in files {
-        let content =
-            std::fs::read(f).with_context(|| format!("cannot read --file {}", f.display()))?;
-        let name = f
-            .file_name()
-            .and_then(|n| n.to_str())
-            .with_context(|| format!("--file {} has no usable file name", f.display()))?;
-        engine.write_file(session, name, &content)?;
-    }
-    Ok(())
 }
 
 /// Cells from stdin, separated by `%%` lines. Exit code 1 if any cell did not end `ok`.

@@ -1,37 +1,23 @@
 //! `runcell run`: one program, one fresh sandbox.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
-use runcell_engine::{ExecutionStatus, InputFile, Language, LimitsRequest, OneShot, Stream};
+use crate::args::SandboxArgs;
+use anyhow::Context;
+use runcell_engine::{ExecutionStatus, LimitsRequest, OneShot, Stream};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The language of the program.
-    #[arg(long, default_value = "python", value_parser = parse_lang)]
-    lang: Language,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
     /// Wall-clock limit in seconds; the whole process tree is killed after it.
     #[arg(long, default_value_t = 60.0, value_name = "S")]
     timeout: f64,
-    /// Memory limit in MiB (page cache and /tmp included).
-    #[arg(long, value_name = "MB")]
-    memory: Option<u64>,
-    /// A file copied into /workspace before the program starts (repeatable).
-    #[arg(long = "file", value_name = "PATH")]
-    files: Vec<PathBuf>,
-    /// Print the Execution object as JSON instead of streaming the output.
-    #[arg(long)]
-    json: bool,
     /// The program file, or `-` to read it from stdin.
     #[arg(value_name = "FILE|-")]
     program: String,
-}
-
-fn parse_lang(s: &str) -> Result<Language, String> {
-    s.parse()
 }
 
 pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -45,27 +31,14 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
         std::fs::read_to_string(&args.program)
             .with_context(|| format!("cannot read the program file {}", args.program))?
     };
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        bail!("invalid request: --timeout must be a positive number of seconds");
-    }
-    let mut req = OneShot::new(args.lang, code);
-    req.timeout = Duration::from_secs_f64(args.timeout.min(1e6));
+    let json = args.sandbox.json;
+    let mut req = OneShot::new(args.sandbox.lang, code);
+    req.timeout = crate::args::timeout(args.timeout)?;
     req.limits = LimitsRequest {
-        memory_mb: args.memory,
+        memory_mb: args.sandbox.memory,
         ..LimitsRequest::default()
     };
-    for f in &args.files {
-        let content =
-            std::fs::read(f).with_context(|| format!("cannot read --file {}", f.display()))?;
-        let name = f
-            .file_name()
-            .and_then(|n| n.to_str())
-            .with_context(|| format!("--file {} has no usable file name", f.display()))?;
-        req.files.push(InputFile {
-            path: name.to_owned(),
-            content,
-        });
-    }
+    req.files = args.sandbox.input_files()?;
 
     // Ctrl-C or SIGTERM end the program, not runcell: it still kills the sandbox, removes the
     // workspace and reports how the program ended.
@@ -78,7 +51,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let mut on_output = |stream: Stream, data: &[u8]| {
-        if args.json {
+        if json {
             return;
         }
         // A closed terminal or pipe must not stop the run; its output is still recorded.
@@ -93,7 +66,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
     let outcome = engine.run_once(&req, &mut on_output)?;
     let execution = &outcome.execution;
 
-    if args.json {
+    if json {
         let mut out = stdout.lock();
         serde_json::to_writer(&mut out, execution)?;
         writeln!(out)?;

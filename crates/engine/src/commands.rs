@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use runcell_sandbox::{Launch, Limits, RunOptions};
+use runcell_sandbox::{Launch, RunOptions};
 use serde::Serialize;
 
 use crate::core::{base_env, Engine};
@@ -40,16 +40,7 @@ impl Engine {
             )));
         }
         let (_, ro_binds) = self.core.python();
-        let l = &info.limits;
-        let tmp_bytes = Limits::default().tmp_bytes.min(l.memory_mb << 20);
-        let limits = Limits {
-            memory_bytes: l.memory_mb << 20,
-            pids: l.pids,
-            cpu_millis: (l.cpu * 1000.0).round() as u64,
-            tmp_bytes,
-            fsize_bytes: (l.disk_mb << 20).max(tmp_bytes).saturating_mul(2),
-            ..Limits::default()
-        };
+        let limits = info.limits.sandbox_limits();
         let launch = Launch {
             argv: vec!["/bin/bash".into(), "-c".into(), command.to_owned()],
             // The session's runtime is on PATH, so `python3` and `pip list` see the same packages.

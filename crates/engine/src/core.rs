@@ -53,6 +53,22 @@ pub struct SessionLimits {
     pub idle_timeout_s: u64,
 }
 
+impl SessionLimits {
+    /// What the sandbox enforces for a process of this session.
+    pub(crate) fn sandbox_limits(&self) -> Limits {
+        // /tmp and /dev/shm count against memory; never let them exceed it.
+        let tmp_bytes = Limits::default().tmp_bytes.min(self.memory_mb << 20);
+        Limits {
+            memory_bytes: self.memory_mb << 20,
+            pids: self.pids,
+            cpu_millis: (self.cpu * 1000.0).round() as u64,
+            fsize_bytes: fsize_for(self.disk_mb << 20, tmp_bytes),
+            tmp_bytes,
+            ..Limits::default()
+        }
+    }
+}
+
 /// Receives every finished execution with its code and owner before anyone sees the result
 /// (the store implements it). An error fails the execution's reply: nothing is acknowledged
 /// that was not recorded.
@@ -194,15 +210,7 @@ impl Core {
             source: self.kernel_dir.clone(),
             target: SANDBOX_KERNEL_DIR.into(),
         });
-        let tmp_bytes = Limits::default().tmp_bytes.min(limits.memory_mb << 20);
-        let l = Limits {
-            memory_bytes: limits.memory_mb << 20,
-            pids: limits.pids,
-            cpu_millis: (limits.cpu * 1000.0).round() as u64,
-            fsize_bytes: fsize_for(limits.disk_mb << 20, tmp_bytes),
-            tmp_bytes,
-            ..Limits::default()
-        };
+        let l = limits.sandbox_limits();
         let mut env = base_env(
             Language::Python,
             l.cpu_millis,
@@ -298,6 +306,19 @@ fn sweep_stale_one_shots(config: &EngineConfig) {
     }
 }
 
+/// `map_err(io_error("write", path))`: an I/O failure with what was being done and where.
+pub(crate) fn io_error(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> EngineError {
+    let path = path.to_owned();
+    move |source| EngineError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
 fn create_dir(dir: &Path) -> Result<(), EngineError> {
     fs::create_dir_all(dir).map_err(|source| EngineError::Io {
         action: "create",
@@ -318,14 +339,7 @@ fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
         return Ok(dir);
     }
     create_dir(&dir)?;
-    let io = |action, path: &Path| {
-        let path = path.to_owned();
-        move |source| EngineError::Io {
-            action,
-            path,
-            source,
-        }
-    };
+    let io = io_error;
     let tmp = dir.join(format!(".runcell_kernel.py.{}", std::process::id()));
     fs::write(&tmp, code).map_err(io("write", &tmp))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io("chmod", &tmp))?;

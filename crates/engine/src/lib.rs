@@ -72,8 +72,8 @@ pub fn mime_of(path: &str) -> String {
         .to_owned()
 }
 
-/// An error and its causes on one line.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+/// An error and its causes on one line (`a: b: c`), for messages and logs.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(c) = src {
@@ -90,3 +90,5 @@ pub(crate) fn short_hash(data: &[u8]) -> String {
     let d = sha2::Sha256::digest(data);
     d.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
+
+pub(crate) use error_chain as chain;

@@ -206,14 +206,7 @@ struct ProgramDir {
 
 impl ProgramDir {
     fn create(tmp: &Path, language: Language, code: &str) -> Result<ProgramDir, EngineError> {
-        let io = |action, path: &Path| {
-            let path = path.to_owned();
-            move |source| EngineError::Io {
-                action,
-                path,
-                source,
-            }
-        };
+        let io = crate::core::io_error;
         let dir = tempfile::Builder::new()
             .prefix("program-")
             .tempdir_in(tmp)

@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::ApiQuery;
-use crate::sessions::owned;
+use crate::sessions::{blocking, owned};
 use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -26,15 +26,6 @@ pub struct FileList {
 pub struct ListQuery {
     /// A directory relative to /workspace (default: all files).
     pub path: Option<String>,
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, runcell_engine::EngineError> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(ApiError::from)
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",

@@ -137,7 +137,7 @@ impl AuditSink for StoreAudit {
                 execution_json: json,
                 created_at: execution.finished_at,
             })
-            .map_err(|e| chain(&e))?;
+            .map_err(|e| runcell_engine::error_chain(&e))?;
         Ok(())
     }
 }
@@ -207,20 +207,8 @@ pub(crate) fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Invalid(m) => ApiError::invalid(m),
         StoreError::NotFound(m) => ApiError::not_found(m),
-        other => ApiError::internal(chain(&other)),
+        other => ApiError::internal(runcell_engine::error_chain(&other)),
     }
-}
-
-/// An error with its causes, for logs.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Result<(), ApiError> {

@@ -45,15 +45,7 @@ pub async fn execute_once(
 ) -> ApiResult<Json<Execution>> {
     let mut one = OneShot::new(req.language.unwrap_or(Language::Python), req.code);
     one.owner = tenant.0;
-    one.timeout = match req.timeout_s {
-        None => Duration::from_secs(60),
-        Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Duration::from_secs_f64(s),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "timeout_s must be between 0 and 3600 seconds",
-            ))
-        }
-    };
+    one.timeout = crate::sessions::timeout(req.timeout_s)?.unwrap_or(Duration::from_secs(60));
     one.limits = req.limits.unwrap_or_default();
     one.stdin = req.stdin.unwrap_or_default().into_bytes();
     for f in req.files.unwrap_or_default() {

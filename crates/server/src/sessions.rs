@@ -101,7 +101,8 @@ pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     }
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs engine work on the blocking pool and maps its error.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, runcell_engine::EngineError> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)
