@@ -198,32 +198,38 @@ impl Core {
         }
     }
 
-    /// Starts a Python kernel in a new sandbox on `workspace`.
+    /// Starts a kernel for `language` in a new sandbox on `workspace`.
     pub(crate) fn start_kernel(
         &self,
         workspace: &Workspace,
+        language: Language,
         limits: &SessionLimits,
         extra_env: &[(String, String)],
     ) -> Result<Kernel, EngineError> {
+        // The runtime is bound for every language: `python3` in a bash cell is the same
+        // data-science Python as a Python session's.
         let (python, mut binds) = self.python();
         binds.push(Bind {
             source: self.kernel_dir.clone(),
             target: SANDBOX_KERNEL_DIR.into(),
         });
         let l = limits.sandbox_limits();
-        let mut env = base_env(
-            Language::Python,
-            l.cpu_millis,
-            self.config.python_runtime.is_some(),
-        );
+        let mut env = base_env(language, l.cpu_millis, self.config.python_runtime.is_some());
         // Caller-supplied variables may not replace the ones runcell relies on.
         for (k, v) in extra_env {
             if !env.iter().any(|(ek, _)| ek == k) {
                 env.push((k.clone(), v.clone()));
             }
         }
+        let kernel = |file: &str| format!("{SANDBOX_KERNEL_DIR}/{file}");
+        let argv = match language {
+            Language::Python => vec![python, kernel("runcell_kernel.py")],
+            // The bash kernel is a small stdlib program on the host's own Python.
+            Language::Bash => vec!["/usr/bin/python3".into(), kernel("runcell_bash_kernel.py")],
+            Language::Javascript => vec!["/usr/bin/node".into(), kernel("runcell_js_kernel.js")],
+        };
         let launch = Launch {
-            argv: vec![python, format!("{SANDBOX_KERNEL_DIR}/runcell_kernel.py")],
+            argv,
             env,
             workspace,
             ro_binds: binds,
@@ -404,7 +410,7 @@ pub(crate) fn base_env(
     has_runtime: bool,
 ) -> Vec<(String, String)> {
     let threads = cpu_millis.div_ceil(1000).max(1).to_string();
-    let path = if has_runtime && language == Language::Python {
+    let path = if has_runtime {
         format!("{SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin")
     } else {
         "/usr/local/bin:/usr/bin:/bin".to_owned()

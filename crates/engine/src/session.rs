@@ -150,6 +150,7 @@ impl std::fmt::Debug for SessionManager {
 #[derive(Debug, Clone)]
 pub struct RecoverSession {
     pub id: String,
+    pub language: Language,
     pub owner: String,
     pub created_at: DateTime<Utc>,
     pub limits: SessionLimits,
@@ -202,13 +203,6 @@ impl SessionManager {
     /// Creates a session and starts its kernel; returns once it is ready.
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         let language = req.language.unwrap_or(Language::Python);
-        if language != Language::Python {
-            return Err(EngineError::InvalidRequest(format!(
-                "{} sessions are not available yet; use python (one-shot runs support {})",
-                language.as_str(),
-                language.as_str()
-            )));
-        }
         let limits = self.core.resolve_session_limits(&req.limits)?;
         self.start_sweeper();
         for k in req.env.keys() {
@@ -259,7 +253,7 @@ impl SessionManager {
         let now = Utc::now();
         let info = SessionInfo {
             id: req.id,
-            language: Language::Python,
+            language: req.language,
             status: SessionStatus::Ready,
             created_at: req.created_at,
             last_active_at: now,
@@ -278,7 +272,9 @@ impl SessionManager {
         workspace: Arc<Workspace>,
         env: Vec<(String, String)>,
     ) -> Result<SessionInfo, EngineError> {
-        let kernel = self.core.start_kernel(&workspace, &info.limits, &env)?;
+        let kernel = self
+            .core
+            .start_kernel(&workspace, info.language, &info.limits, &env)?;
         let id = info.id.clone();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
         let entry = Arc::new(Entry {
@@ -542,8 +538,13 @@ impl Worker {
 
     fn ensure_kernel(&mut self) -> Result<&mut Kernel, EngineError> {
         if self.kernel.as_ref().is_none_or(|k| !k.is_alive()) {
-            let limits = self.entry.lock().info.limits;
-            let kernel = self.core.start_kernel(&self.workspace, &limits, &self.env);
+            let (limits, language) = {
+                let s = self.entry.lock();
+                (s.info.limits, s.info.language)
+            };
+            let kernel = self
+                .core
+                .start_kernel(&self.workspace, language, &limits, &self.env);
             let mut s = self.entry.lock();
             match kernel {
                 Ok(k) => {
@@ -570,9 +571,9 @@ impl Worker {
         mut events: Option<EventSink>,
     ) -> Result<Execution, EngineError> {
         let id = new_id("ex");
-        let (session_id, owner, limits) = {
+        let (session_id, owner, limits, language) = {
             let s = self.entry.lock();
-            (s.info.id.clone(), s.info.owner.clone(), s.info.limits)
+            (s.info.id.clone(), s.info.owner.clone(), s.info.limits, s.info.language)
         };
         {
             let mut s = self.entry.lock();
@@ -660,7 +661,7 @@ impl Worker {
         let execution = Execution {
             id,
             session_id: Some(session_id),
-            language: Language::Python,
+            language,
             execution_count: outcome.execution_count,
             status,
             stdout: outcome.stdout.render(),

@@ -155,18 +155,21 @@ pub fn recover_sessions(
     for s in stale {
         let limits = serde_json::from_str(&s.limits_json);
         let metadata = serde_json::from_str(&s.metadata_json).unwrap_or_default();
-        let result = match limits {
-            Ok(limits) => engine
+        let language = s.language.parse::<runcell_engine::Language>();
+        let result = match (limits, language) {
+            (Ok(limits), Ok(language)) => engine
                 .sessions()
                 .recover(runcell_engine::RecoverSession {
                     id: s.id.clone(),
+                    language,
                     owner: s.tenant.clone(),
                     created_at: s.created_at,
                     limits,
                     metadata,
                 })
                 .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            (Err(e), _) => Err(e.to_string()),
+            (_, Err(e)) => Err(e),
         };
         match result {
             Ok(info) => {
