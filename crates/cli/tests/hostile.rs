@@ -660,3 +660,16 @@ fn nothing_is_left_behind() {
         }
     }
 }
+
+#[test]
+fn one_shot_javascript_runs_confined() {
+    let (exec, code) = run_json(
+        "javascript",
+        "const fs = require('fs');\nconsole.log(process.getuid(), require('os').hostname());\ntry { fs.readFileSync('/etc/shadow') } catch (e) { console.log(e.code) }\nprocess.exit(3)",
+        &[],
+    );
+    assert_eq!(exec["language"], "javascript");
+    assert_eq!(exec["stdout"], "1000 runcell\nENOENT\n");
+    assert_eq!(code, 3);
+    assert_eq!(exec["status"], "error");
+}

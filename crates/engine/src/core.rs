@@ -333,26 +333,35 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
     })
 }
 
-/// Writes the embedded kernel where sandboxes can bind it: a directory named after the code's
-/// hash, so a new runcell never runs an old kernel file and concurrent servers agree.
+/// Writes the embedded kernels where sandboxes can bind them: a directory named after their
+/// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
-    let code = runcell_kernel::PYTHON_KERNEL;
-    let hash = crate::short_hash(code.as_bytes());
-    let dir = data_dir.join("kernel").join(hash);
-    let file = dir.join("runcell_kernel.py");
-    if fs::read(&file).ok().as_deref() == Some(code.as_bytes()) {
+    let files = runcell_kernel::KERNEL_FILES;
+    let all: Vec<u8> = files
+        .iter()
+        .flat_map(|(name, code)| [name.as_bytes(), b"\0", code.as_bytes(), b"\0"].concat())
+        .collect();
+    let dir = data_dir.join("kernel").join(crate::short_hash(&all));
+    let current = files
+        .iter()
+        .all(|(name, code)| fs::read(dir.join(name)).ok().as_deref() == Some(code.as_bytes()));
+    if current {
         return Ok(dir);
     }
     create_dir(&dir)?;
-    let io = io_error;
-    let tmp = dir.join(format!(".runcell_kernel.py.{}", std::process::id()));
-    fs::write(&tmp, code).map_err(io("write", &tmp))?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)).map_err(io("chmod", &tmp))?;
-    fs::rename(&tmp, &file).map_err(io("rename", &file))?;
-    // The sandbox user reads it through the "other" bits of every directory on the way.
+    for (name, code) in files {
+        let file = dir.join(name);
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        fs::write(&tmp, code).map_err(io_error("write", &tmp))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))
+            .map_err(io_error("chmod", &tmp))?;
+        fs::rename(&tmp, &file).map_err(io_error("rename", &file))?;
+    }
+    // The sandbox user reads them through the "other" bits of every directory on the way.
     for d in [data_dir.join("kernel"), dir.clone()] {
-        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).map_err(io("chmod", &d))?;
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755))
+            .map_err(io_error("chmod", &d))?;
     }
     Ok(dir)
 }

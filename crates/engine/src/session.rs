@@ -573,7 +573,12 @@ impl Worker {
         let id = new_id("ex");
         let (session_id, owner, limits, language) = {
             let s = self.entry.lock();
-            (s.info.id.clone(), s.info.owner.clone(), s.info.limits, s.info.language)
+            (
+                s.info.id.clone(),
+                s.info.owner.clone(),
+                s.info.limits,
+                s.info.language,
+            )
         };
         {
             let mut s = self.entry.lock();

@@ -405,3 +405,111 @@ fn deleting_a_session_leaves_no_mount_process_or_directory() {
         Err(EngineError::NotFound(_))
     ));
 }
+
+fn create_lang(engine: &runcell_engine::Engine, language: runcell_engine::Language) -> String {
+    engine
+        .sessions()
+        .create(CreateSession {
+            language: Some(language),
+            ..CreateSession::default()
+        })
+        .expect("create session")
+        .id
+}
+
+#[test]
+fn bash_sessions_keep_cwd_variables_and_functions() {
+    let engine = common::engine();
+    let id = create_lang(&engine, runcell_engine::Language::Bash);
+    exec(
+        &engine,
+        &id,
+        "mkdir -p sub && cd sub\nGREETING=hello\ngreet() { echo \"$GREETING $1\"; }",
+    );
+    let e = exec(&engine, &id, "pwd; greet world; echo oops >&2");
+    assert_eq!(e.status, ExecutionStatus::Ok, "{e:?}");
+    assert_eq!(e.stdout, "/workspace/sub\nhello world\n");
+    assert_eq!(e.stderr, "oops\n");
+    assert_eq!(e.language, runcell_engine::Language::Bash);
+    let e = exec(&engine, &id, "echo before; false");
+    assert_eq!(e.status, ExecutionStatus::Error);
+    let err = e.error.expect("error");
+    assert_eq!((err.name.as_str(), err.value.as_str()), ("ExitCode", "1"));
+    assert_eq!(e.stdout, "before\n");
+    // `exit` does not end the session.
+    let e = exec(&engine, &id, "exit 3");
+    assert_eq!(
+        e.error.map(|x| (x.name, x.value)),
+        Some(("ExitCode".into(), "3".into()))
+    );
+    assert_eq!(exec(&engine, &id, "pwd").stdout, "/workspace/sub\n");
+    // The deadline interrupts the running command and keeps the shell.
+    let e = engine
+        .sessions()
+        .execute(&id, "sleep 30", Some(Duration::from_secs(1)), None)
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Timeout, "{e:?}");
+    assert_eq!(exec(&engine, &id, "greet again").stdout, "hello again\n");
+}
+
+#[test]
+fn javascript_sessions_keep_declarations_and_await_at_top_level() {
+    let engine = common::engine();
+    let id = create_lang(&engine, runcell_engine::Language::Javascript);
+    exec(&engine, &id, "let count = 41;\nfunction inc(n) { return n + 1; }\nclass Box { constructor(v) { this.v = v } }");
+    let e = exec(
+        &engine,
+        &id,
+        "const got = await new Promise(r => setTimeout(() => r(inc(count)), 50));\nnew Box(got).v",
+    );
+    assert_eq!(e.status, ExecutionStatus::Ok, "{e:?}");
+    assert_eq!(main_text(&e), "42");
+    assert_eq!(main_text(&exec(&engine, &id, "got + 1")), "43");
+    let e = exec(
+        &engine,
+        &id,
+        "console.log('printed first'); console.error('to stderr'); undefined.x",
+    );
+    assert_eq!(e.status, ExecutionStatus::Error);
+    assert_eq!(e.stdout, "printed first\n");
+    assert_eq!(e.stderr, "to stderr\n");
+    let err = e.error.expect("error");
+    assert_eq!(err.name, "TypeError");
+    assert!(
+        !err.traceback.contains("runcell_js_kernel"),
+        "{}",
+        err.traceback
+    );
+    assert_eq!(e.language, runcell_engine::Language::Javascript);
+}
+
+#[test]
+fn bash_and_javascript_sessions_are_confined_too() {
+    let engine = common::engine();
+    let sh = create_lang(&engine, runcell_engine::Language::Bash);
+    for (cmd, want) in [
+        ("cat /etc/shadow 2>&1; true", "No such file or directory"),
+        ("unshare -U true 2>&1; true", "Operation not permitted"),
+        ("mount -t tmpfs none /tmp 2>&1; true", "must be superuser"),
+        ("touch /usr/x 2>&1; true", "Read-only file system"),
+        ("id -u; hostname", "1000\nruncell"),
+        (
+            "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\\t' ' '",
+            "CapEff: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2",
+        ),
+    ] {
+        let e = exec(&engine, &sh, cmd);
+        assert!(e.stdout.contains(want), "{cmd}: {:?}", e.stdout);
+    }
+    let js = create_lang(&engine, runcell_engine::Language::Javascript);
+    for (code, want) in [
+        ("try { require('fs').readFileSync('/etc/shadow') } catch (e) { e.code }", "'ENOENT'"),
+        ("try { require('fs').writeFileSync('/usr/x', 'x') } catch (e) { e.code }", "'EROFS'"),
+        ("process.getuid()", "1000"),
+        ("require('os').hostname()", "'runcell'"),
+        ("await new Promise(r => require('net').connect(80, '169.254.169.254').on('error', e => r(e.code)))", "'ENETUNREACH'"),
+    ] {
+        let e = exec(&engine, &js, code);
+        assert_eq!(main_text(&e), want, "{code}: {e:?}");
+    }
+}

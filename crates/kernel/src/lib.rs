@@ -12,3 +12,14 @@ pub use process::{
 
 /// The in-sandbox Python kernel, embedded so the binary is all a host needs.
 pub const PYTHON_KERNEL: &str = include_str!("../python/runcell_kernel.py");
+/// The bash kernel: a stdlib Python program driving one persistent bash.
+pub const BASH_KERNEL: &str = include_str!("../bash/runcell_bash_kernel.py");
+/// The JavaScript kernel, for Node.js (built-in modules only).
+pub const JAVASCRIPT_KERNEL: &str = include_str!("../javascript/runcell_js_kernel.js");
+
+/// Every kernel program with the file name it is run as inside the sandbox.
+pub const KERNEL_FILES: &[(&str, &str)] = &[
+    ("runcell_kernel.py", PYTHON_KERNEL),
+    ("runcell_bash_kernel.py", BASH_KERNEL),
+    ("runcell_js_kernel.js", JAVASCRIPT_KERNEL),
+];

@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""runcell's in-sandbox bash kernel: one persistent bash, driven cell by cell.
+
+Same protocol as the Python kernel (crates/protocol/src/lib.rs): framed JSON on
+fd 3 (4-byte big-endian length + one UTF-8 JSON object); fds 1 and 2 are raw
+pipes to the host, and bash and everything it starts write there directly.
+
+How a cell runs. The kernel writes the cell to a file and sends bash (on a pipe
+that is bash's stdin) one line that sources it. bash reports back on a private
+pipe, STATUS_FD, never on stdout: "start N" when it begins cell N, and
+"end N <how> <status>" from PROMPT_COMMAND, which runs whenever bash is back at
+its top level, whether the cell finished, failed or was aborted.
+
+Why an *interactive* bash (``-i --noediting``, no job control, no history):
+only an interactive shell, on SIGINT, abandons everything it is running (loops,
+functions, the rest of the sourced cell) and returns to its top level with its
+state intact. The same jump ends a cell early on ``exit N`` and under ``set -e``
+without ending the session: the kernel's ``exit`` function and ERR trap note the
+status and send the shell SIGINT. bash's own fd 2 is /dev/null (that hides its
+start-up job-control warnings and the newline it prints on SIGINT); each cell
+gets the real stderr through a redirection on its ``source`` command.
+
+Known limits: the rest of an interrupted cell never runs; stdin and stderr
+redirections made with ``exec`` last only until the end of their cell; the
+kernel owns the INT and ERR traps (errtrace, ``set -E``, is on so the ERR trap
+sees failures inside functions) and a read-only PROMPT_COMMAND, and ``exit`` is
+a shell function. A cell that replaces the ERR trap and then fails under
+``set -e``, or that execs another program, ends the session: the kernel reports
+KernelDied and exits, and the host starts a new one.
+
+Start it as ``python3 runcell_bash_kernel.py`` with the channel on fd 3.
+"""
+
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+CHANNEL_FD = 3
+MAX_FRAME = 64 * 1024 * 1024
+# Descriptor numbers inside bash: high enough to stay clear of the 3-9 that
+# scripts use by hand. Cells never see them (their `source` closes both).
+STATUS_FD = 60  # bash -> kernel: the start/end lines
+STDERR_FD = 61  # the host's stderr pipe, lent to each cell as its fd 2
+BASH = ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i", "+m", "+o", "history", "+H"]
+EXIT_GRACE = 1.0  # seconds bash gets to exit at EOF before its process group is killed
+RECHECK = 0.2  # seconds after an interrupt to look for processes it missed
+
+# Sent to bash once, line by line, before anything else. `builtin` protects the
+# kernel's plumbing from user functions named like builtins.
+BASH_SETUP = r"""
+builtin trap '' INT
+PS1='' PS2='' PS0=''
+builtin unset MAILCHECK
+builtin shopt -s expand_aliases
+__runcell_abort() { builtin trap - INT; builtin kill -INT "$$"; }
+exit() {
+    builtin local status=$?
+    (( $# )) || builtin set -- "$status"
+    # In a subshell, $(...) or a pipeline, exit ends just that, as always.
+    [[ $BASHPID == "$$" ]] || builtin exit "$@"
+    # In the shell itself it ends the cell, not the session. bash checks and
+    # converts the argument (exit 300, exit foo) in a throwaway subshell.
+    __runcell_exit=0
+    (builtin exit "$@") || __runcell_exit=$?
+    __runcell_abort
+}
+__runcell_on_err() {
+    builtin local status=$?
+    [[ $BASHPID == "$$" ]] || builtin return 0
+    builtin set +e  # so bash does not exit; __runcell_done turns it back on
+    __runcell_errexit=$status
+    __runcell_abort
+}
+__runcell_status() { builtin return "$1"; }
+__runcell_done() {
+    builtin local status=$? how=end
+    builtin trap '' INT  # between cells SIGINT is ignored, so a late one is harmless
+    if [[ -n ${__runcell_exit-} ]]; then
+        how=exit status=$__runcell_exit
+    elif [[ -n ${__runcell_errexit-} ]]; then
+        how=errexit status=$__runcell_errexit
+        builtin set -e
+    fi
+    builtin unset __runcell_exit __runcell_errexit
+    builtin printf 'end %s %s %s\n' "${__runcell_seq-0}" "$how" "$status" >&60
+}
+builtin trap '[[ $- != *e* ]] || __runcell_on_err 2>/dev/null' ERR
+builtin set -E
+PROMPT_COMMAND=__runcell_done
+builtin readonly PROMPT_COMMAND
+builtin readonly -f __runcell_abort __runcell_on_err __runcell_status __runcell_done
+builtin printf 'ready %s.%s.%s\n' "${BASH_VERSINFO[@]:0:3}" >&60
+"""
+
+
+def warn(message):
+    try:
+        os.write(2, f"runcell: {message}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+class ProtocolViolation(Exception):
+    """The host sent something that is not a well-formed frame."""
+
+
+class BashDied(Exception):
+    """bash is gone (killed, crashed, or replaced by `exec`)."""
+
+
+class SessionOver(Exception):
+    """Stop serving and exit with this code."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+class Channel:
+    """Length-prefixed JSON frames on the fd 3 socket."""
+
+    def __init__(self, fd):
+        self.sock = socket.socket(fileno=fd)
+        self.sock.set_inheritable(False)  # bash and its children never see it
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def recv(self):
+        """The next message, or None on a clean EOF between frames."""
+        header = self._read_exact(4)
+        if header is None:
+            return None
+        (length,) = struct.unpack(">I", header)
+        if length > MAX_FRAME:
+            raise ProtocolViolation(f"frame of {length} bytes is over the {MAX_FRAME}-byte limit")
+        body = self._read_exact(length) if length else b""
+        if body is None:
+            raise ProtocolViolation("channel closed in the middle of a frame")
+        try:
+            message = json.loads(body.decode("utf-8"))
+        except ValueError as exc:
+            raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from None
+        if not isinstance(message, dict):
+            raise ProtocolViolation("frame is not a JSON object")
+        return message
+
+    def _read_exact(self, size):
+        buf = bytearray()
+        while len(buf) < size:
+            try:
+                chunk = self.sock.recv(size - len(buf))
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                if buf:
+                    raise ProtocolViolation("channel closed in the middle of a frame")
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    def has_data(self):
+        try:
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:
+            return False
+
+    def closed(self):
+        """True if the host has closed the channel (checked without consuming data)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def send(self, message):
+        body = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+class Shell:
+    """The persistent bash process and the pipe it reports on."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="runcell-bash-")
+        status_r, status_w = os.pipe()
+        # Put the pipe's write end and a copy of our stderr at the numbers bash expects.
+        os.dup2(status_w, STATUS_FD)
+        os.dup2(2, STDERR_FD)
+        os.close(status_w)
+        self.proc = subprocess.Popen(
+            BASH,
+            stdin=subprocess.PIPE,
+            stdout=None,  # bash writes straight into the host's stdout pipe
+            stderr=subprocess.DEVNULL,  # bash's own noise; cells get STDERR_FD
+            pass_fds=(STATUS_FD, STDERR_FD),
+            process_group=0,  # its own group, so an interrupt reaches all its children
+        )
+        os.close(STATUS_FD)
+        os.close(STDERR_FD)
+        self.status_fd = status_r
+        self.pending = b""
+        self.send_line(BASH_SETUP)
+        self.version = self.wait_for("ready")[0]
+
+    def send_line(self, text):
+        try:
+            self.proc.stdin.write(text.encode("utf-8", "replace") + b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # BrokenPipeError: bash is gone
+            raise BashDied() from None
+
+    def read_line(self):
+        """The next status line (blocking); BashDied once the pipe is at EOF."""
+        while b"\n" not in self.pending:
+            chunk = os.read(self.status_fd, 4096)
+            if not chunk:
+                raise BashDied()
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
+        return line.decode("utf-8", "replace").split()
+
+    def has_line(self):
+        return b"\n" in self.pending
+
+    def wait_for(self, kind):
+        while True:
+            fields = self.read_line()
+            if fields and fields[0] == kind:
+                return fields[1:]
+
+    def cell_command(self, seq, path, last_status):
+        """The line that runs one cell. The backslashes stop user aliases.
+
+        After "start", bash waits in `read` for the kernel's go-ahead line. An
+        interrupt that came before the start is sent instead and lands in that
+        `read`: sent any later, it could reach bash while it forks the cell's first
+        program, which then would not get it (bash blocks SIGINT during fork).
+        __runcell_status gives the cell the previous cell's $?; its `&& :` keeps
+        a non-zero value from tripping `set -e`. The cell's own redirections:
+        stdin from /dev/null (the kernel's commands stay unread), stderr from
+        STDERR_FD, and both kernel fds closed so its processes never inherit them.
+        """
+        return (
+            f"__runcell_seq={seq}; \\builtin trap - INT; "
+            f"\\builtin printf 'start %s\\n' {seq} >&{STATUS_FD}; \\builtin read -r __runcell_go; "
+            f"__runcell_status {last_status} && :; "
+            f"\\builtin source {shlex.quote(path)} </dev/null 2>&{STDERR_FD} "
+            f"{STDERR_FD}>&- {STATUS_FD}>&-"
+        )
+
+    def interrupt(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        except OSError:
+            pass
+
+    def interrupt_stragglers(self):
+        """SIGINT again to group members that cannot have had the first one.
+
+        A SIGINT that reaches bash while it forks misses the new child (bash blocks
+        SIGINT then, or the child still has bash's handler and then execs), and bash
+        waits for that child before giving up the cell. A member still alive with
+        SIGINT at its default action (neither caught nor ignored) would have died
+        of it, so it missed it. Programs catching SIGINT to clean up, background
+        jobs (they ignore it) and bash are left alone.
+        """
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return
+        for name in names:
+            try:
+                if not name.isdigit() or os.getpgid(int(name)) != self.proc.pid:
+                    continue
+                with open(f"/proc/{name}/status") as f:
+                    masks = dict(line.split(":", 1) for line in f if line.startswith(("SigIgn", "SigCgt")))
+                if not any(int(mask, 16) & (1 << (signal.SIGINT - 1)) for mask in masks.values()):
+                    os.kill(int(name), signal.SIGINT)
+            except (OSError, ValueError):
+                pass
+
+    def reap(self):
+        """After bash is gone (or has become another program): kill what is left of its
+        process group, and say how bash ended."""
+        try:
+            code = self.proc.wait(timeout=0.2)  # its status pipe closes just before it is waitable
+        except subprocess.TimeoutExpired:
+            code = None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if code is None:
+            self.proc.wait()
+            return "was replaced by another program (exec?)"
+        return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+    def close(self):
+        """At EOF: let bash exit (EXIT traps run), then kill its leftovers."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=EXIT_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+        self.reap()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Kernel:
+    def __init__(self, channel, shell):
+        self.channel = channel
+        self.shell = shell
+        self.execution_count = 0
+        self.last_status = 0
+        self.running = False  # a cell has been sent to bash and has not ended
+        self.started = False  # bash has said "start" for it: SIGINT now reaches the cell
+        self.interrupted = False  # the host asked to interrupt this cell
+        self.receiving = False  # a message is arriving; an interrupt now is for it
+        self.early_interrupt = False
+        self.recheck_at = None  # when to look for processes the interrupt missed
+        # Python restarts select() after a signal with its old timeout; this pipe
+        # wakes it instead, so a recheck time set by on_sigint is seen.
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    def on_sigint(self, signum, frame):
+        """The host interrupts a cell by sending SIGINT to this process.
+
+        Forward it to bash's process group, but only once bash has begun the cell
+        (before that it ignores SIGINT); an early one is forwarded on "start".
+        Between cells it is dropped, unless an execute is already on its way: the
+        host writes the execute before it signals, so the interrupt is for that.
+        """
+        if not self.running:
+            if self.receiving or self.channel.has_data():
+                self.early_interrupt = True
+            return
+        self.interrupted = True
+        if self.started:
+            self.forward_interrupt()
+
+    def forward_interrupt(self):
+        self.shell.interrupt()
+        if self.recheck_at is None:
+            self.recheck_at = time.monotonic() + RECHECK
+
+    def serve(self):
+        self.channel.send(
+            {"type": "ready", "language": "bash", "version": self.shell.version, "pid": os.getpid()}
+        )
+        while True:
+            # Watch bash too: if it dies between cells, the host should learn now.
+            readable, _, _ = select.select([self.channel, self.shell.status_fd], [], [])
+            if self.shell.status_fd in readable and self.channel not in readable:
+                self.shell.read_line()  # a stray line, or BashDied
+                continue
+            self.receiving = True
+            try:
+                message = self.channel.recv()
+            except ProtocolViolation as exc:
+                warn(f"malformed frame on the protocol channel: {exc}")
+                return 3
+            if message is None:
+                return 0
+            self.dispatch(message)
+            self.receiving = self.early_interrupt = False
+
+    def dispatch(self, message):
+        kind = message.get("type")
+        if kind != "execute":
+            self.protocol_error(None, f"unknown message type {kind!r}")
+            return
+        msg_id, code = message.get("id"), message.get("code")
+        if not isinstance(msg_id, str):
+            self.protocol_error(None, "execute needs a string 'id'")
+        elif not isinstance(code, str):
+            self.protocol_error(msg_id, "execute needs a string 'code'")
+            self.done(msg_id, "error")
+        else:
+            self.execute(msg_id, code)
+
+    def protocol_error(self, msg_id, text):
+        self.error(msg_id, "ProtocolError", text)
+
+    def error(self, msg_id, name, value):
+        self.channel.send({"type": "error", "id": msg_id, "name": name, "value": value, "traceback": ""})
+
+    def done(self, msg_id, status):
+        self.channel.send(
+            {"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count}
+        )
+
+    def execute(self, msg_id, code):
+        self.execution_count += 1
+        seq = self.execution_count
+        os.makedirs(self.shell.dir, mode=0o700, exist_ok=True)  # in case a cell removed it
+        path = os.path.join(self.shell.dir, f"cell-{seq}.sh")
+        with open(path, "w", encoding="utf-8", errors="replace") as f:
+            f.write(code)
+        self.running, self.started, self.interrupted = True, False, self.early_interrupt
+        self.recheck_at = None
+        self.drain_wakeups()  # left by signals between cells
+        try:
+            self.shell.send_line(self.shell.cell_command(seq, path, self.last_status))
+            how, status = self.wait_for_end(seq)
+        except BashDied:
+            self.running = False
+            how = self.shell.reap()
+            self.error(msg_id, "KernelDied", f"bash {how}; the session is over")
+            # No `done`: the host sees the channel close and starts a new session.
+            raise SessionOver(1) from None
+        finally:
+            self.running = False
+            try:
+                os.unlink(path)  # bash read the whole file before running it
+            except OSError:
+                pass
+        self.last_status = status
+        if how == "end" and self.interrupted and status != 0:
+            self.error(msg_id, "KeyboardInterrupt", "")
+            self.done(msg_id, "interrupted")
+        elif status != 0:
+            self.error(msg_id, "ExitCode", str(status))
+            self.done(msg_id, "error")
+        else:
+            self.done(msg_id, "ok")
+
+    def drain_wakeups(self):
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def wait_for_end(self, seq):
+        """(how, status) of cell `seq`. Lines about earlier cells are stale and skipped."""
+        watch_channel = True
+        while True:
+            if not self.shell.has_line():
+                fds = [self.shell.status_fd, self.wake_r] + ([self.channel] if watch_channel else [])
+                timeout = None if self.recheck_at is None else max(0.0, self.recheck_at - time.monotonic())
+                readable, _, _ = select.select(fds, [], [], timeout)
+                if self.wake_r in readable:
+                    self.drain_wakeups()
+                    continue
+                if not readable:  # the recheck time has come
+                    self.recheck_at = None
+                    self.shell.interrupt_stragglers()
+                    continue
+                if self.channel in readable:
+                    if self.channel.closed():  # the host is gone: so is the session
+                        self.shell.reap()
+                        raise SessionOver(0)
+                    watch_channel = False  # data during a cell waits for the next recv
+                if self.shell.status_fd not in readable:
+                    continue
+            fields = self.shell.read_line()
+            if len(fields) < 2 or fields[1] != str(seq):
+                continue
+            if fields[0] == "start":
+                # SIGINT blocked: on_sigint must see `started` and the go-ahead agree.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    self.started = True
+                    if self.interrupted:
+                        self.forward_interrupt()
+                    else:
+                        self.shell.send_line(":")  # the go-ahead (a no-op if ever run as a command)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            elif fields[0] == "end" and len(fields) == 4:
+                return fields[2], int(fields[3])
+
+
+def main():
+    try:
+        os.fstat(CHANNEL_FD)
+    except OSError:
+        sys.stderr.write("runcell bash kernel: fd 3 (the protocol channel) is not open\n")
+        return 2
+    channel = Channel(CHANNEL_FD)
+    kernel = Kernel(channel, None)
+    # Installed before bash starts, so bash inherits SIGINT as default, not ignored.
+    signal.signal(signal.SIGINT, kernel.on_sigint)
+    try:
+        kernel.shell = Shell()
+    except BashDied:
+        warn("bash did not start")
+        return 1
+    try:
+        code = kernel.serve()
+    except BashDied:
+        warn(f"bash {kernel.shell.reap()}; the session is over")
+        code = 1
+    except SessionOver as over:
+        code = over.code
+    except (BrokenPipeError, ConnectionResetError):
+        code = 0  # the host closed the channel while we were writing
+    kernel.shell.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
