@@ -4,10 +4,12 @@
 mod args;
 mod doctor;
 mod keys;
+mod mcp;
 mod repl;
 mod run;
 mod runtime;
 mod serve;
+mod tools;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +38,10 @@ enum Command {
     Run(run::RunArgs),
     /// One stateful session in the terminal (cells separated by `%%` lines when piped).
     Repl(repl::ReplArgs),
+    /// An MCP server over stdio (for Claude Desktop and any MCP client), with a local engine.
+    Mcp,
+    /// Print the model tool definitions (python, bash, text_editor) for a function-calling API.
+    Tools(tools::ToolsArgs),
     /// Check every isolation layer of this host and say what is available, degraded or missing.
     Doctor,
     /// Manage the Python runtimes sessions run on.
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(&data_dir, args),
         Command::Run(args) => run::run(&data_dir, args),
         Command::Repl(args) => repl::repl(&data_dir, args),
+        Command::Mcp => mcp::mcp(&data_dir),
+        Command::Tools(args) => tools::tools(args),
         Command::Doctor => doctor::doctor(&data_dir),
         Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
         Command::Keys(cmd) => keys::keys(&data_dir, cmd),

@@ -111,4 +111,6 @@ async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term.recv() => {}
     }
+    // Open MCP event streams would keep graceful shutdown waiting forever.
+    runcell_server::mcp::end_streams();
 }

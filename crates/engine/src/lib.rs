@@ -10,6 +10,7 @@ mod oneshot;
 mod session;
 #[cfg(feature = "test-support")]
 pub mod testing;
+pub mod tools;
 
 use std::path::PathBuf;
 

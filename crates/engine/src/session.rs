@@ -137,6 +137,9 @@ pub struct SessionManager {
     /// The expiry sweeper starts with the first session, so an engine used only for one-shot
     /// runs stays single-threaded (and can fork its sandbox helpers).
     sweeper: std::sync::Once,
+    /// Sessions taken out of the map whose teardown has not finished: `shutdown` waits for
+    /// them, so no sandbox or mount outlives it.
+    ending: (Mutex<usize>, std::sync::Condvar),
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -175,6 +178,7 @@ impl SessionManager {
             sessions: Mutex::new(HashMap::new()),
             sweeper: std::sync::Once::new(),
             me: me.clone(),
+            ending: (Mutex::new(0), std::sync::Condvar::new()),
         })
     }
 
@@ -423,11 +427,26 @@ impl SessionManager {
     /// workspace.
     pub fn delete(&self, id: &str) -> Result<(), EngineError> {
         let entry = self
-            .map()
-            .remove(id)
+            .take(id)
             .ok_or_else(|| EngineError::NotFound(format!("session {id}")))?;
-        end(entry);
+        self.end(entry);
         Ok(())
+    }
+
+    /// Removes a session from the map and counts it as ending, in one step under the map's
+    /// lock, so `shutdown` sees every session either in the map or ending.
+    fn take(&self, id: &str) -> Option<Arc<Entry>> {
+        let mut map = self.map();
+        let entry = map.remove(id)?;
+        *self.ending.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        Some(entry)
+    }
+
+    fn end(&self, entry: Arc<Entry>) {
+        end(entry);
+        let mut n = self.ending.0.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        self.ending.1.notify_all();
     }
 
     /// The session's workspace, for host-side file operations (confined to it).
@@ -447,20 +466,25 @@ impl SessionManager {
             .map(|(id, _)| id.clone())
             .collect();
         for id in expired {
-            if let Some(entry) = self.map().remove(&id) {
+            if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
-                end(entry);
+                self.end(entry);
                 tracing::info!(session = %id, "idle session expired");
             }
         }
     }
 
-    /// Deletes every session (shutdown).
+    /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
     pub fn shutdown(&self) {
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             let _ = self.delete(&id);
         }
+        let n = self.ending.0.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .ending
+            .1
+            .wait_timeout_while(n, Duration::from_secs(30), |n| *n > 0);
     }
 }
 

@@ -6,6 +6,7 @@ mod error;
 mod executions;
 mod extract;
 mod files;
+pub mod mcp;
 mod metrics;
 mod misc;
 mod oneshot;
@@ -78,6 +79,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .split_for_parts();
     let doc = api.clone();
     let router = router
+        .merge(mcp::router(state.clone()))
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)

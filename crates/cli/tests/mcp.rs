@@ -1,0 +1,203 @@
+//! `runcell mcp` spoken to by a real MCP client (rmcp's), and `runcell tools`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+/// A data dir whose runtime is the shared, already-installed test runtime.
+fn data_dir() -> PathBuf {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    runcell_engine::testing::python_runtime(cache);
+    let dir = tempfile::Builder::new()
+        .prefix("runcell-mcp-test-")
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    std::os::unix::fs::symlink(
+        cache.join("runcell-test-runtimes/runtimes"),
+        dir.join("runtimes"),
+    )
+    .expect("link runtimes");
+    dir
+}
+
+async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+        .await
+        .expect("tools/call")
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn workspaces(data: &Path) -> Vec<String> {
+    std::fs::read_dir(data.join("workspaces"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_runs_the_tools_in_one_session() {
+    let data = data_dir();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_runcell"));
+    cmd.arg("--data-dir")
+        .arg(&data)
+        .arg("mcp")
+        .env("NO_COLOR", "1");
+    let transport = TokioChildProcess::new(cmd).expect("spawn runcell mcp");
+    let client = ().serve(transport).await.expect("initialize");
+    let info = client.peer_info().expect("server info");
+    assert_eq!(
+        info.server_info.as_ref().map(|i| i.name.as_str()),
+        Some("runcell")
+    );
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(names, ["python", "bash", "text_editor"]);
+    assert!(tools[0].input_schema.contains_key("properties"));
+
+    // State persists between calls.
+    let r = call(&client, "python", json!({"code": "x = 41"})).await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    let r = call(&client, "python", json!({"code": "x + 1"})).await;
+    assert!(text(&r).contains("42"), "{}", text(&r));
+    let execution = r.structured_content.clone().expect("structuredContent");
+    assert_eq!(execution["status"], "ok");
+    assert_eq!(execution["execution_count"], 2);
+    let session = execution["session_id"]
+        .as_str()
+        .expect("session")
+        .to_owned();
+    assert_eq!(workspaces(&data), [session]);
+
+    // Images come back as image content.
+    let r = call(
+        &client,
+        "python",
+        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"}),
+    )
+    .await;
+    let image = r
+        .content
+        .iter()
+        .find_map(|c| c.as_image())
+        .unwrap_or_else(|| panic!("no image in {:?}", r.content));
+    assert_eq!(image.mime_type, "image/png");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(&image.data)
+        .expect("base64");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+
+    // Errors are tool errors the model reads.
+    let r = call(&client, "python", json!({"code": "1/0"})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("ZeroDivisionError"), "{}", text(&r));
+
+    // The editor and bash share the session's workspace.
+    let r = call(
+        &client,
+        "text_editor",
+        json!({"command": "create", "path": "notes.txt", "file_text": "hello world\n"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    let r = call(
+        &client,
+        "text_editor",
+        json!({"command": "str_replace", "path": "/workspace/notes.txt", "old_str": "world", "new_str": "runcell"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    let r = call(&client, "bash", json!({"command": "cat notes.txt"})).await;
+    assert!(text(&r).contains("hello runcell"), "{}", text(&r));
+    let r = call(
+        &client,
+        "python",
+        json!({"code": "open('notes.txt').read()"}),
+    )
+    .await;
+    assert!(text(&r).contains("hello runcell"), "{}", text(&r));
+
+    // Another session id is refused; a bad argument is a tool error.
+    let r = call(
+        &client,
+        "python",
+        json!({"code": "1", "session_id": "ses_nope"}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("not found"), "{}", text(&r));
+    let r = call(&client, "python", json!({"source": "1"})).await;
+    assert_eq!(r.is_error, Some(true));
+
+    // EOF ends the connection, and its session with it.
+    client.cancel().await.expect("close");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !workspaces(&data).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "session left: {:?}",
+            workspaces(&data)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn tools_prints_function_definitions() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args(["tools", "--format", "openai"])
+        .output()
+        .expect("runcell tools");
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let tools = v.as_array().expect("array");
+    assert_eq!(tools.len(), 3);
+    for t in tools {
+        assert_eq!(t["type"], "function");
+        assert!(t["function"]["description"]
+            .as_str()
+            .is_some_and(|d| d.len() > 20));
+        assert_eq!(t["function"]["parameters"]["type"], "object");
+    }
+    assert_eq!(tools[0]["function"]["name"], "python");
+    assert_eq!(tools[2]["function"]["name"], "text_editor");
+
+    for (format, check) in [
+        ("anthropic", "/0/input_schema/type"),
+        ("gemini", "/functionDeclarations/0/parameters/type"),
+        ("mcp", "/0/inputSchema/type"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
+            .args(["tools", "--format", format])
+            .output()
+            .expect("runcell tools");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v.pointer(check), Some(&json!("object")), "{format}: {v}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .args(["tools", "--format", "xml"])
+        .output()
+        .expect("runcell tools");
+    assert!(!out.status.success());
+}

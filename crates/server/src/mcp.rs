@@ -1,0 +1,457 @@
+//! MCP (rmcp): the `python`, `bash` and `text_editor` tools of `runcell_engine::tools` for any
+//! MCP client. The same handler serves `runcell mcp` (stdio, a local engine) and `POST /mcp`
+//! (streamable HTTP, behind the API keys of `/v1`).
+//!
+//! A connection gets its own Python session, created on the first tool call and deleted when
+//! the connection ends (stdio: at EOF; HTTP: when the MCP session is closed or expires). A
+//! `session_id` argument targets another session of the same tenant. Requests of the
+//! session-less protocol (2026-07-28 and later, over HTTP) have no connection: their session
+//! outlives the request (until its idle expiry) and the result names it, so the model can pass
+//! it back as `session_id`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use runcell_engine::tools::{self, ToolCall, ToolOutput};
+use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, Language, SessionInfo};
+use runcell_store::{SessionRecord, Store};
+
+use crate::metrics::Metrics;
+use crate::state::{AppState, Tenant};
+
+const INSTRUCTIONS: &str = "runcell runs code in an isolated, network-less sandbox. Use the \
+python tool for analysis (state persists between calls), bash for shell commands and \
+text_editor to read and edit files; all three share /workspace.";
+
+/// One MCP connection's tools and its default session.
+#[derive(Clone)]
+pub struct McpHandler {
+    inner: Arc<Conn>,
+}
+
+impl std::fmt::Debug for McpHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpHandler").finish_non_exhaustive()
+    }
+}
+
+struct Conn {
+    engine: Engine,
+    /// HTTP: sessions are recorded like those of `/v1` (listed, recovered after a crash).
+    store: Option<Store>,
+    metrics: Option<Arc<Metrics>>,
+    /// stdio: the owner of every session; HTTP: the tenant of each request.
+    local_owner: Option<String>,
+    client: &'static str,
+    state: tokio::sync::Mutex<ConnState>,
+}
+
+#[derive(Default)]
+struct ConnState {
+    /// The tenant this connection acts for, fixed by its first tool call.
+    owner: Option<String>,
+    /// The connection's own session, deleted with the connection.
+    default: Option<String>,
+    closed: bool,
+}
+
+impl McpHandler {
+    /// A handler for one local client (`runcell mcp`): sessions belong to `owner`.
+    pub fn local(engine: Engine, owner: &str) -> McpHandler {
+        McpHandler::new(engine, None, None, Some(owner.to_owned()), "runcell mcp")
+    }
+
+    fn new(
+        engine: Engine,
+        store: Option<Store>,
+        metrics: Option<Arc<Metrics>>,
+        local_owner: Option<String>,
+        client: &'static str,
+    ) -> McpHandler {
+        McpHandler {
+            inner: Arc::new(Conn {
+                engine,
+                store,
+                metrics,
+                local_owner,
+                client,
+                state: tokio::sync::Mutex::new(ConnState::default()),
+            }),
+        }
+    }
+
+    /// Ends the connection: deletes its default session (blocks until it is gone).
+    pub fn close(&self) {
+        let default = {
+            let mut s = self.inner.state.blocking_lock();
+            s.closed = true;
+            s.default.take()
+        };
+        if let Some(id) = default {
+            self.inner.forget(&id);
+        }
+    }
+
+    /// The tool definitions as MCP `Tool`s.
+    pub fn tools() -> Vec<Tool> {
+        tools::definitions()
+            .into_iter()
+            .map(|d| {
+                let schema = match d.input_schema {
+                    serde_json::Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
+                Tool::new(d.name, d.description, Arc::new(schema))
+            })
+            .collect()
+    }
+
+    async fn call(&self, call: ToolCall, ctx: &RequestContext<RoleServer>) -> ToolOutput {
+        let owner = match self.owner_of(ctx).await {
+            Ok(o) => o,
+            Err(m) => return ToolOutput::error(m),
+        };
+        // Over HTTP, a request outside an MCP session (no Mcp-Session-Id) has no connection.
+        let sessionless = self.inner.local_owner.is_none()
+            && ctx
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .is_some_and(|p| !p.headers.contains_key("mcp-session-id"));
+        let (session, note) = match self.session_for(&call, &owner, sessionless).await {
+            Ok(s) => s,
+            Err(m) => return ToolOutput::error(m),
+        };
+        let engine = self.inner.engine.clone();
+        let token = CancelToken::new();
+        let (worker_token, sid) = (token.clone(), session.clone());
+        let call2 = call.clone();
+        let mut run =
+            tokio::task::spawn_blocking(move || engine.run_tool(&sid, &call2, worker_token));
+        let joined = tokio::select! {
+            r = &mut run => r,
+            _ = ctx.ct.cancelled() => {
+                // The client called the request off: interrupt the execution, then report it.
+                let engine = self.inner.engine.clone();
+                let (sid, t) = (session.clone(), token.clone());
+                let _ = tokio::task::spawn_blocking(move || engine.sessions().cancel(&sid, &t)).await;
+                run.await
+            }
+        };
+        let mut out = match joined {
+            Ok(Ok(out)) => out,
+            Ok(Err(EngineError::NotFound(_))) => ToolOutput::error(format!(
+                "session {session} has ended (deleted or idle for too long); call again without session_id to start a new one"
+            )),
+            Ok(Err(e)) => ToolOutput::error(runcell_engine::error_chain(&e)),
+            Err(e) => ToolOutput::error(format!("internal error: {e}")),
+        };
+        if let (Some(m), Some(e)) = (&self.inner.metrics, &out.execution) {
+            m.observe_execution(e);
+        }
+        if let Some(note) = note {
+            out.text = format!("{note}\n\n{}", out.text);
+        }
+        out
+    }
+
+    /// Who is calling: the local owner, or the tenant of the HTTP request (fixed for the
+    /// connection by its first call).
+    async fn owner_of(&self, ctx: &RequestContext<RoleServer>) -> Result<String, String> {
+        if let Some(o) = &self.inner.local_owner {
+            return Ok(o.clone());
+        }
+        let tenant = ctx
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Tenant>())
+            .map(|t| t.0.clone())
+            .ok_or("internal error: the request carries no tenant")?;
+        let mut s = self.inner.state.lock().await;
+        match &s.owner {
+            Some(o) if *o != tenant => {
+                Err("this MCP session belongs to another API key's tenant".into())
+            }
+            Some(_) => Ok(tenant),
+            None => {
+                s.owner = Some(tenant.clone());
+                Ok(tenant)
+            }
+        }
+    }
+
+    /// The session a call runs in, and a note for the model when it is news.
+    async fn session_for(
+        &self,
+        call: &ToolCall,
+        owner: &str,
+        sessionless: bool,
+    ) -> Result<(String, Option<String>), String> {
+        if let Some(id) = call.session_id() {
+            let engine = self.inner.engine.clone();
+            let id2 = id.to_owned();
+            let info = tokio::task::spawn_blocking(move || engine.sessions().get(&id2))
+                .await
+                .map_err(|e| e.to_string())?;
+            return match info {
+                Ok(i) if i.owner == owner => {
+                    if matches!(call, ToolCall::Python(_)) && i.language != Language::Python {
+                        return Err(format!(
+                            "session {id} runs {}, not Python; use the bash tool, or omit session_id",
+                            i.language.as_str()
+                        ));
+                    }
+                    Ok((i.id, None))
+                }
+                _ => Err(format!("session {id} not found")),
+            };
+        }
+        if sessionless {
+            // No connection to tie a session to: a new one, named for the model.
+            let info = self.create(owner).await?;
+            return Ok((
+                info.id.clone(),
+                Some(format!(
+                    "session_id: {} (a new session; pass it as session_id to keep its variables and files)",
+                    info.id
+                )),
+            ));
+        }
+        let mut s = self.inner.state.lock().await;
+        if s.closed {
+            return Err("the connection is closing".into());
+        }
+        let mut note = None;
+        if let Some(id) = s.default.clone() {
+            let engine = self.inner.engine.clone();
+            let id2 = id.clone();
+            let alive = tokio::task::spawn_blocking(move || engine.sessions().get(&id2).is_ok())
+                .await
+                .unwrap_or(false);
+            if alive {
+                return Ok((id, None));
+            }
+            note = Some(
+                "note: the previous session had ended (idle for too long); this call runs in a new session: variables are lost and /workspace is empty".to_owned(),
+            );
+            let this = self.inner.clone();
+            tokio::task::spawn_blocking(move || this.forget(&id));
+        }
+        let info = self.create(owner).await?;
+        s.default = Some(info.id.clone());
+        Ok((info.id, note))
+    }
+
+    async fn create(&self, owner: &str) -> Result<SessionInfo, String> {
+        let this = self.inner.clone();
+        let owner = owner.to_owned();
+        tokio::task::spawn_blocking(move || this.create(&owner))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+}
+
+impl Conn {
+    fn create(&self, owner: &str) -> Result<SessionInfo, String> {
+        let started = std::time::Instant::now();
+        let info = self
+            .engine
+            .sessions()
+            .create(CreateSession {
+                owner: owner.to_owned(),
+                language: Some(Language::Python),
+                metadata: BTreeMap::from([("client".to_owned(), self.client.to_owned())]),
+                ..CreateSession::default()
+            })
+            .map_err(|e| {
+                format!(
+                    "cannot start a session: {}",
+                    runcell_engine::error_chain(&e)
+                )
+            })?;
+        if let Some(m) = &self.metrics {
+            m.observe_session_start(started.elapsed().as_secs_f64());
+        }
+        if let Some(store) = &self.store {
+            if let Err(e) = store.put_session(&self.record(&info)) {
+                tracing::error!(session = %info.id, error = %runcell_engine::error_chain(&e), "cannot record an MCP session");
+            }
+        }
+        tracing::info!(session = %info.id, client = self.client, "MCP session started");
+        Ok(info)
+    }
+
+    fn record(&self, info: &SessionInfo) -> SessionRecord {
+        SessionRecord {
+            id: info.id.clone(),
+            tenant: info.owner.clone(),
+            language: info.language.as_str().to_owned(),
+            status: "ready".into(),
+            created_at: info.created_at,
+            last_active_at: info.last_active_at,
+            expires_at: info.expires_at,
+            limits_json: serde_json::to_string(&info.limits).unwrap_or_default(),
+            metadata_json: serde_json::to_string(&info.metadata).unwrap_or_default(),
+            workspace_path: self
+                .engine
+                .config()
+                .data_dir
+                .join("workspaces")
+                .join(&info.id)
+                .to_string_lossy()
+                .into_owned(),
+        }
+    }
+
+    /// Deletes a session of this connection (blocking).
+    fn forget(&self, id: &str) {
+        let _ = self.engine.sessions().delete(id);
+        if let Some(store) = &self.store {
+            let _ = store.delete_session(id);
+        }
+        tracing::info!(session = %id, "MCP session ended");
+    }
+}
+
+impl Drop for Conn {
+    /// The connection is gone (HTTP: its MCP session closed): so is its session. On a thread
+    /// of its own, since deleting waits for the sandbox to go.
+    fn drop(&mut self) {
+        let default = self.state.get_mut().default.take();
+        if let Some(id) = default {
+            let engine = self.engine.clone();
+            let store = self.store.clone();
+            std::thread::spawn(move || {
+                let _ = engine.sessions().delete(&id);
+                if let Some(store) = store {
+                    let _ = store.delete_session(&id);
+                }
+                tracing::info!(session = %id, "MCP session ended");
+            });
+        }
+    }
+}
+
+impl ServerHandler for McpHandler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("runcell", env!("CARGO_PKG_VERSION"))
+                    .with_title("runcell code interpreter"),
+            )
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(McpHandler::tools()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        McpHandler::tools().into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let args = request
+            .arguments
+            .map(serde_json::Value::Object)
+            .unwrap_or(serde_json::Value::Null);
+        let out = match ToolCall::parse(&request.name, args) {
+            Ok(call) => self.call(call, &context).await,
+            Err(m) if tools::definitions().iter().all(|d| d.name != request.name) => {
+                return Err(McpError::invalid_params(m, None))
+            }
+            Err(m) => ToolOutput::error(m),
+        };
+        Ok(to_result(out).into())
+    }
+}
+
+/// A tool output as MCP content: the text, every image, the Execution as structured content.
+pub fn to_result(out: ToolOutput) -> CallToolResult {
+    let mut content = vec![ContentBlock::text(out.text)];
+    content.extend(
+        out.images
+            .into_iter()
+            .map(|i| ContentBlock::image(i.data_base64, i.mime)),
+    );
+    let mut result = if out.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = out.structured;
+    result
+}
+
+/// Cancels every MCP stream of this process (see [`end_streams`]).
+static STREAMS: std::sync::LazyLock<tokio_util::sync::CancellationToken> =
+    std::sync::LazyLock::new(tokio_util::sync::CancellationToken::new);
+
+/// Ends every open MCP stream (the long-lived `GET /mcp` event streams of MCP sessions), so that
+/// a graceful shutdown need not wait for MCP clients to hang up. Call it when shutting down.
+pub fn end_streams() {
+    STREAMS.cancel();
+}
+
+/// `POST /mcp` (and the GET/DELETE of streamable HTTP sessions), behind the API keys.
+pub(crate) fn router(state: AppState) -> Router<AppState> {
+    let (engine, store, metrics) = (
+        state.engine.clone(),
+        state.store.clone(),
+        state.metrics.clone(),
+    );
+    let mut config =
+        StreamableHttpServerConfig::default().with_max_request_body_bytes(crate::MAX_BODY_BYTES);
+    if !state.loopback {
+        // Beyond loopback every request carries an API key; the Host check (against DNS
+        // rebinding of a local, open server) would only refuse the server's real names.
+        config = config.disable_allowed_hosts();
+    }
+    let service = StreamableHttpService::new(
+        move || {
+            Ok(McpHandler::new(
+                engine.clone(),
+                Some(store.clone()),
+                Some(metrics.clone()),
+                None,
+                "mcp",
+            ))
+        },
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
+}
+
+/// The `/v1` authentication: 401 with the API's error envelope, or the tenant for the handler.
+async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    match Tenant::from_request_parts(&mut parts, &state).await {
+        Ok(tenant) => {
+            parts.extensions.insert(tenant);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
