@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod ask;
 mod doctor;
 mod keys;
 mod mcp;
@@ -38,6 +39,8 @@ enum Command {
     Run(run::RunArgs),
     /// One stateful session in the terminal (cells separated by `%%` lines when piped).
     Repl(repl::ReplArgs),
+    /// Ask a model a question it answers by running code (the agent loop), with these files.
+    Ask(ask::AskArgs),
     /// An MCP server over stdio (for Claude Desktop and any MCP client), with a local engine.
     Mcp,
     /// Print the model tool definitions (python, bash, text_editor) for a function-calling API.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(&data_dir, args),
         Command::Run(args) => run::run(&data_dir, args),
         Command::Repl(args) => repl::repl(&data_dir, args),
+        Command::Ask(args) => ask::ask(&data_dir, args),
         Command::Mcp => mcp::mcp(&data_dir),
         Command::Tools(args) => tools::tools(args),
         Command::Doctor => doctor::doctor(&data_dir),

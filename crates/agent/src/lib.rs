@@ -1,0 +1,308 @@
+//! The agent loop (DESIGN.md §8): a system prompt and the runcell tools (python, bash,
+//! text_editor) go to a model; the calls it makes run in one session the agent creates (and
+//! deletes at the end); their results go back (images as image content); until the model
+//! answers without calling a tool, `max_steps` model replies, or too many failed executions in
+//! a row. Synchronous: the HTTP client blocks, the engine blocks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use runcell_engine::tools::{ToolCall, ToolOutput};
+use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, FileChangeKind, InputFile};
+
+pub mod provider;
+
+pub use provider::{Client, ModelReply, ProviderConfig, ProviderKind, ToolReply, ToolUse, Turn};
+
+/// What can stop a run before an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("no API key: set {env} (or point --base-url at a server that needs none)")]
+    MissingKey { env: &'static str },
+    #[error("the provider rejected the API key ({status}): check {env}: {message}")]
+    Unauthorized {
+        status: u16,
+        env: &'static str,
+        message: String,
+    },
+    #[error("the provider answered {status} after {attempts} attempt(s): {message}")]
+    Api {
+        status: u16,
+        message: String,
+        attempts: u32,
+    },
+    #[error("{0}")]
+    Http(String),
+    #[error("malformed reply: {0}")]
+    Malformed(String),
+    #[error("the sandbox session failed")]
+    Engine(#[from] EngineError),
+}
+
+/// How a run goes.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Model replies at most (each may call several tools).
+    pub max_steps: usize,
+    /// Stop after this many failed tool calls in a row.
+    pub max_consecutive_failures: usize,
+    /// The session's owner (the audit log's tenant).
+    pub owner: String,
+    /// Replaces [`SYSTEM_PROMPT`].
+    pub system_prompt: Option<String>,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            max_steps: 12,
+            max_consecutive_failures: 5,
+            owner: "default".into(),
+            system_prompt: None,
+        }
+    }
+}
+
+/// The system prompt.
+pub const SYSTEM_PROMPT: &str = "You are a careful data analyst with a sandboxed Python and \
+bash environment. Use the tools to answer: `python` runs code in a stateful Jupyter-like \
+session (variables persist between calls), `bash` runs shell commands, `text_editor` views \
+and edits text files. The working directory is /workspace; files the user uploaded are \
+there. numpy, pandas, matplotlib and the usual data-science packages are installed; there is \
+no network access. Save every output file (charts as PNG, tables as CSV, ...) to /workspace: \
+those files are handed to the user. Look at the data before relying on it, check your \
+results, and fix errors you hit. When you are done, reply without calling a tool: a concise \
+answer with the key numbers, and the names of the files you saved.";
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model replied without calling a tool.
+    Answer,
+    /// `max_steps` model replies, all with tool calls.
+    MaxSteps,
+    /// `max_consecutive_failures` failed tool calls in a row.
+    TooManyFailures,
+}
+
+/// A file the code created or modified in /workspace during the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducedFile {
+    /// Relative to /workspace.
+    pub path: String,
+    pub content: Vec<u8>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct AgentOutcome {
+    /// The final answer (with another stop reason: the model's last text, maybe empty).
+    pub answer: String,
+    pub stop: StopReason,
+    /// Model replies.
+    pub steps: usize,
+    pub files_produced: Vec<ProducedFile>,
+    /// The whole conversation after the system prompt.
+    pub transcript: Vec<Turn>,
+}
+
+/// What happens, as it happens (for `--show-code` and logs).
+#[derive(Debug)]
+pub enum StepEvent<'a> {
+    /// The model replied (text may be empty when it only calls tools).
+    Model { step: usize, reply: &'a ModelReply },
+    /// A tool call is about to run.
+    ToolCall { step: usize, call: &'a ToolUse },
+    /// It ran.
+    ToolResult {
+        step: usize,
+        call: &'a ToolUse,
+        output: &'a ToolOutput,
+    },
+}
+
+/// A model, the tools and the engine that runs them.
+#[derive(Debug)]
+pub struct Agent {
+    engine: Engine,
+    client: Client,
+}
+
+/// Deletes the session when the run ends, however it ends.
+struct SessionGuard<'a> {
+    engine: &'a Engine,
+    id: String,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.engine.sessions().delete(&self.id) {
+            tracing::warn!(session = %self.id, error = %runcell_engine::error_chain(&e), "cannot delete the agent's session");
+        }
+    }
+}
+
+/// Each file's size and modification time (compared, never shown).
+type Snapshot = BTreeMap<String, (u64, String)>;
+
+impl Agent {
+    pub fn new(engine: Engine, provider: ProviderConfig) -> Result<Agent, AgentError> {
+        Ok(Agent {
+            engine,
+            client: Client::new(provider)?,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Runs the loop on `question`, with `files` uploaded into /workspace first.
+    pub fn run(
+        &self,
+        question: &str,
+        files: &[InputFile],
+        opts: &AgentOptions,
+        on_step: &mut dyn FnMut(StepEvent<'_>),
+    ) -> Result<AgentOutcome, AgentError> {
+        let info = self.engine.sessions().create(CreateSession {
+            owner: opts.owner.clone(),
+            ..CreateSession::default()
+        })?;
+        let guard = SessionGuard {
+            engine: &self.engine,
+            id: info.id.clone(),
+        };
+        let session = guard.id.as_str();
+        for f in files {
+            self.engine.write_file(session, &f.path, &f.content)?;
+        }
+        let before = self.snapshot(session)?;
+
+        let mut prompt = question.trim().to_owned();
+        if !files.is_empty() {
+            prompt.push_str("\n\nFiles uploaded to /workspace:");
+            for f in files {
+                prompt.push_str(&format!("\n- {} ({} bytes)", f.path, f.content.len()));
+            }
+        }
+        let system = opts.system_prompt.as_deref().unwrap_or(SYSTEM_PROMPT);
+        let mut turns = vec![Turn::User(prompt)];
+        let mut changed: BTreeSet<String> = BTreeSet::new();
+        let mut failures = 0;
+        let mut steps = 0;
+        let mut answer = String::new();
+        let mut stop = StopReason::MaxSteps;
+
+        while steps < opts.max_steps.max(1) {
+            steps += 1;
+            let reply = self.client.complete(system, &turns)?;
+            on_step(StepEvent::Model {
+                step: steps,
+                reply: &reply,
+            });
+            answer = reply.text.clone();
+            if reply.calls.is_empty() {
+                turns.push(Turn::Assistant(reply));
+                stop = StopReason::Answer;
+                break;
+            }
+            let mut replies = Vec::with_capacity(reply.calls.len());
+            for call in &reply.calls {
+                on_step(StepEvent::ToolCall { step: steps, call });
+                let output = self.run_call(session, call)?;
+                on_step(StepEvent::ToolResult {
+                    step: steps,
+                    call,
+                    output: &output,
+                });
+                if let Some(e) = &output.execution {
+                    for f in &e.files {
+                        if f.change == FileChangeKind::Deleted {
+                            changed.remove(&f.path);
+                        } else {
+                            changed.insert(f.path.clone());
+                        }
+                    }
+                }
+                failures = if output.is_error { failures + 1 } else { 0 };
+                replies.push(ToolReply {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    text: output.text,
+                    images: output.images,
+                    is_error: output.is_error,
+                });
+            }
+            turns.push(Turn::Assistant(reply));
+            turns.push(Turn::Tools(replies));
+            if failures >= opts.max_consecutive_failures.max(1) {
+                stop = StopReason::TooManyFailures;
+                break;
+            }
+        }
+
+        let files_produced = self.produced(session, &before, changed)?;
+        drop(guard);
+        Ok(AgentOutcome {
+            answer,
+            stop,
+            steps,
+            files_produced,
+            transcript: turns,
+        })
+    }
+
+    fn run_call(&self, session: &str, call: &ToolUse) -> Result<ToolOutput, AgentError> {
+        if let Some(why) = &call.bad_arguments {
+            return Ok(ToolOutput::error(format!(
+                "invalid arguments for the {} tool: {why}",
+                call.name
+            )));
+        }
+        let parsed = ToolCall::parse(&call.name, call.input.clone());
+        let tool = match parsed {
+            Ok(t) => t,
+            Err(m) => return Ok(ToolOutput::error(m)),
+        };
+        // Every call runs in the agent's session, whatever session_id the model named.
+        Ok(self.engine.run_tool(session, &tool, CancelToken::new())?)
+    }
+
+    fn snapshot(&self, session: &str) -> Result<Snapshot, AgentError> {
+        Ok(self
+            .engine
+            .list_files(session, "")?
+            .into_iter()
+            .map(|f| (f.path, (f.size, f.modified_at.to_rfc3339())))
+            .collect())
+    }
+
+    /// Files created or modified since `before`: what the executions reported, and what the
+    /// workspace shows changed (bash and the editor report nothing).
+    fn produced(
+        &self,
+        session: &str,
+        before: &Snapshot,
+        mut changed: BTreeSet<String>,
+    ) -> Result<Vec<ProducedFile>, AgentError> {
+        let after = self.snapshot(session)?;
+        for (path, stat) in &after {
+            if before.get(path) != Some(stat) {
+                changed.insert(path.clone());
+            }
+        }
+        let mut out = Vec::new();
+        for path in changed {
+            if !after.contains_key(&path) {
+                continue;
+            }
+            match self.engine.read_file(session, &path) {
+                Ok(content) => out.push(ProducedFile { path, content }),
+                Err(e) => {
+                    tracing::warn!(%path, error = %runcell_engine::error_chain(&e), "cannot read a produced file")
+                }
+            }
+        }
+        Ok(out)
+    }
+}

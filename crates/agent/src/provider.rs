@@ -1,0 +1,580 @@
+//! The two model APIs the loop talks to: any OpenAI-compatible Chat Completions endpoint and
+//! Anthropic Messages. One provider-neutral transcript ([`Turn`]s) is rendered into each API's
+//! request shape, and each reply is read back into a [`ModelReply`].
+
+use std::time::Duration;
+
+use runcell_engine::tools::{definitions_json, ToolFormat, ToolImage};
+use serde_json::{json, Map, Value};
+
+use crate::AgentError;
+
+/// Which API the model is behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// Chat Completions (OpenAI, Mistral, vLLM, llama.cpp, Ollama, ...).
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl std::str::FromStr for ProviderKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "openai" => Ok(ProviderKind::OpenAi),
+            "anthropic" => Ok(ProviderKind::Anthropic),
+            other => Err(format!(
+                "unknown provider {other:?} (expected openai or anthropic)"
+            )),
+        }
+    }
+}
+
+impl ProviderKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The environment variable the API key is read from.
+    pub fn key_env(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "OPENAI_API_KEY",
+            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "https://api.openai.com/v1",
+            ProviderKind::Anthropic => "https://api.anthropic.com",
+        }
+    }
+
+    pub fn default_model(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "gpt-4.1",
+            ProviderKind::Anthropic => "claude-sonnet-4-5",
+        }
+    }
+}
+
+/// Where the model is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    /// Without a trailing slash: `https://api.openai.com/v1`, `https://api.anthropic.com`.
+    pub base_url: String,
+    pub api_key: Option<String>,
+    pub model: String,
+    /// Retries after a 429 or a 5xx (the first attempt not counted).
+    pub max_retries: u32,
+    /// The first backoff after a 5xx (doubled each time), and after a 429 without retry-after.
+    pub retry_base: Duration,
+    /// The longest wait a retry-after header gets.
+    pub max_retry_after: Duration,
+    /// One request, from connecting to the whole reply.
+    pub timeout: Duration,
+    /// Anthropic's required `max_tokens`.
+    pub max_tokens: u32,
+}
+
+impl ProviderConfig {
+    /// Defaults for `kind`, the key from its environment variable (a missing key is an error
+    /// only against the provider's own endpoint: local OpenAI-compatible servers take none).
+    pub fn from_env(
+        kind: ProviderKind,
+        model: Option<String>,
+        base_url: Option<String>,
+    ) -> Result<ProviderConfig, AgentError> {
+        let api_key = std::env::var(kind.key_env())
+            .ok()
+            .filter(|k| !k.trim().is_empty());
+        let custom_url = base_url.is_some();
+        if api_key.is_none() && !custom_url {
+            return Err(AgentError::MissingKey {
+                env: kind.key_env(),
+            });
+        }
+        Ok(ProviderConfig {
+            kind,
+            base_url: base_url
+                .unwrap_or_else(|| kind.default_base_url().to_owned())
+                .trim_end_matches('/')
+                .to_owned(),
+            api_key,
+            model: model.unwrap_or_else(|| kind.default_model().to_owned()),
+            max_retries: 3,
+            retry_base: Duration::from_secs(1),
+            max_retry_after: Duration::from_secs(120),
+            timeout: Duration::from_secs(300),
+            max_tokens: 8192,
+        })
+    }
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolUse {
+    pub id: String,
+    pub name: String,
+    /// The arguments (an object; `{}` when they did not parse).
+    pub input: Value,
+    /// The arguments as the model wrote them (Chat Completions sends a JSON string back).
+    pub arguments: String,
+    /// Why the arguments are unusable, told to the model instead of running anything.
+    pub bad_arguments: Option<String>,
+}
+
+/// What a tool call gave back, for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolReply {
+    pub id: String,
+    pub name: String,
+    pub text: String,
+    pub images: Vec<ToolImage>,
+    pub is_error: bool,
+}
+
+/// One entry of the conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Turn {
+    User(String),
+    Assistant(ModelReply),
+    Tools(Vec<ToolReply>),
+}
+
+/// One reply of the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    /// Its text (the final answer when there are no calls).
+    pub text: String,
+    pub calls: Vec<ToolUse>,
+    /// Anthropic: the content blocks as received, sent back verbatim.
+    pub raw: Value,
+}
+
+/// Talks to one model.
+#[derive(Debug)]
+pub struct Client {
+    cfg: ProviderConfig,
+    http: reqwest::blocking::Client,
+}
+
+impl Client {
+    pub fn new(cfg: ProviderConfig) -> Result<Client, AgentError> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(cfg.timeout)
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("runcell/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| AgentError::Http(format!("cannot set up the HTTP client: {e}")))?;
+        Ok(Client { cfg, http })
+    }
+
+    pub fn config(&self) -> &ProviderConfig {
+        &self.cfg
+    }
+
+    /// The model's next reply to `turns`.
+    pub fn complete(&self, system: &str, turns: &[Turn]) -> Result<ModelReply, AgentError> {
+        match self.cfg.kind {
+            ProviderKind::OpenAi => {
+                let body = openai_request(&self.cfg.model, system, turns);
+                let url = format!("{}/chat/completions", self.cfg.base_url);
+                let reply = self.post(&url, &body)?;
+                parse_openai(&reply)
+            }
+            ProviderKind::Anthropic => {
+                let body = anthropic_request(&self.cfg.model, self.cfg.max_tokens, system, turns);
+                let url = format!("{}/v1/messages", self.cfg.base_url);
+                let reply = self.post(&url, &body)?;
+                parse_anthropic(&reply)
+            }
+        }
+    }
+
+    /// POSTs `body`, retrying 429s (after retry-after) and 5xx (with backoff).
+    fn post(&self, url: &str, body: &Value) -> Result<Value, AgentError> {
+        let mut attempt = 0;
+        loop {
+            let mut req = self.http.post(url).json(body);
+            req = match (self.cfg.kind, &self.cfg.api_key) {
+                (ProviderKind::OpenAi, Some(k)) => req.bearer_auth(k),
+                (ProviderKind::OpenAi, None) => req,
+                (ProviderKind::Anthropic, key) => {
+                    let req = req.header("anthropic-version", "2023-06-01");
+                    match key {
+                        Some(k) => req.header("x-api-key", k),
+                        None => req,
+                    }
+                }
+            };
+            let resp = req.send().map_err(|e| {
+                AgentError::Http(format!(
+                    "cannot reach the {} API at {url}: {}",
+                    self.cfg.kind.name(),
+                    error_chain(&e)
+                ))
+            })?;
+            let status = resp.status();
+            let retry_after = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64);
+            let text = resp.text().map_err(|e| {
+                AgentError::Http(format!(
+                    "the {} API's reply could not be read: {}",
+                    self.cfg.kind.name(),
+                    error_chain(&e)
+                ))
+            })?;
+            if status.is_success() {
+                return serde_json::from_str(&text).map_err(|e| {
+                    AgentError::Malformed(format!(
+                        "the {} API's reply is not JSON ({e}): {}",
+                        self.cfg.kind.name(),
+                        excerpt(&text)
+                    ))
+                });
+            }
+            let message = api_message(&text);
+            let code = status.as_u16();
+            if code == 401 || code == 403 {
+                return Err(AgentError::Unauthorized {
+                    status: code,
+                    env: self.cfg.kind.key_env(),
+                    message,
+                });
+            }
+            let retryable = code == 429 || status.is_server_error();
+            if !retryable || attempt >= self.cfg.max_retries {
+                return Err(AgentError::Api {
+                    status: code,
+                    message,
+                    attempts: attempt + 1,
+                });
+            }
+            let wait = if code == 429 {
+                retry_after
+                    .unwrap_or(self.cfg.retry_base * 2u32.pow(attempt))
+                    .min(self.cfg.max_retry_after)
+            } else {
+                self.cfg.retry_base * 2u32.pow(attempt)
+            };
+            tracing::warn!(
+                status = code,
+                wait_ms = wait.as_millis() as u64,
+                attempt = attempt + 1,
+                "the {} API did not answer; retrying: {message}",
+                self.cfg.kind.name()
+            );
+            std::thread::sleep(wait);
+            attempt += 1;
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The start of a body, for an error message.
+fn excerpt(text: &str) -> String {
+    let t = text.trim();
+    if t.is_empty() {
+        return "(empty body)".into();
+    }
+    match t.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &t[..i]),
+        None => t.to_owned(),
+    }
+}
+
+/// `error.message` of an error body (both APIs use it), or the body's start.
+fn api_message(text: &str) -> String {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| excerpt(text))
+}
+
+fn data_url(img: &ToolImage) -> String {
+    format!("data:{};base64,{}", img.mime, img.data_base64)
+}
+
+/// A Chat Completions request.
+pub fn openai_request(model: &str, system: &str, turns: &[Turn]) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for t in turns {
+        match t {
+            Turn::User(text) => messages.push(json!({"role": "user", "content": text})),
+            Turn::Assistant(r) => {
+                let mut m = Map::new();
+                m.insert("role".into(), json!("assistant"));
+                m.insert(
+                    "content".into(),
+                    if r.text.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(r.text)
+                    },
+                );
+                if !r.calls.is_empty() {
+                    let calls: Vec<Value> = r
+                        .calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                                   "function": {"name": c.name, "arguments": c.arguments}})
+                        })
+                        .collect();
+                    m.insert("tool_calls".into(), Value::Array(calls));
+                }
+                messages.push(Value::Object(m));
+            }
+            Turn::Tools(replies) => {
+                // Tool messages carry text only, and must follow the assistant message
+                // directly: the images go in one user message after them.
+                for r in replies {
+                    messages.push(json!({"role": "tool", "tool_call_id": r.id, "content": r.text}));
+                }
+                let mut parts = Vec::new();
+                for r in replies.iter().filter(|r| !r.images.is_empty()) {
+                    parts.push(json!({"type": "text", "text": format!(
+                        "The image{} produced by the {} call {}:",
+                        if r.images.len() == 1 { "" } else { "s" }, r.name, r.id)}));
+                    for img in &r.images {
+                        parts.push(
+                            json!({"type": "image_url", "image_url": {"url": data_url(img)}}),
+                        );
+                    }
+                }
+                if !parts.is_empty() {
+                    messages.push(json!({"role": "user", "content": parts}));
+                }
+            }
+        }
+    }
+    json!({
+        "model": model,
+        "messages": messages,
+        "tools": definitions_json(ToolFormat::OpenAi),
+    })
+}
+
+/// Reads a Chat Completions reply.
+pub fn parse_openai(v: &Value) -> Result<ModelReply, AgentError> {
+    let malformed = |what: &str| {
+        AgentError::Malformed(format!(
+            "the openai API's reply has {what}: {}",
+            excerpt(&v.to_string())
+        ))
+    };
+    if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
+        return Err(AgentError::Malformed(format!(
+            "the openai API answered with an error: {msg}"
+        )));
+    }
+    let message = v
+        .pointer("/choices/0/message")
+        .and_then(Value::as_object)
+        .ok_or_else(|| malformed("no choices[0].message"))?;
+    let text = match message.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        // Some servers send content parts.
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        Some(_) => return Err(malformed("a content that is neither text nor parts")),
+    };
+    let mut calls = Vec::new();
+    match message.get("tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for (n, c) in list.iter().enumerate() {
+                let name = c
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| malformed("a tool call without function.name"))?;
+                let id = c
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map_or_else(|| format!("call_{n}"), str::to_owned);
+                let (input, arguments, bad_arguments) = match c.pointer("/function/arguments") {
+                    Some(Value::String(s)) => read_arguments(s),
+                    // Some servers send the object itself.
+                    Some(o @ Value::Object(_)) => (o.clone(), o.to_string(), None),
+                    None | Some(Value::Null) => (json!({}), "{}".to_owned(), None),
+                    Some(other) => (
+                        json!({}),
+                        other.to_string(),
+                        Some("the arguments must be a JSON object".to_owned()),
+                    ),
+                };
+                calls.push(ToolUse {
+                    id,
+                    name: name.to_owned(),
+                    input,
+                    arguments,
+                    bad_arguments,
+                });
+            }
+        }
+        Some(_) => return Err(malformed("a tool_calls that is not a list")),
+    }
+    Ok(ModelReply {
+        text,
+        calls,
+        raw: Value::Object(message.clone()),
+    })
+}
+
+fn read_arguments(s: &str) -> (Value, String, Option<String>) {
+    if s.trim().is_empty() {
+        return (json!({}), "{}".to_owned(), None);
+    }
+    match serde_json::from_str::<Value>(s) {
+        Ok(v @ Value::Object(_)) => (v, s.to_owned(), None),
+        Ok(_) => (
+            json!({}),
+            s.to_owned(),
+            Some("the arguments must be a JSON object".to_owned()),
+        ),
+        Err(e) => (
+            json!({}),
+            s.to_owned(),
+            Some(format!("the arguments are not valid JSON ({e})")),
+        ),
+    }
+}
+
+/// A Messages request.
+pub fn anthropic_request(model: &str, max_tokens: u32, system: &str, turns: &[Turn]) -> Value {
+    let mut messages = Vec::new();
+    for t in turns {
+        match t {
+            Turn::User(text) => messages.push(json!({"role": "user", "content": text})),
+            Turn::Assistant(r) => {
+                let content = if r.raw.is_array() {
+                    r.raw.clone()
+                } else {
+                    let mut blocks = Vec::new();
+                    if !r.text.is_empty() {
+                        blocks.push(json!({"type": "text", "text": r.text}));
+                    }
+                    for c in &r.calls {
+                        blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input}));
+                    }
+                    Value::Array(blocks)
+                };
+                messages.push(json!({"role": "assistant", "content": content}));
+            }
+            Turn::Tools(replies) => {
+                let blocks: Vec<Value> = replies
+                    .iter()
+                    .map(|r| {
+                        let mut content = vec![json!({"type": "text", "text": r.text})];
+                        for img in &r.images {
+                            content.push(json!({"type": "image", "source": {
+                                "type": "base64", "media_type": img.mime, "data": img.data_base64}}));
+                        }
+                        json!({"type": "tool_result", "tool_use_id": r.id,
+                               "content": content, "is_error": r.is_error})
+                    })
+                    .collect();
+                messages.push(json!({"role": "user", "content": blocks}));
+            }
+        }
+    }
+    json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "system": system,
+        "tools": definitions_json(ToolFormat::Anthropic),
+        "messages": messages,
+    })
+}
+
+/// Reads a Messages reply.
+pub fn parse_anthropic(v: &Value) -> Result<ModelReply, AgentError> {
+    let malformed = |what: &str| {
+        AgentError::Malformed(format!(
+            "the anthropic API's reply has {what}: {}",
+            excerpt(&v.to_string())
+        ))
+    };
+    if v.get("type").and_then(Value::as_str) == Some("error") {
+        return Err(AgentError::Malformed(format!(
+            "the anthropic API answered with an error: {}",
+            v.pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("(no message)")
+        )));
+    }
+    let content = v
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("no content list"))?;
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for b in content {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(t) = b.get("text").and_then(Value::as_str) {
+                    text.push_str(t);
+                }
+            }
+            Some("tool_use") => {
+                let id = b
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| malformed("a tool_use block without an id"))?;
+                let name = b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| malformed("a tool_use block without a name"))?;
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                let bad_arguments =
+                    (!input.is_object()).then(|| "the input must be a JSON object".to_owned());
+                calls.push(ToolUse {
+                    id: id.to_owned(),
+                    name: name.to_owned(),
+                    arguments: input.to_string(),
+                    input,
+                    bad_arguments,
+                });
+            }
+            // Thinking and other blocks go back verbatim with `raw`.
+            _ => {}
+        }
+    }
+    Ok(ModelReply {
+        text,
+        calls,
+        raw: Value::Array(content.clone()),
+    })
+}

@@ -1,0 +1,196 @@
+//! `runcell ask`: the agent loop (DESIGN.md §8) in the terminal. The answer goes to stdout,
+//! the files the code produced to `--out`, every cell to the audit log (the data dir's store,
+//! tenant "default"), and with `--show-code` each cell and its output to stderr.
+
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use runcell_agent::{Agent, AgentOptions, ProviderConfig, ProviderKind, StepEvent, StopReason};
+use runcell_engine::tools::ToolCall;
+
+#[derive(Debug, clap::Args)]
+pub struct AskArgs {
+    /// The question, in plain words.
+    #[arg(value_name = "QUESTION")]
+    question: String,
+    /// A file uploaded into /workspace before the first step (repeatable).
+    #[arg(long = "file", value_name = "PATH")]
+    files: Vec<PathBuf>,
+    /// The model API: any OpenAI-compatible Chat Completions endpoint, or Anthropic Messages.
+    #[arg(long, default_value = "openai", value_parser = parse_provider, env = "RUNCELL_PROVIDER")]
+    provider: ProviderKind,
+    /// The model (default: gpt-4.1 for openai, claude-sonnet-4-5 for anthropic).
+    #[arg(long, value_name = "M", env = "RUNCELL_MODEL")]
+    model: Option<String>,
+    /// The API's base URL (default https://api.openai.com/v1 or https://api.anthropic.com);
+    /// e.g. http://localhost:11434/v1 for Ollama (no key needed then).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// Model replies at most.
+    #[arg(long, default_value_t = 12, value_name = "N")]
+    max_steps: usize,
+    /// Where the files the code created or modified are saved.
+    #[arg(long, default_value = "runcell-out", value_name = "DIR")]
+    out: PathBuf,
+    /// Print each cell and its output on stderr as it runs.
+    #[arg(long)]
+    show_code: bool,
+}
+
+fn parse_provider(s: &str) -> Result<ProviderKind, String> {
+    s.parse()
+}
+
+pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
+    if args.max_steps == 0 {
+        bail!("invalid request: --max-steps must be at least 1");
+    }
+    let files = input_files(&args.files)?;
+    let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;
+
+    let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
+        .context("cannot open the database")?;
+    let runtime = crate::runtime::ensure_default(data_dir)?;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = Some(runtime.path);
+    let engine = runcell_engine::Engine::with_audit(
+        config,
+        Some(Arc::new(runcell_server::StoreAudit(store))),
+    )?;
+
+    // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    let on_signal = engine.clone();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            eprintln!("runcell: interrupted; ending the session");
+            on_signal.sessions().shutdown();
+            std::process::exit(130);
+        }
+    });
+
+    let agent = Agent::new(engine.clone(), provider)?;
+    let opts = AgentOptions {
+        max_steps: args.max_steps,
+        owner: runcell_server::OPEN_TENANT.to_owned(),
+        ..AgentOptions::default()
+    };
+    let show = args.show_code;
+    let mut on_step = |event: StepEvent<'_>| {
+        if show {
+            show_step(&event);
+        }
+    };
+    let outcome = agent.run(&args.question, &files, &opts, &mut on_step);
+    engine.sessions().shutdown();
+    let outcome = outcome?;
+
+    for f in &outcome.files_produced {
+        let dest = out_path(&args.out, &f.path)?;
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&dest, &f.content)
+            .with_context(|| format!("cannot save {}", dest.display()))?;
+        eprintln!("saved {} ({} bytes)", dest.display(), f.content.len());
+    }
+
+    let mut stdout = std::io::stdout().lock();
+    match outcome.stop {
+        StopReason::Answer => {
+            writeln!(stdout, "{}", outcome.answer.trim_end())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        stop => {
+            if !outcome.answer.trim().is_empty() {
+                writeln!(stdout, "{}", outcome.answer.trim_end())?;
+            }
+            eprintln!(
+                "runcell: no final answer: {}",
+                match stop {
+                    StopReason::MaxSteps => format!(
+                        "the model was still calling tools after {} steps (raise --max-steps)",
+                        outcome.steps
+                    ),
+                    _ => format!(
+                        "{} tool calls failed in a row",
+                        opts.max_consecutive_failures
+                    ),
+                }
+            );
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// The `--file`s, read, each named after its file name in /workspace.
+fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engine::InputFile>> {
+    paths
+        .iter()
+        .map(|f| {
+            let content =
+                std::fs::read(f).with_context(|| format!("cannot read --file {}", f.display()))?;
+            let name = f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .with_context(|| format!("--file {} has no usable file name", f.display()))?;
+            Ok(runcell_engine::InputFile {
+                path: name.to_owned(),
+                content,
+            })
+        })
+        .collect()
+}
+
+/// `DIR/path` for a workspace-relative path, which never leaves DIR.
+fn out_path(out: &Path, rel: &str) -> anyhow::Result<PathBuf> {
+    let rel = Path::new(rel);
+    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        bail!(
+            "refusing to save {}: not a plain relative path",
+            rel.display()
+        );
+    }
+    Ok(out.join(rel))
+}
+
+fn show_step(event: &StepEvent<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = match event {
+        StepEvent::Model { step, reply } => {
+            if reply.text.trim().is_empty() || reply.calls.is_empty() {
+                Ok(())
+            } else {
+                writeln!(err, "── model (step {step}) ──\n{}", reply.text.trim_end())
+            }
+        }
+        StepEvent::ToolCall { step, call } => {
+            let body = match ToolCall::parse(&call.name, call.input.clone()) {
+                Ok(ToolCall::Python(i)) => i.code,
+                Ok(ToolCall::Bash(i)) => i.command,
+                Ok(ToolCall::TextEditor(i)) => format!("{} {}", i.command, i.path),
+                Err(_) => call.arguments.clone(),
+            };
+            writeln!(
+                err,
+                "── {} (step {step}) ──\n{}",
+                call.name,
+                body.trim_end()
+            )
+        }
+        StepEvent::ToolResult { output, .. } => writeln!(
+            err,
+            "── output{} ──\n{}",
+            if output.is_error { " (error)" } else { "" },
+            output.text.trim_end()
+        ),
+    };
+}
