@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use runcell_agent::{Agent, AgentOptions, ProviderConfig, ProviderKind, StepEvent, StopReason};
@@ -53,14 +52,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
 
     let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
         .context("cannot open the database")?;
-    let runtime = crate::runtime::ensure_default(data_dir)?;
-    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
-    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
-    config.python_runtime = Some(runtime.path);
-    let engine = runcell_engine::Engine::with_audit(
-        config,
-        Some(Arc::new(runcell_server::StoreAudit(store))),
-    )?;
+    let engine = crate::audited_engine(data_dir, &store)?;
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
     let mut signals = signal_hook::iterator::Signals::new([

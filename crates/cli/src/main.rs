@@ -136,6 +136,25 @@ fn engine_with_runtime(data_dir: &std::path::Path) -> anyhow::Result<runcell_eng
     engine_on(data_dir, Some(info.path))
 }
 
+/// The engine `serve` and `ask` run: the default runtime (installed if missing), and every
+/// execution recorded in the data dir's database before anyone sees it.
+fn audited_engine(
+    data_dir: &std::path::Path,
+    store: &runcell_store::Store,
+) -> anyhow::Result<runcell_engine::Engine> {
+    use anyhow::Context;
+    let runtime = runtime::ensure_default(data_dir)?;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = Some(runtime.path);
+    Ok(runcell_engine::Engine::with_audit(
+        config,
+        Some(std::sync::Arc::new(runcell_server::StoreAudit(
+            store.clone(),
+        ))),
+    )?)
+}
+
 fn engine_on(
     data_dir: &std::path::Path,
     python_runtime: Option<PathBuf>,

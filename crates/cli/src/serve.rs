@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use runcell_sandbox::doctor::{self, State};
@@ -55,14 +54,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.listen
         );
     }
-    let runtime = crate::runtime::ensure_default(data_dir)?;
-    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
-    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
-    config.python_runtime = Some(runtime.path);
-    let engine = runcell_engine::Engine::with_audit(
-        config,
-        Some(Arc::new(runcell_server::StoreAudit(store.clone()))),
-    )?;
+    let engine = crate::audited_engine(data_dir, &store)?;
 
     let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
     if recovered + dead > 0 {

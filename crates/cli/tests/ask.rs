@@ -15,19 +15,10 @@ use serde_json::{json, Value};
 
 /// A data dir whose runtime is the shared, already-installed test runtime.
 fn data_dir() -> PathBuf {
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    runcell_engine::testing::python_runtime(cache);
-    let dir = tempfile::Builder::new()
-        .prefix("runcell-ask-test-")
-        .tempdir()
-        .expect("tempdir")
-        .keep();
-    std::os::unix::fs::symlink(
-        cache.join("runcell-test-runtimes/runtimes"),
-        dir.join("runtimes"),
+    runcell_engine::testing::data_dir_with_runtime(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "runcell-ask-test-",
     )
-    .expect("link runtimes");
-    dir
 }
 
 fn runcell(data: &Path) -> Command {

@@ -12,19 +12,10 @@ use serde_json::{json, Value};
 
 /// A data dir whose runtime is the shared, already-installed test runtime.
 fn data_dir() -> PathBuf {
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    runcell_engine::testing::python_runtime(cache);
-    let dir = tempfile::Builder::new()
-        .prefix("runcell-mcp-test-")
-        .tempdir()
-        .expect("tempdir")
-        .keep();
-    std::os::unix::fs::symlink(
-        cache.join("runcell-test-runtimes/runtimes"),
-        dir.join("runtimes"),
+    runcell_engine::testing::data_dir_with_runtime(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "runcell-mcp-test-",
     )
-    .expect("link runtimes");
-    dir
 }
 
 async fn call(client: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> CallToolResult {

@@ -44,6 +44,23 @@ pub fn python_runtime(cache: &Path) -> PathBuf {
     .clone()
 }
 
+/// A fresh data dir (named `prefix…`) whose `runtimes` is the shared test runtime under `cache`,
+/// for tests of the real binary (`runcell serve`, `mcp`, `ask`): no second install.
+pub fn data_dir_with_runtime(cache: &Path, prefix: &str) -> PathBuf {
+    python_runtime(cache);
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    std::os::unix::fs::symlink(
+        cache.join("runcell-test-runtimes/runtimes"),
+        dir.join("runtimes"),
+    )
+    .expect("link runtimes");
+    dir
+}
+
 /// An engine on a fresh data dir, with the Python runtime cached under `cache`.
 pub fn engine_config(cache: &Path) -> EngineConfig {
     let dir = tempfile::Builder::new()

@@ -216,9 +216,9 @@ pub(crate) fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Result<(), ApiError> {
-    let store = state.store.clone();
-    let rec = SessionRecord {
+/// What the store keeps of a live session.
+pub(crate) fn session_record(engine: &runcell_engine::Engine, info: &SessionInfo) -> SessionRecord {
+    SessionRecord {
         id: info.id.clone(),
         tenant: info.owner.clone(),
         language: info.language.as_str().to_owned(),
@@ -226,17 +226,22 @@ pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Res
         created_at: info.created_at,
         last_active_at: info.last_active_at,
         expires_at: info.expires_at,
-        limits_json: serde_json::to_string(&info.limits).map_err(ApiError::internal)?,
-        metadata_json: serde_json::to_string(&info.metadata).map_err(ApiError::internal)?,
-        workspace_path: state
-            .engine
+        // Both serialise plain maps and numbers: they cannot fail.
+        limits_json: serde_json::to_string(&info.limits).unwrap_or_default(),
+        metadata_json: serde_json::to_string(&info.metadata).unwrap_or_default(),
+        workspace_path: engine
             .config()
             .data_dir
             .join("workspaces")
             .join(&info.id)
             .to_string_lossy()
             .into_owned(),
-    };
+    }
+}
+
+pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Result<(), ApiError> {
+    let store = state.store.clone();
+    let rec = session_record(&state.engine, info);
     tokio::task::spawn_blocking(move || store.put_session(&rec))
         .await
         .map_err(ApiError::internal)?

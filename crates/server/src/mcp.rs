@@ -26,7 +26,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use runcell_engine::tools::{self, ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, Language, SessionInfo};
-use runcell_store::{SessionRecord, Store};
+use runcell_store::Store;
 
 use crate::metrics::Metrics;
 use crate::state::{AppState, Tenant};
@@ -284,34 +284,12 @@ impl Conn {
             m.observe_session_start(started.elapsed().as_secs_f64());
         }
         if let Some(store) = &self.store {
-            if let Err(e) = store.put_session(&self.record(&info)) {
+            if let Err(e) = store.put_session(&crate::session_record(&self.engine, &info)) {
                 tracing::error!(session = %info.id, error = %runcell_engine::error_chain(&e), "cannot record an MCP session");
             }
         }
         tracing::info!(session = %info.id, client = self.client, "MCP session started");
         Ok(info)
-    }
-
-    fn record(&self, info: &SessionInfo) -> SessionRecord {
-        SessionRecord {
-            id: info.id.clone(),
-            tenant: info.owner.clone(),
-            language: info.language.as_str().to_owned(),
-            status: "ready".into(),
-            created_at: info.created_at,
-            last_active_at: info.last_active_at,
-            expires_at: info.expires_at,
-            limits_json: serde_json::to_string(&info.limits).unwrap_or_default(),
-            metadata_json: serde_json::to_string(&info.metadata).unwrap_or_default(),
-            workspace_path: self
-                .engine
-                .config()
-                .data_dir
-                .join("workspaces")
-                .join(&info.id)
-                .to_string_lossy()
-                .into_owned(),
-        }
     }
 
     /// Deletes a session of this connection (blocking).
