@@ -7,7 +7,7 @@ use runcell_sandbox::{Launch, RunOptions};
 use serde::Serialize;
 
 use crate::core::{base_env, Engine};
-use crate::model::{Language, Truncated, UsageInfo};
+use crate::model::{Execution, Language, Truncated, UsageInfo};
 use crate::EngineError;
 
 /// What `POST /v1/sessions/{id}/commands` returns.
@@ -54,6 +54,8 @@ impl Engine {
             limits,
             channel: false,
         };
+        let before = workspace.snapshot().unwrap_or_default();
+        let started_at = chrono::Utc::now();
         let out = self
             .core
             .sandbox
@@ -66,7 +68,7 @@ impl Engine {
                 &mut |_, _| {},
             )
             .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
-        Ok(CommandOutput {
+        let output = CommandOutput {
             stdout: out.stdout.render(),
             stderr: out.stderr.render(),
             exit_code: out.exit.shell_code(),
@@ -80,6 +82,85 @@ impl Engine {
                 peak_memory_bytes: out.usage.peak_memory_bytes,
                 killed_by: out.killed_by.map(Into::into),
             },
-        })
+        };
+        // Commands are code too: they go into the audit log like cells (language bash,
+        // execution_count 0 as they are not cells of the kernel).
+        let after = workspace.snapshot().unwrap_or_default();
+        let record = command_execution(session, &output, started_at, before, after);
+        self.core.audit(&info.owner, &record, command)?;
+        Ok(output)
+    }
+}
+
+fn command_execution(
+    session: &str,
+    out: &CommandOutput,
+    started_at: chrono::DateTime<chrono::Utc>,
+    before: std::collections::BTreeMap<String, runcell_sandbox::FileStat>,
+    after: std::collections::BTreeMap<String, runcell_sandbox::FileStat>,
+) -> Execution {
+    use crate::model::{ErrorInfo, ExecutionStatus, KilledBy};
+    let status = match (out.usage.killed_by, out.exit_code) {
+        (Some(KilledBy::Timeout), _) => ExecutionStatus::Timeout,
+        (Some(_), _) => ExecutionStatus::Killed,
+        (None, 0) => ExecutionStatus::Ok,
+        (None, _) => ExecutionStatus::Error,
+    };
+    Execution {
+        id: crate::model::new_id("ex"),
+        session_id: Some(session.to_owned()),
+        language: Language::Bash,
+        execution_count: 0,
+        status,
+        stdout: out.stdout.clone(),
+        stderr: out.stderr.clone(),
+        truncated: out.truncated,
+        results: Vec::new(),
+        error: (status != ExecutionStatus::Ok).then(|| ErrorInfo {
+            name: "ExitCode".into(),
+            value: out.exit_code.to_string(),
+            traceback: String::new(),
+        }),
+        files: crate::oneshot::diff_files(&before, &after),
+        usage: out.usage,
+        started_at,
+        finished_at: chrono::Utc::now(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_records_say_how_the_command_ended() {
+        let out = |exit_code, killed_by| CommandOutput {
+            stdout: "x".into(),
+            stderr: String::new(),
+            exit_code,
+            truncated: Truncated::default(),
+            usage: UsageInfo {
+                killed_by,
+                ..UsageInfo::default()
+            },
+        };
+        let t = chrono::Utc::now();
+        let rec = |o: &CommandOutput| {
+            command_execution("ses_1", o, t, Default::default(), Default::default())
+        };
+        use crate::model::{ExecutionStatus, KilledBy};
+        assert_eq!(rec(&out(0, None)).status, ExecutionStatus::Ok);
+        let e = rec(&out(3, None));
+        assert_eq!(e.status, ExecutionStatus::Error);
+        assert_eq!(e.error.map(|x| x.value), Some("3".into()));
+        assert_eq!(
+            rec(&out(137, Some(KilledBy::Timeout))).status,
+            ExecutionStatus::Timeout
+        );
+        assert_eq!(
+            rec(&out(137, Some(KilledBy::Oom))).status,
+            ExecutionStatus::Killed
+        );
+        assert_eq!(rec(&out(0, None)).language, Language::Bash);
     }
 }

@@ -511,6 +511,16 @@ async fn streaming_disconnect_queue_and_lifecycle() {
         .as_str()
         .unwrap_or_default()
         .contains("was_interrupted"));
+    // Commands are in the audit log too, as bash executions of the session.
+    let (_, execs) = srv
+        .get(&format!("/v1/executions?session_id={id}&limit=1"), None)
+        .await;
+    let last = &execs["executions"][0];
+    assert_eq!(
+        (last["language"].as_str(), last["code"].as_str()),
+        (Some("bash"), Some("ls; exit 3"))
+    );
+    assert_eq!(last["error"]["value"], "3");
     let resp = srv
         .http
         .delete(srv.url(&format!("/v1/sessions/{id}")))
