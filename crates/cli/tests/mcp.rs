@@ -99,6 +99,35 @@ async fn mcp_over_stdio_runs_the_tools_in_one_session() {
         .expect("base64");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
 
+    // Files the code writes are linked, and the links can be read.
+    let r = call(
+        &client,
+        "python",
+        json!({"code": "open('report.csv', 'w').write('a,b\\n1,2\\n')"}),
+    )
+    .await;
+    let link = r
+        .content
+        .iter()
+        .find_map(|c| c.as_resource_link())
+        .unwrap_or_else(|| panic!("no resource link in {:?}", r.content));
+    assert_eq!(link.name, "report.csv");
+    assert_eq!(link.mime_type.as_deref(), Some("text/csv"));
+    let read = client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            link.uri.clone(),
+        ))
+        .await
+        .expect("read the linked file");
+    let body = serde_json::to_value(&read.contents[0]).expect("json");
+    assert_eq!(body["text"], "a,b\n1,2\n", "{body}");
+    let outside = client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            link.uri.replace("report.csv", "../../etc/passwd"),
+        ))
+        .await;
+    assert!(outside.is_err(), "paths outside the workspace are refused");
+
     // Errors are tool errors the model reads.
     let r = call(&client, "python", json!({"code": "1/0"})).await;
     assert_eq!(r.is_error, Some(true));

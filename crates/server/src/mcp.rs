@@ -18,7 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -323,12 +324,17 @@ impl Drop for Conn {
 
 impl ServerHandler for McpHandler {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("runcell", env!("CARGO_PKG_VERSION"))
-                    .with_title("runcell code interpreter"),
-            )
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("runcell", env!("CARGO_PKG_VERSION"))
+                .with_title("runcell code interpreter"),
+        )
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
@@ -361,7 +367,57 @@ impl ServerHandler for McpHandler {
         };
         Ok(to_result(out).into())
     }
+
+    /// Reads a file a tool result linked to (`runcell://sessions/{id}/files/{path}`), from a
+    /// session of the caller's tenant.
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let owner = self
+            .owner_of(&context)
+            .await
+            .map_err(|m| McpError::invalid_params(m, None))?;
+        let (session, path) = request
+            .uri
+            .strip_prefix(RESOURCE_PREFIX)
+            .and_then(|rest| rest.split_once("/files/"))
+            .map(|(s, p)| (s.to_owned(), p.to_owned()))
+            .ok_or_else(|| {
+                McpError::resource_not_found(format!("unknown resource {}", request.uri), None)
+            })?;
+        let engine = self.inner.engine.clone();
+        let p = path.clone();
+        let data = tokio::task::spawn_blocking(move || match engine.sessions().get(&session) {
+            Ok(info) if info.owner == owner => engine.read_file(&session, &p),
+            _ => Err(runcell_engine::EngineError::NotFound(format!(
+                "session {session}"
+            ))),
+        })
+        .await
+        .map_err(|e| McpError::internal_error(e.to_string(), None))?
+        .map_err(|e| McpError::resource_not_found(e.to_string(), None))?;
+        use base64::Engine as _;
+        let mime = runcell_engine::mime_of(&path);
+        let textual = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");
+        let contents = match String::from_utf8(data) {
+            Ok(text) if textual => ResourceContents::text(text, request.uri),
+            Ok(text) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(text.as_bytes()),
+                request.uri,
+            ),
+            Err(e) => ResourceContents::blob(
+                base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
+                request.uri,
+            ),
+        };
+        Ok(ReadResourceResult::new(vec![contents.with_mime_type(mime)]).into())
+    }
 }
+
+/// Files produced by a tool call are linked as `runcell://sessions/{id}/files/{path}`.
+const RESOURCE_PREFIX: &str = "runcell://sessions/";
 
 /// A tool output as MCP content: the text, every image, the Execution as structured content.
 pub fn to_result(out: ToolOutput) -> CallToolResult {
@@ -371,6 +427,26 @@ pub fn to_result(out: ToolOutput) -> CallToolResult {
             .into_iter()
             .map(|i| ContentBlock::image(i.data_base64, i.mime)),
     );
+    // A link per file the code created or changed; `resources/read` serves it.
+    if let Some(e) = &out.execution {
+        if let Some(session) = &e.session_id {
+            content.extend(
+                e.files
+                    .iter()
+                    .filter(|f| f.change != runcell_engine::FileChangeKind::Deleted)
+                    .map(|f| {
+                        ContentBlock::resource_link(
+                            Resource::new(
+                                format!("{RESOURCE_PREFIX}{session}/files/{}", f.path),
+                                f.path.clone(),
+                            )
+                            .with_mime_type(f.mime.clone())
+                            .with_size(f.size),
+                        )
+                    }),
+            );
+        }
+    }
     let mut result = if out.is_error {
         CallToolResult::error(content)
     } else {
