@@ -10,6 +10,8 @@ use runcell_engine::tools::{ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, FileChangeKind, InputFile};
 
 pub mod provider;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 pub use provider::{Client, ModelReply, ProviderConfig, ProviderKind, ToolReply, ToolUse, Turn};
 

@@ -3,14 +3,11 @@
 //! The stand-in only learns the number it answers with from the tool results it is sent, so
 //! the answer proves the code really ran.
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use runcell_agent::testing::{Request, StandIn};
 use serde_json::{json, Value};
 
 /// A data dir whose runtime is the shared, already-installed test runtime.
@@ -32,92 +29,13 @@ fn runcell(data: &Path) -> Command {
     c
 }
 
-/// One request the stand-in got.
-#[derive(Debug, Clone)]
-struct Request {
-    path: String,
-    headers: HashMap<String, String>,
-    body: Value,
-    at: Instant,
-}
-
-/// What the stand-in answers: status, extra headers, JSON body.
-type Reply = (u16, Vec<(&'static str, String)>, Value);
-
-struct StandIn {
-    base: String,
-    requests: Arc<Mutex<Vec<Request>>>,
-}
-
-impl StandIn {
-    /// Serves `script(n, request, all requests so far)` for the n-th request (0-based).
-    fn start(script: impl Fn(usize, &Request) -> Reply + Send + 'static) -> StandIn {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let Some(req) = read_request(&mut conn) else {
-                    continue;
-                };
-                let n = {
-                    let mut all = seen.lock().expect("lock");
-                    all.push(req.clone());
-                    all.len() - 1
-                };
-                let (status, headers, body) = script(n, &req);
-                let body = body.to_string();
-                let mut head = format!(
-                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
-                    body.len()
-                );
-                for (k, v) in headers {
-                    head.push_str(&format!("{k}: {v}\r\n"));
-                }
-                head.push_str("\r\n");
-                let _ = conn.write_all(head.as_bytes());
-                let _ = conn.write_all(body.as_bytes());
-                let _ = conn.flush();
-            }
-        });
-        StandIn {
-            base: format!("http://{addr}"),
-            requests,
-        }
-    }
-
-    fn requests(&self) -> Vec<Request> {
-        self.requests.lock().expect("lock").clone()
-    }
-}
-
-fn read_request(conn: &mut TcpStream) -> Option<Request> {
-    conn.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let mut reader = BufReader::new(conn);
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let path = line.split_whitespace().nth(1)?.to_owned();
-    let mut headers = HashMap::new();
-    loop {
-        let mut h = String::new();
-        reader.read_line(&mut h).ok()?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let (k, v) = h.split_once(':')?;
-        headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
-    }
-    let len: usize = headers.get("content-length")?.parse().ok()?;
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).ok()?;
-    Some(Request {
-        path,
-        headers,
-        body: serde_json::from_slice(&body).ok()?,
-        at: Instant::now(),
+/// The agent crate's provider stand-in, with JSON bodies.
+fn stand_in(
+    script: impl Fn(usize, &Request) -> (u16, Vec<(&'static str, String)>, Value) + Send + 'static,
+) -> StandIn {
+    StandIn::start(move |n, r| {
+        let (status, headers, body) = script(n, r);
+        (status, headers, body.to_string())
     })
 }
 
@@ -186,7 +104,7 @@ fn openai_flow_fixes_a_bug_charts_and_answers_with_the_real_number() {
     let data = data_dir();
     let work = tempfile::tempdir().expect("tempdir");
     let (csv, total) = write_data(work.path());
-    let stand_in = StandIn::start(|n, req| {
+    let stand_in = stand_in(|n, req| {
         let call = |id: &str, code: &str| {
             json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{"index": 0,
                 "finish_reason": "tool_calls",
@@ -316,7 +234,7 @@ fn anthropic_flow_uses_tool_use_blocks_and_images_in_tool_results() {
     let data = data_dir();
     let work = tempfile::tempdir().expect("tempdir");
     let (csv, total) = write_data(work.path());
-    let stand_in = StandIn::start(|n, req| {
+    let stand_in = stand_in(|n, req| {
         let call = |id: &str, code: &str| {
             json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
                 "stop_reason": "tool_use", "content": [
@@ -423,7 +341,7 @@ fn anthropic_flow_uses_tool_use_blocks_and_images_in_tool_results() {
 #[test]
 fn a_429_is_retried_after_retry_after() {
     let data = data_dir();
-    let stand_in = StandIn::start(|n, _| match n {
+    let stand_in = stand_in(|n, _| match n {
         0 => (
             429,
             vec![("retry-after", "1".to_owned())],
@@ -457,7 +375,7 @@ fn a_429_is_retried_after_retry_after() {
 #[test]
 fn a_401_names_the_key_variable() {
     let data = data_dir();
-    let stand_in = StandIn::start(|_, _| {
+    let stand_in = stand_in(|_, _| {
         (
             401,
             vec![],

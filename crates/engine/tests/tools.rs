@@ -15,18 +15,24 @@ fn run(engine: &runcell_engine::Engine, session: &str, name: &str, args: Value) 
         .expect("the session exists")
 }
 
-fn edit(engine: &runcell_engine::Engine, session: &str, args: Value) -> ToolOutput {
-    run(engine, session, "text_editor", args)
-}
-
-#[test]
-fn text_editor_views_creates_replaces_and_inserts() {
+/// An engine with one Python session.
+fn engine_and_session() -> (runcell_engine::testing::TestEngine, String) {
     let engine = runcell_engine::testing::engine(Path::new(env!("CARGO_TARGET_TMPDIR")));
     let s = engine
         .sessions()
         .create(CreateSession::default())
         .expect("session")
         .id;
+    (engine, s)
+}
+
+fn edit(engine: &runcell_engine::Engine, session: &str, args: Value) -> ToolOutput {
+    run(engine, session, "text_editor", args)
+}
+
+#[test]
+fn text_editor_views_creates_replaces_and_inserts() {
+    let (engine, s) = engine_and_session();
 
     let out = edit(
         &engine,
@@ -176,12 +182,7 @@ fn text_editor_views_creates_replaces_and_inserts() {
 
 #[test]
 fn text_editor_stays_in_the_workspace() {
-    let engine = runcell_engine::testing::engine(Path::new(env!("CARGO_TARGET_TMPDIR")));
-    let s = engine
-        .sessions()
-        .create(CreateSession::default())
-        .expect("session")
-        .id;
+    let (engine, s) = engine_and_session();
     for path in [
         "/etc/passwd",
         "../../etc/passwd",
@@ -224,12 +225,7 @@ fn text_editor_stays_in_the_workspace() {
 
 #[test]
 fn python_and_bash_results_are_written_for_a_model() {
-    let engine = runcell_engine::testing::engine(Path::new(env!("CARGO_TARGET_TMPDIR")));
-    let s = engine
-        .sessions()
-        .create(CreateSession::default())
-        .expect("session")
-        .id;
+    let (engine, s) = engine_and_session();
 
     let out = run(
         &engine,

@@ -1,56 +1,18 @@
 //! `POST /mcp` for real: the app bound to port 0, spoken to by rmcp's streamable HTTP client.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::{start, Server};
 use reqwest::StatusCode;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
-use runcell_store::Store;
 use serde_json::{json, Value};
-
-struct Server {
-    base: String,
-    store: Store,
-    engine: runcell_engine::Engine,
-    _shutdown: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.engine.sessions().shutdown();
-    }
-}
-
-async fn start() -> Server {
-    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let config =
-        tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
-            .await
-            .expect("config");
-    let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
-    let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
-    let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
-    let router = runcell_server::app(runcell_server::state(engine.clone(), store.clone(), true));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(runcell_server::serve(listener, router, async move {
-        let _ = rx.await;
-    }));
-    Server {
-        base,
-        store,
-        engine,
-        _shutdown: tx,
-    }
-}
 
 impl Server {
     fn transport(&self, key: Option<&str>) -> StreamableHttpClientTransport<reqwest::Client> {
