@@ -208,7 +208,13 @@ impl Runtimes {
     /// The default runtime's directory name: `python-<X.Y>-<first 12 hex of sha256(lock)>`;
     /// it changes whenever the lock or the system Python's minor version changes.
     pub fn default_name() -> Result<String, RuntimeError> {
-        let version = system_python_version()?;
+        // The name needs only X.Y, which the interpreter's file name says (python3 ->
+        // python3.11) without starting it: this runs on every `runcell run`, where a Python
+        // start-up would cost as much as the whole sandbox.
+        let version = match system_python_minor_from_path() {
+            Some(minor) => minor,
+            None => system_python_version()?,
+        };
         Ok(name_for(&version, PYTHON_LOCK))
     }
 
@@ -417,6 +423,25 @@ fn sha256_hex(bytes: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
     }
     out
+}
+
+/// `X.Y` from the file `/usr/bin/python3` resolves to (`python3.11`), if it is named so.
+fn system_python_minor_from_path() -> Option<String> {
+    let real = std::fs::canonicalize(SYSTEM_PYTHON).ok()?;
+    let minor = real
+        .file_name()?
+        .to_str()?
+        .strip_prefix("python")?
+        .to_owned();
+    let mut parts = minor.split('.');
+    let ok = parts
+        .next()
+        .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts
+            .next()
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts.next().is_none();
+    ok.then_some(minor)
 }
 
 /// `X.Y.Z` of `/usr/bin/python3`, asked once per process.
@@ -958,6 +983,9 @@ mod tests {
         }
         let name = Runtimes::default_name().expect("default name");
         assert_eq!(name, Runtimes::default_name().expect("again"));
+        // The file name and the interpreter agree on X.Y.
+        let asked = system_python_version().expect("version");
+        assert_eq!(name, name_for(&asked, PYTHON_LOCK));
         assert!(name.starts_with("python-3."), "{name}");
         assert!(name.ends_with(&sha256_hex(PYTHON_LOCK.as_bytes())[..12]));
     }
