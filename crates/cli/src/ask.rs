@@ -52,7 +52,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
 
     let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
         .context("cannot open the database")?;
-    let engine = crate::audited_engine(data_dir, &store)?;
+    let engine = crate::audited_engine(data_dir, &store, None)?;
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
     let mut signals = signal_hook::iterator::Signals::new([

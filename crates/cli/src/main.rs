@@ -141,12 +141,14 @@ fn engine_with_runtime(data_dir: &std::path::Path) -> anyhow::Result<runcell_eng
 fn audited_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
+    preload: Option<Vec<String>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
     use anyhow::Context;
     let runtime = runtime::ensure_default(data_dir)?;
     let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
     let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
     config.python_runtime = Some(runtime.path);
+    config.preload = preload;
     Ok(runcell_engine::Engine::with_audit(
         config,
         Some(std::sync::Arc::new(runcell_server::StoreAudit(

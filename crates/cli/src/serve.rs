@@ -15,6 +15,12 @@ pub struct ServeArgs {
     /// A configuration file (reserved; every setting has a flag today).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Modules the zygote imports before forking Python sessions (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = runcell_engine::DEFAULT_PRELOAD.iter().map(|m| m.to_string()))]
+    preload: Vec<String>,
+    /// Start every Python session cold, without the preloaded zygote.
+    #[arg(long)]
+    no_zygote: bool,
 }
 
 pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -54,7 +60,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.listen
         );
     }
-    let engine = crate::audited_engine(data_dir, &store)?;
+    let preload = (!args.no_zygote).then(|| args.preload.clone());
+    let engine = crate::audited_engine(data_dir, &store, preload)?;
 
     let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
     if recovered + dead > 0 {

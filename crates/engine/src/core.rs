@@ -24,7 +24,7 @@ pub const MAX_IDLE_S: u64 = 7 * 24 * 3600;
 /// Where the Python runtime (a venv) appears inside every sandbox.
 pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
 /// Where the kernel's own code appears inside every sandbox.
-const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
+pub(crate) const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
 /// How long a kernel may take to say it is ready.
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -88,6 +88,9 @@ pub struct EngineConfig {
     /// The Python runtime (a venv with the data-science stack), bound read-only at
     /// `/opt/runcell/python`. Without one, Python runs on the host's `/usr/bin/python3`.
     pub python_runtime: Option<PathBuf>,
+    /// Modules a preloaded zygote imports before forking Python sessions (DESIGN.md §4);
+    /// `None` starts every session cold. Needs `python_runtime`.
+    pub preload: Option<Vec<String>>,
 }
 
 impl EngineConfig {
@@ -97,6 +100,7 @@ impl EngineConfig {
             init_exe,
             run_dir: PathBuf::from("/run/runcell"),
             python_runtime: None,
+            preload: None,
         }
     }
 }
@@ -104,8 +108,10 @@ impl EngineConfig {
 pub(crate) struct Core {
     pub(crate) config: EngineConfig,
     pub(crate) sandbox: Sandbox,
-    /// Host directory holding the kernel code, bound read-only into sessions.
-    kernel_dir: PathBuf,
+    /// Host directory holding the kernel code, bound read-only into sessions; written when the
+    /// first kernel starts, so one-shot runs (`runcell run`) never pay for it.
+    kernel_dir: std::sync::Mutex<Option<PathBuf>>,
+    pub(crate) zygote: crate::zygote::ZygoteSlot,
     audit: Option<Arc<dyn AuditSink>>,
 }
 
@@ -127,12 +133,12 @@ impl Core {
         ] {
             create_dir(&dir)?;
         }
-        let kernel_dir = write_kernel(&config.data_dir)?;
         sweep_stale_one_shots(&config);
         Ok(Core {
+            zygote: crate::zygote::ZygoteSlot::new(config.preload.clone()),
             config,
             sandbox,
-            kernel_dir,
+            kernel_dir: std::sync::Mutex::new(None),
             audit,
         })
     }
@@ -198,9 +204,20 @@ impl Core {
         }
     }
 
+    /// The kernel code's host directory, written on first use.
+    pub(crate) fn kernel_dir(&self) -> Result<PathBuf, EngineError> {
+        let mut dir = self.kernel_dir.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = &*dir {
+            return Ok(d.clone());
+        }
+        let d = write_kernel(&self.config.data_dir)?;
+        *dir = Some(d.clone());
+        Ok(d)
+    }
+
     /// Starts a kernel for `language` in a new sandbox on `workspace`.
     pub(crate) fn start_kernel(
-        &self,
+        self: &Arc<Self>,
         workspace: &Workspace,
         language: Language,
         limits: &SessionLimits,
@@ -210,7 +227,7 @@ impl Core {
         // data-science Python as a Python session's.
         let (python, mut binds) = self.python();
         binds.push(Bind {
-            source: self.kernel_dir.clone(),
+            source: self.kernel_dir()?,
             target: SANDBOX_KERNEL_DIR.into(),
         });
         let l = limits.sandbox_limits();
@@ -236,6 +253,15 @@ impl Core {
             limits: l,
             channel: true,
         };
+        if language == Language::Python {
+            if let Some(zygote) = self.zygote() {
+                match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
+                    Ok(k) => return Ok(k),
+                    // Slower, never broken: a cold start follows; the zygote is restarted.
+                    Err(e) => self.zygote_failed(chain(&e)),
+                }
+            }
+        }
         Kernel::start(&self.sandbox, &launch, KERNEL_READY_TIMEOUT)
             .map_err(|e| EngineError::Sandbox(chain(&e)))
     }
@@ -267,12 +293,24 @@ impl Engine {
         audit: Option<Arc<dyn AuditSink>>,
     ) -> Result<Engine, EngineError> {
         let core = Arc::new(Core::new(config, audit)?);
+        // Preloading takes a second or more: begin now, in the background.
+        let _ = core.zygote();
         let sessions = SessionManager::new(core.clone());
         Ok(Engine { core, sessions })
     }
 
     pub fn config(&self) -> &EngineConfig {
         &self.core.config
+    }
+
+    /// The zygote's state (Python sessions are forked from it when it is ready).
+    pub fn zygote_status(&self) -> crate::zygote::ZygoteStatus {
+        self.core.zygote.status()
+    }
+
+    /// Waits up to `timeout` for the zygote to finish starting; returns its state then.
+    pub fn wait_for_zygote(&self, timeout: Duration) -> crate::zygote::ZygoteStatus {
+        self.core.wait_zygote(timeout)
     }
 
     pub fn sessions(&self) -> &SessionManager {

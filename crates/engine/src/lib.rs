@@ -11,6 +11,7 @@ mod session;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
+mod zygote;
 
 use std::path::PathBuf;
 
@@ -29,6 +30,7 @@ pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
 };
+pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
 /// Errors of the engine, in the words a caller can act on.
 #[derive(Debug, thiserror::Error)]

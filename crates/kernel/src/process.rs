@@ -126,7 +126,26 @@ impl Kernel {
         launch: &Launch<'_>,
         ready_timeout: Duration,
     ) -> Result<Kernel, KernelError> {
-        let mut running = sandbox.spawn(launch).map_err(KernelError::Start)?;
+        let running = sandbox.spawn(launch).map_err(KernelError::Start)?;
+        Self::attach(running, ready_timeout)
+    }
+
+    /// Like [`Kernel::start`], from a fork of a preloaded zygote (Python only): the kernel
+    /// module is already imported there and `launch.argv` is not executed.
+    pub fn start_in(
+        sandbox: &Sandbox,
+        zygote: &runcell_sandbox::Zygote,
+        launch: &Launch<'_>,
+        ready_timeout: Duration,
+    ) -> Result<Kernel, KernelError> {
+        let running = sandbox
+            .spawn_in(zygote, launch)
+            .map_err(KernelError::Start)?;
+        Self::attach(running, ready_timeout)
+    }
+
+    /// Waits for the kernel's Ready message on a started sandbox.
+    fn attach(mut running: Running, ready_timeout: Duration) -> Result<Kernel, KernelError> {
         // Cells come over the channel; the kernel's stdin is at end-of-file from the start.
         running.stdin = None;
         let mut channel = running

@@ -85,8 +85,10 @@ impl StepError {
 /// Call first thing in `main` of any binary that can serve as the init helper: when the first
 /// argument is [`INIT_ARG`] this never returns.
 pub fn run_if_init() {
-    if std::env::args_os().nth(1).is_some_and(|a| a == INIT_ARG) {
-        init_main()
+    match std::env::args_os().nth(1) {
+        Some(a) if a == INIT_ARG => init_main(),
+        Some(a) if a == crate::zygote::ZYGOTE_ARG => crate::zygote::zygote_main(),
+        _ => {}
     }
 }
 
@@ -106,14 +108,58 @@ pub fn init_main() -> ! {
     }
     let line = match spec {
         Err(e) => format!("error invalid sandbox spec: {e}\n"),
-        Ok(spec) => match helper(&spec) {
-            Ok(status) => describe_status(status),
+        Ok(spec) => match helper(&spec, Program::Exec) {
+            Ok(Outcome::Exited(status)) => describe_status(status),
+            Ok(Outcome::Program) => unreachable!("an exec'd program never returns here"),
             Err(e) => format!("error {}: {}\n", e.step, e.message.replace('\n', " ")),
         },
     };
     let _ = write_all_fd(CONTROL_FD, line.as_bytes());
     // SAFETY: exiting the helper; no destructors need to run.
     unsafe { libc::_exit(0) }
+}
+
+/// The helper's part for a zygote-born sandbox, in the zygote's fresh child: the same steps as
+/// [`init_main`], with the program being this very process image (a preloaded Python) instead of
+/// an `execve`. Descriptors 0-4 are in place as for the exec'd helper. Returns only in the
+/// program's process, confined (steps 1-7 done); the helper and pid 1 never return.
+pub(crate) fn zygote_child(spec_bytes: &[u8]) {
+    // SAFETY: as in init_main.
+    unsafe { libc::setsid() };
+    close_fds_from(CHANNEL_FD + 1, &[]);
+    let spec = Spec::from_bytes(spec_bytes).map_err(io::Error::other);
+    if !spec.as_ref().is_ok_and(|s| s.channel) {
+        // SAFETY: closing a descriptor nobody else in this process uses.
+        unsafe { libc::close(CHANNEL_FD) };
+    }
+    let line = match spec {
+        Err(e) => format!("error invalid sandbox spec: {e}\n"),
+        Ok(spec) => match helper(&spec, Program::Continue) {
+            Ok(Outcome::Program) => return,
+            Ok(Outcome::Exited(status)) => describe_status(status),
+            Err(e) => format!("error {}: {}\n", e.step, e.message.replace('\n', " ")),
+        },
+    };
+    let _ = write_all_fd(CONTROL_FD, line.as_bytes());
+    // SAFETY: exiting the helper; no destructors need to run (and the zygote's must not).
+    unsafe { libc::_exit(0) }
+}
+
+/// What the sandbox's program is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Program {
+    /// `execve` of the spec's argv (every cold sandbox).
+    Exec,
+    /// The calling process image itself, which continues once confined (a zygote's child).
+    Continue,
+}
+
+/// How [`helper`] returned.
+enum Outcome {
+    /// In the helper: the program's raw wait status.
+    Exited(libc::c_int),
+    /// In the program's own process, confined ([`Program::Continue`] only).
+    Program,
 }
 
 fn describe_status(status: libc::c_int) -> String {
@@ -148,7 +194,7 @@ fn read_spec() -> io::Result<Vec<u8>> {
 
 /// Host side: join the cgroup, create the namespaces, map the ids, wait for the sandbox.
 /// Returns the program's raw wait status.
-fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
+fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
     // Supplementary groups survive clone and stay usable in the user namespace: host root's
     // group 0 would open group-readable root files to the sandbox. Drop them while still root.
     // SAFETY: an empty group list.
@@ -189,7 +235,8 @@ fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
     if pid == 0 {
         drop(sync_w);
         drop(msg_r);
-        sandbox_pid1(spec, sync_r, msg_w);
+        sandbox_pid1(spec, sync_r, msg_w, program);
+        return Ok(Outcome::Program);
     }
     let pid = pid as libc::pid_t;
     if spec.channel {
@@ -240,7 +287,7 @@ fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
         }
     }
     // pid 1 reports the program's status; if it died without a word (killed), report how it died.
-    Ok(final_status.unwrap_or(status))
+    Ok(Outcome::Exited(final_status.unwrap_or(status)))
 }
 
 /// Moves the (single-threaded) helper into one cgroup. On v1, writing "0" to `tasks` moves just
@@ -343,11 +390,24 @@ fn redirect_stdio_to_null() {
 }
 
 /// Pid 1 of the new namespaces. Never returns.
-fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
-    let program = match prepare(spec, &sync_r) {
+/// Pid 1: steps 1-4, then the program's process. Returns only in that process, confined, when
+/// the program is [`Program::Continue`].
+fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd, program: Program) {
+    let pid = match prepare(spec, &sync_r) {
         Ok(()) => {
             // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
             match unsafe { libc::fork() } {
+                0 if program == Program::Continue => {
+                    let msg_fd = msg_w.into_raw_fd();
+                    // confine() closes it with every other descriptor above the channel.
+                    let _ = sync_r.into_raw_fd();
+                    if let Err(e) = enter_program(spec, msg_fd) {
+                        die(msg_fd, e, 127)
+                    }
+                    // SAFETY: pid 1's message pipe: the program must not keep it.
+                    unsafe { libc::close(msg_fd) };
+                    return;
+                }
                 0 => exec_program(spec, msg_w.as_raw_fd()),
                 -1 => die(
                     msg_w.as_raw_fd(),
@@ -359,7 +419,7 @@ fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
         }
         Err(e) => die(msg_w.as_raw_fd(), e, 1),
     };
-    reap(program, msg_w.into_raw_fd())
+    reap(pid, msg_w.into_raw_fd())
 }
 
 /// Reports a failed step to the helper and exits.
@@ -462,6 +522,31 @@ fn exec_program(spec: &Spec, msg_fd: libc::c_int) -> ! {
         },
         127,
     )
+}
+
+/// Steps 5-7 for a program that is this process image: what `execve` would have done with the
+/// environment and the working directory is done here, then the same confinement.
+fn enter_program(spec: &Spec, msg_fd: libc::c_int) -> Result<(), StepError> {
+    let env = spec
+        .env
+        .iter()
+        .map(|(k, v)| Ok((CString::new(k.as_bytes())?, CString::new(v.as_bytes())?)))
+        .collect::<Result<Vec<_>, std::ffi::NulError>>()
+        .map_err(StepError::at(Step::Exec))?;
+    // SAFETY: single-threaded; nothing holds pointers into the environment across these calls.
+    unsafe {
+        libc::clearenv();
+        for (k, v) in &env {
+            libc::setenv(k.as_ptr(), v.as_ptr(), 1);
+        }
+    }
+    // SAFETY: a constant valid path.
+    cvt(unsafe { libc::chdir(c"/workspace".as_ptr()) }).map_err(StepError::at(Step::Exec))?;
+    if spec.channel {
+        // SAFETY: as in exec_program.
+        unsafe { libc::dup2(CHANNEL_FD, 3) };
+    }
+    confine(spec, msg_fd)
 }
 
 /// Steps 5-7 for the calling process.

@@ -21,6 +21,7 @@ mod supervisor;
 mod sys;
 mod user_ns;
 mod workspace;
+pub mod zygote;
 
 pub use init::{init_main, run_if_init};
 pub use output::CappedOutput;
@@ -31,3 +32,4 @@ pub use supervisor::{
 };
 pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
 pub use workspace::{validate_relative, FileStat, Workspace, WorkspaceError, MAX_PATH_BYTES};
+pub use zygote::{Zygote, ZygoteConfig, ZygoteError, ZYGOTE_ARG};

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -130,6 +130,8 @@ pub enum SandboxError {
     },
     #[error("the sandbox could not be set up: {0}")]
     Setup(String),
+    #[error("the zygote could not fork the sandbox: {0}")]
+    Zygote(String),
     #[error("sandbox i/o failed")]
     Io(#[from] io::Error),
 }
@@ -156,35 +158,7 @@ impl Sandbox {
 
     /// Starts the program in a new sandbox. Its stdin, stdout and stderr are pipes.
     pub fn spawn(&self, launch: &Launch<'_>) -> Result<Running, SandboxError> {
-        let l = &launch.limits;
-        let name = format!("rc-{}-{:08x}", launch.workspace.host_uid(), random_u32());
-        let cgroup = self
-            .cgroups
-            .create(
-                &name,
-                &CgroupLimits {
-                    memory_bytes: l.memory_bytes,
-                    pids: l.pids,
-                    cpu_millis: l.cpu_millis,
-                },
-            )
-            .map_err(SandboxError::Cgroup)?;
-        let spec = Spec {
-            argv: launch.argv.clone(),
-            env: launch.env.clone(),
-            workspace: launch.workspace.path().to_owned(),
-            ro_binds: launch.ro_binds.clone(),
-            host_uid: launch.workspace.host_uid(),
-            cgroup_procs: cgroup.procs_files(),
-            limits: InnerLimits {
-                tmp_bytes: l.tmp_bytes,
-                nofile: l.nofile,
-                fsize_bytes: l.fsize_bytes,
-                nproc: l.pids,
-            },
-            channel: launch.channel,
-        };
-        let spec_bytes = spec.to_bytes()?;
+        let (cgroup, spec_bytes) = self.prepare(launch)?;
         let (control, helper_end) = socketpair_cloexec()?;
         let (channel, program_end) = socketpair_cloexec()?;
         let ends = [helper_end.as_raw_fd(), program_end.as_raw_fd()];
@@ -216,6 +190,86 @@ impl Sandbox {
             started: Instant::now(),
             killed_by: None,
         })
+    }
+
+    /// Starts the sandbox from a fork of `zygote`: the same steps as [`Sandbox::spawn`], with
+    /// the zygote's preloaded Python as the program (`launch.argv` is not executed). On
+    /// [`SandboxError::Zygote`] nothing was started and a cold [`Sandbox::spawn`] can follow.
+    pub fn spawn_in(
+        &self,
+        zygote: &crate::zygote::Zygote,
+        launch: &Launch<'_>,
+    ) -> Result<Running, SandboxError> {
+        let (cgroup, spec_bytes) = self.prepare(launch)?;
+        let (control, helper_end) = socketpair_cloexec()?;
+        let (channel, program_end) = socketpair_cloexec()?;
+        let (in_r, in_w) = pipe_cloexec()?;
+        let (out_r, out_w) = pipe_cloexec()?;
+        let (err_r, err_w) = pipe_cloexec()?;
+        let pidfd = zygote
+            .fork_sandbox(
+                &spec_bytes,
+                [
+                    in_r.as_fd(),
+                    out_w.as_fd(),
+                    err_w.as_fd(),
+                    helper_end.as_fd(),
+                    program_end.as_fd(),
+                ],
+            )
+            .map_err(|e| SandboxError::Zygote(e.to_string()))?;
+        drop((helper_end, program_end, in_r, out_w, err_w));
+        let control = File::from(control);
+        // The spec came with the request; the control socket only carries the report back.
+        shutdown_write(&control)?;
+        Ok(Running {
+            stdin: Some(File::from(in_w)),
+            stdout: Some(File::from(out_r)),
+            stderr: Some(File::from(err_r)),
+            channel: launch.channel.then(|| UnixStream::from(channel)),
+            helper: Helper::Pidfd {
+                fd: std::sync::Arc::new(pidfd),
+                exited: false,
+            },
+            report: Some(control),
+            cgroup: Some(cgroup),
+            started: Instant::now(),
+            killed_by: None,
+        })
+    }
+
+    /// The sandbox's cgroup and its encoded spec.
+    fn prepare(&self, launch: &Launch<'_>) -> Result<(Cgroup, Vec<u8>), SandboxError> {
+        let l = &launch.limits;
+        let name = format!("rc-{}-{:08x}", launch.workspace.host_uid(), random_u32());
+        let cgroup = self
+            .cgroups
+            .create(
+                &name,
+                &CgroupLimits {
+                    memory_bytes: l.memory_bytes,
+                    pids: l.pids,
+                    cpu_millis: l.cpu_millis,
+                },
+            )
+            .map_err(SandboxError::Cgroup)?;
+        let spec = Spec {
+            argv: launch.argv.clone(),
+            env: launch.env.clone(),
+            workspace: launch.workspace.path().to_owned(),
+            ro_binds: launch.ro_binds.clone(),
+            host_uid: launch.workspace.host_uid(),
+            cgroup_procs: cgroup.procs_files(),
+            limits: InnerLimits {
+                tmp_bytes: l.tmp_bytes,
+                nofile: l.nofile,
+                fsize_bytes: l.fsize_bytes,
+                nproc: l.pids,
+            },
+            channel: launch.channel,
+        };
+        let spec_bytes = spec.to_bytes()?;
+        Ok((cgroup, spec_bytes))
     }
 
     /// Starts the helper as a fresh `runcell __sandbox-init` process: required when the caller
@@ -391,11 +445,12 @@ impl Running {
     /// `Running` is busy elsewhere (a session's worker reading its output).
     pub fn handle(&self) -> io::Result<RunningHandle> {
         let helper = match &self.helper {
-            Helper::Exec(c) => c.id() as libc::pid_t,
-            Helper::Forked { pid, .. } => *pid,
+            Helper::Exec(c) => pidfd_open(c.id() as libc::pid_t)?,
+            Helper::Forked { pid, .. } => pidfd_open(*pid)?,
+            Helper::Pidfd { fd, .. } => fd.clone(),
         };
         Ok(RunningHandle {
-            helper: pidfd_open(helper)?,
+            helper,
             program: self.program_host_pid().map(pidfd_open).transpose()?,
         })
     }
@@ -687,7 +742,15 @@ fn pollfd(fd: libc::c_int, events: libc::c_short) -> libc::pollfd {
 #[derive(Debug)]
 enum Helper {
     Exec(Child),
-    Forked { pid: libc::pid_t, reaped: bool },
+    Forked {
+        pid: libc::pid_t,
+        reaped: bool,
+    },
+    /// A zygote's child: not ours to reap (the zygote does), watched through its pidfd.
+    Pidfd {
+        fd: std::sync::Arc<OwnedFd>,
+        exited: bool,
+    },
 }
 
 impl Helper {
@@ -701,6 +764,10 @@ impl Helper {
                 unsafe { libc::kill(*pid, libc::SIGKILL) };
             }
             Helper::Forked { .. } => {}
+            Helper::Pidfd { fd, exited: false } => {
+                pidfd_send_signal(fd, libc::SIGKILL);
+            }
+            Helper::Pidfd { .. } => {}
         }
     }
 
@@ -716,6 +783,20 @@ impl Helper {
                     if r == *pid || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
                     {
                         *reaped = true;
+                    }
+                }
+            }
+            Helper::Pidfd { fd, exited } => {
+                while !*exited {
+                    let mut pfd = libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd; a pidfd polls readable once the process exits.
+                    let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+                    if r > 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                        *exited = true;
                     }
                 }
             }

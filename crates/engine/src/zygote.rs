@@ -1,0 +1,192 @@
+//! The engine's side of the zygote (DESIGN.md §4): start it in the background, hand Python
+//! sessions to it while it is alive, restart it when it dies, and fall back to cold starts (slower,
+//! never broken) whenever it is not there.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use runcell_sandbox::{Zygote, ZygoteConfig};
+
+use crate::core::{base_env, Core, SANDBOX_KERNEL_DIR, SANDBOX_PYTHON};
+use crate::model::Language;
+
+/// Modules a zygote imports unless configured otherwise.
+pub const DEFAULT_PRELOAD: &[&str] = &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"];
+
+/// How long preloading may take (a cold disk can make the first imports slow).
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Wait before starting again after a failure, so a broken runtime does not spin.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// What the zygote is doing, for `/healthz`, logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ZygoteStatus {
+    /// Not configured (no runtime, or preloading turned off): every session starts cold.
+    Off,
+    Starting,
+    Ready {
+        pid: u32,
+        preloaded: Vec<String>,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+pub(crate) struct ZygoteSlot {
+    preload: Option<Vec<String>>,
+    state: Mutex<State>,
+}
+
+enum State {
+    Idle,
+    Starting,
+    Ready(Arc<Zygote>),
+    Failed { at: Instant, error: String },
+}
+
+impl ZygoteSlot {
+    pub(crate) fn new(preload: Option<Vec<String>>) -> Self {
+        Self {
+            preload,
+            state: Mutex::new(State::Idle),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn status(&self) -> ZygoteStatus {
+        if self.preload.is_none() {
+            return ZygoteStatus::Off;
+        }
+        match &*self.lock() {
+            State::Idle | State::Starting => ZygoteStatus::Starting,
+            State::Ready(z) => ZygoteStatus::Ready {
+                pid: z.pid(),
+                preloaded: z.preloaded.clone(),
+            },
+            State::Failed { error, .. } => ZygoteStatus::Failed {
+                error: error.clone(),
+            },
+        }
+    }
+}
+
+impl Core {
+    /// The live zygote, if there is one. Otherwise (re)starts it in the background when due and
+    /// returns `None`: the caller starts cold this time.
+    pub(crate) fn zygote(self: &Arc<Self>) -> Option<Arc<Zygote>> {
+        self.zygote.preload.as_ref()?;
+        self.config.python_runtime.as_ref()?;
+        let mut state = self.zygote.lock();
+        match &*state {
+            State::Ready(z) if z.is_alive() => return Some(z.clone()),
+            State::Ready(z) => {
+                tracing::warn!(
+                    pid = z.pid(),
+                    "the zygote died; restarting it (sessions start cold meanwhile)"
+                );
+            }
+            State::Starting => return None,
+            State::Failed { at, .. } if at.elapsed() < RETRY_AFTER => return None,
+            State::Failed { .. } | State::Idle => {}
+        }
+        *state = State::Starting;
+        drop(state);
+        let core = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("runcell-zygote-start".into())
+            .spawn(move || {
+                let result = core.start_zygote();
+                let mut state = core.zygote.lock();
+                *state = match result {
+                    Ok(z) => {
+                        tracing::info!(pid = z.pid(), preloaded = ?z.preloaded, "zygote ready");
+                        State::Ready(Arc::new(z))
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "no zygote: Python sessions start cold");
+                        State::Failed {
+                            at: Instant::now(),
+                            error,
+                        }
+                    }
+                };
+            });
+        if let Err(e) = spawned {
+            *self.zygote.lock() = State::Failed {
+                at: Instant::now(),
+                error: e.to_string(),
+            };
+        }
+        None
+    }
+
+    /// Marks the zygote as unusable after a failed fork, so the next session restarts it.
+    pub(crate) fn zygote_failed(&self, error: String) {
+        let mut state = self.zygote.lock();
+        if matches!(&*state, State::Ready(_)) {
+            tracing::warn!(%error, "the zygote failed a request; it will be restarted");
+            *state = State::Failed {
+                at: Instant::now() - RETRY_AFTER,
+                error,
+            };
+        }
+    }
+
+    /// Waits (up to `timeout`) for the zygote to be ready; for tests and benchmarks.
+    pub(crate) fn wait_zygote(self: &Arc<Self>, timeout: Duration) -> ZygoteStatus {
+        let end = Instant::now() + timeout;
+        loop {
+            let _ = self.zygote();
+            let status = self.zygote.status();
+            if !matches!(status, ZygoteStatus::Starting) || Instant::now() >= end {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_zygote(&self) -> Result<Zygote, String> {
+        let runtime = self
+            .config
+            .python_runtime
+            .as_ref()
+            .ok_or("no Python runtime")?;
+        let version = python_version(runtime)?;
+        let kernel_dir = self.kernel_dir().map_err(|e| crate::chain(&e))?;
+        let preload = self.zygote.preload.clone().unwrap_or_default();
+        let config = ZygoteConfig {
+            python: format!("{SANDBOX_PYTHON}/bin/python3").into(),
+            libpython: runcell_sandbox::zygote::libpython_for(&version),
+            binds: vec![
+                (runtime.clone(), SANDBOX_PYTHON.into()),
+                (kernel_dir, SANDBOX_KERNEL_DIR.into()),
+            ],
+            // A session's environment at the default CPU quota: one BLAS thread, which is also
+            // what keeps the zygote single-threaded.
+            env: base_env(Language::Python, 1000, true),
+            kernel_dir: SANDBOX_KERNEL_DIR.into(),
+            kernel_module: "runcell_kernel".into(),
+            preload,
+        };
+        Zygote::start(&self.config.init_exe, &config, START_TIMEOUT).map_err(|e| crate::chain(&e))
+    }
+}
+
+/// `X.Y` of the runtime's interpreter, from the venv's `pyvenv.cfg`.
+fn python_version(runtime: &std::path::Path) -> Result<String, String> {
+    let cfg = std::fs::read_to_string(runtime.join("pyvenv.cfg"))
+        .map_err(|e| format!("cannot read {}/pyvenv.cfg: {e}", runtime.display()))?;
+    cfg.lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| matches!(k.trim(), "version" | "version_info"))
+        .and_then(|(_, v)| {
+            let mut parts = v.trim().split('.');
+            Some(format!("{}.{}", parts.next()?, parts.next()?))
+        })
+        .ok_or_else(|| format!("{}/pyvenv.cfg names no version", runtime.display()))
+}

@@ -1,0 +1,761 @@
+//! The zygote (DESIGN.md §4): one single-threaded Python per runtime that has already imported
+//! the heavy modules, and forks every new Python session.
+//!
+//! The zygote is the runcell binary itself (`runcell __zygote`), which loads libpython with
+//! `dlopen` and initialises the interpreter in-process. That keeps the isolation steps in one
+//! place: a fork of the zygote becomes the helper of [`crate::init`] and runs exactly the steps a
+//! cold sandbox runs (cgroup, namespaces, uid map, mounts, limits, privileges, Landlock,
+//! seccomp), except that its program is the forked Python itself instead of an `execve`.
+//!
+//! ```text
+//! supervisor ──request (spec + 5 fds)──▶ zygote (host root; own mount namespace where the
+//!     ▲                                   │ runtime and the kernel sit at their sandbox paths)
+//!     └──────── pidfd of the helper ──────┤ fork
+//!                                          ▼
+//!                        helper: back to the host's mount namespace, then init.rs's steps
+//!                          └─▶ pid 1 ─▶ program: confined, returns into the preloaded Python,
+//!                                          which reseeds its RNGs and serves the kernel protocol
+//! ```
+//!
+//! Paths inside the preloaded Python (module files, `sys.path`, `sys.prefix`) must be valid in
+//! the sandbox too, so the zygote runs in its own mount namespace in which the runtime and the
+//! kernel code are bound where sandboxes see them (`/opt/runcell/...`). Its children go back to
+//! the host's mount namespace before building the sandbox's, so bind sources resolve as usual.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::sys::{cstr, cvt, pipe_cloexec};
+
+/// First argument of the runcell binary that makes it a zygote.
+pub const ZYGOTE_ARG: &str = "__zygote";
+
+/// The zygote's request socket (a `SOCK_SEQPACKET` socket to the supervisor).
+const REQUEST_FD: RawFd = 3;
+
+/// Largest request: a sandbox spec (a few KiB in practice).
+const MAX_REQUEST: usize = 1 << 20;
+
+/// What a zygote preloads, and where.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ZygoteConfig {
+    /// The interpreter's path as sandboxes see it; Python finds its prefix (and the venv's
+    /// `pyvenv.cfg`) from it.
+    pub python: PathBuf,
+    /// The shared libpython matching that interpreter, e.g. `libpython3.11.so.1.0`.
+    pub libpython: String,
+    /// Host directories and where the zygote (and every sandbox) sees them.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    /// The environment of a session (thread counts, matplotlib backend, ...): modules read it
+    /// while they are imported, so the zygote imports them under the same one.
+    pub env: Vec<(String, String)>,
+    /// Directory of the kernel module, as sandboxes see it, and the module's name.
+    pub kernel_dir: PathBuf,
+    pub kernel_module: String,
+    /// Modules imported before serving (`numpy`, `pandas`, `matplotlib.pyplot`, ...).
+    pub preload: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error("cannot start the zygote {exe}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the zygote failed to start: {0}")]
+    Preload(String),
+    #[error("the zygote is gone")]
+    Gone(#[source] io::Error),
+    #[error("the zygote refused the request: {0}")]
+    Refused(String),
+    #[error("invalid zygote configuration: {0}")]
+    Config(String),
+}
+
+/// The supervisor's handle on a running zygote. Requests are served one at a time.
+#[derive(Debug)]
+pub struct Zygote {
+    inner: Mutex<Inner>,
+    pid: u32,
+    /// Modules the zygote holds, as reported once it was ready.
+    pub preloaded: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    child: Child,
+    socket: OwnedFd,
+}
+
+impl Zygote {
+    /// Starts `init_exe __zygote` and waits until it has preloaded (which takes the time of
+    /// the imports: a second or more).
+    pub fn start(
+        init_exe: &Path,
+        config: &ZygoteConfig,
+        timeout: Duration,
+    ) -> Result<Zygote, ZygoteError> {
+        for m in &config.preload {
+            let ok = !m.is_empty()
+                && m.split('.').all(|p| {
+                    !p.is_empty()
+                        && !p.starts_with(|c: char| c.is_ascii_digit())
+                        && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            if !ok {
+                return Err(ZygoteError::Config(format!("{m:?} is not a module name")));
+            }
+        }
+        let (ours, theirs) = seqpacket_pair().map_err(|source| ZygoteError::Spawn {
+            exe: init_exe.into(),
+            source,
+        })?;
+        let theirs_fd = theirs.as_raw_fd();
+        let mut cmd = Command::new(init_exe);
+        cmd.arg(ZYGOTE_ARG)
+            // No server secret reaches the zygote: its children become sandboxes.
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // SAFETY: between fork and exec; dup2 and fcntl only.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(theirs_fd, REQUEST_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        let child = cmd.spawn().map_err(|source| ZygoteError::Spawn {
+            exe: init_exe.into(),
+            source,
+        })?;
+        drop(theirs);
+        let pid = child.id();
+        let inner = Inner {
+            child,
+            socket: ours,
+        };
+        let mut z = Zygote {
+            inner: Mutex::new(inner),
+            pid,
+            preloaded: Vec::new(),
+        };
+        let config_json =
+            serde_json::to_vec(config).map_err(|e| ZygoteError::Config(e.to_string()))?;
+        let reply = {
+            let inner = z.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+            set_timeout(&inner.socket, Some(timeout)).map_err(ZygoteError::Gone)?;
+            send_with_fds(inner.socket.as_fd(), &config_json, &[]).map_err(ZygoteError::Gone)?;
+            let mut buf = vec![0u8; 64 << 10];
+            let (n, _) = recv_with_fds(inner.socket.as_fd(), &mut buf, 0).map_err(|e| {
+                ZygoteError::Preload(if e.kind() == io::ErrorKind::WouldBlock {
+                    format!("not ready after {} s", timeout.as_secs())
+                } else {
+                    format!("it exited while preloading ({e})")
+                })
+            })?;
+            set_timeout(&inner.socket, Some(Duration::from_secs(10))).map_err(ZygoteError::Gone)?;
+            buf.truncate(n);
+            buf
+        };
+        let text = String::from_utf8_lossy(&reply);
+        match text.strip_prefix("ready ") {
+            Some(modules) => {
+                z.preloaded = modules
+                    .split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(String::from)
+                    .collect();
+                Ok(z)
+            }
+            None if text.is_empty() => {
+                Err(ZygoteError::Preload("it exited while preloading".into()))
+            }
+            None => Err(ZygoteError::Preload(
+                text.strip_prefix("error ").unwrap_or(&text).to_owned(),
+            )),
+        }
+    }
+
+    /// The zygote's host pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the zygote process is still there.
+    pub fn is_alive(&self) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(inner.child.try_wait(), Ok(None))
+    }
+
+    /// Asks for a new sandbox running `spec`; returns a pidfd of its helper. `fds` become the
+    /// helper's 0-4: stdin, stdout, stderr, the control socket and the program's channel.
+    pub(crate) fn fork_sandbox(
+        &self,
+        spec: &[u8],
+        fds: [BorrowedFd<'_>; 5],
+    ) -> Result<OwnedFd, ZygoteError> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = fds.map(|f| f.as_raw_fd());
+        send_with_fds(inner.socket.as_fd(), spec, &raw).map_err(ZygoteError::Gone)?;
+        let mut buf = [0u8; 4096];
+        let (n, mut got) =
+            recv_with_fds(inner.socket.as_fd(), &mut buf, 1).map_err(ZygoteError::Gone)?;
+        match (&buf[..n], got.pop()) {
+            (b"ok", Some(pidfd)) => Ok(pidfd),
+            ([], _) => Err(ZygoteError::Gone(io::Error::from(
+                io::ErrorKind::UnexpectedEof,
+            ))),
+            (other, _) => Err(ZygoteError::Refused(
+                String::from_utf8_lossy(other).into_owned(),
+            )),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Sessions it forked are not its children any more (their helpers were reported to
+        // the supervisor, which owns them): ending the zygote ends no session.
+        let _ = inner.child.kill();
+        let _ = inner.child.wait();
+    }
+}
+
+fn set_timeout(fd: &OwnedFd, t: Option<Duration>) -> io::Result<()> {
+    let tv = match t {
+        Some(t) => libc::timeval {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_usec: t.subsec_micros() as libc::suseconds_t,
+        },
+        None => libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+    };
+    // SAFETY: a valid timeval of the right size for SO_RCVTIMEO.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: a valid array for socketpair to fill.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// One message with descriptors attached (SCM_RIGHTS).
+fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+    let mut control = vec![0u8; space.max(1)];
+    // SAFETY: zeroed msghdr is a valid "empty" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer has room for one header carrying `fds`.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: a valid header whose buffers outlive the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One message and up to `max_fds` descriptors (close-on-exec). Zero bytes means end of file.
+fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE((max_fds.max(1) * 4) as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is a valid "empty" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    let n = loop {
+        // SAFETY: a valid header whose buffers outlive the call.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into our buffer.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Err(io::Error::other("message truncated"));
+    }
+    Ok((n, fds))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The zygote process.
+
+/// The few functions of the CPython C API the zygote calls, found with `dlsym`.
+struct Python {
+    run: unsafe extern "C" fn(*const c_char) -> c_int,
+    before_fork: unsafe extern "C" fn(),
+    after_fork_parent: unsafe extern "C" fn(),
+    after_fork_child: unsafe extern "C" fn(),
+}
+
+/// Entry point of `runcell __zygote`. Never returns; in a session's program process it runs the
+/// kernel and exits with it.
+pub fn zygote_main() -> ! {
+    // SAFETY: no arguments; out of the server's process group (its Ctrl-C is not ours).
+    unsafe { libc::setsid() };
+    let sock = REQUEST_FD;
+    // SAFETY: fd 3 was placed by the supervisor and is ours alone.
+    let sock_fd = unsafe { BorrowedFd::borrow_raw(sock) };
+    let mut buf = vec![0u8; MAX_REQUEST];
+    let config = match recv_with_fds(sock_fd, &mut buf, 0) {
+        Ok((n, _)) if n > 0 => match serde_json::from_slice::<ZygoteConfig>(&buf[..n]) {
+            Ok(c) => c,
+            Err(e) => exit_with(sock_fd, &format!("error invalid configuration: {e}")),
+        },
+        _ => exit_with(sock_fd, ""),
+    };
+    let (py, host_mnt) = match prepare(&config) {
+        Ok(p) => p,
+        Err(e) => exit_with(sock_fd, &format!("error {e}")),
+    };
+    let _ = send_with_fds(
+        sock_fd,
+        format!("ready {}", config.preload.join(",")).as_bytes(),
+        &[],
+    );
+    serve(&py, &config, sock_fd, host_mnt, &mut buf)
+}
+
+fn exit_with(sock: BorrowedFd<'_>, msg: &str) -> ! {
+    if !msg.is_empty() {
+        let _ = send_with_fds(sock, msg.as_bytes(), &[]);
+    }
+    // SAFETY: leaving; nothing to unwind.
+    unsafe { libc::_exit(1) }
+}
+
+/// Its own mount namespace with the sandbox paths in place, then libpython, then the imports.
+fn prepare(config: &ZygoteConfig) -> Result<(Python, RawFd), String> {
+    let err = |what: &str| {
+        let e = io::Error::last_os_error();
+        format!("{what}: {e}")
+    };
+    // The host's mount namespace, for the children to return to (kept above the fds 0-4 the
+    // children rearrange).
+    let host =
+        File::open("/proc/self/ns/mnt").map_err(|e| format!("open /proc/self/ns/mnt: {e}"))?;
+    // SAFETY: duplicating a descriptor we own.
+    let host_mnt = unsafe { libc::fcntl(host.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if host_mnt < 0 {
+        return Err(err("dup"));
+    }
+    drop(host);
+    // SAFETY: a flag-only syscall in this single-threaded process.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).map_err(|e| format!("unshare: {e}"))?;
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+    // Bind sources first, in the new namespace (a bind source must be a mount of the caller's
+    // namespace), by their host paths: one of them may be under /tmp or /opt, covered next.
+    let mut sources = Vec::new();
+    for (src, dst) in &config.binds {
+        let f = File::open(src).map_err(|e| format!("open {}: {e}", src.display()))?;
+        sources.push((f, dst));
+    }
+    if !Path::new("/opt").is_dir() {
+        std::fs::create_dir("/opt").map_err(|e| format!("mkdir /opt: {e}"))?;
+    }
+    mount(
+        Some("runcell-zygote"),
+        "/opt",
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=0755,size=1m"),
+    )?;
+    for (f, dst) in &sources {
+        std::fs::create_dir_all(dst).map_err(|e| format!("mkdir {}: {e}", dst.display()))?;
+        let src = format!("/proc/self/fd/{}", f.as_raw_fd());
+        mount(
+            Some(&src),
+            &dst.to_string_lossy(),
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )?;
+        mount(
+            None,
+            &dst.to_string_lossy(),
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            None,
+        )?;
+    }
+    drop(sources);
+    // Whatever the imports write (matplotlib's font cache) stays in the zygote's own /tmp.
+    mount(
+        Some("runcell-zygote"),
+        "/tmp",
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777,size=64m"),
+    )?;
+    // SAFETY: single-threaded; the environment is rebuilt before anything reads it.
+    unsafe { libc::clearenv() };
+    for (k, v) in &config.env {
+        std::env::set_var(k, v);
+    }
+    std::env::set_current_dir("/tmp").map_err(|e| format!("chdir /tmp: {e}"))?;
+
+    let py = load_python(config)?;
+    // The imports. Errors come back through a pipe, with Python's traceback.
+    let (err_r, err_w) = pipe_cloexec().map_err(|e| format!("pipe: {e}"))?;
+    let code = preload_code(config, err_w.as_raw_fd());
+    let code = CString::new(code).map_err(|_| "module name contains a NUL byte".to_owned())?;
+    // SAFETY: the interpreter is initialised and this thread holds the GIL.
+    let rc = unsafe { (py.run)(code.as_ptr()) };
+    drop(err_w);
+    let mut msg = String::new();
+    let _ = File::from(err_r).read_to_string(&mut msg);
+    if rc != 0 || !msg.is_empty() {
+        return Err(format!("preloading failed: {}", msg.trim()));
+    }
+    // fork() copies only the calling thread: any other thread (a BLAS pool started anyway)
+    // could hold a lock that then stays locked forever in every session.
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        })
+        .unwrap_or(0);
+    if threads != 1 {
+        return Err(format!(
+            "the preloaded modules started threads ({threads} in all); forking would be unsafe"
+        ));
+    }
+    Ok((py, host_mnt))
+}
+
+fn mount(
+    src: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), String> {
+    let c = |s: &str| CString::new(s).map_err(|_| format!("{s}: NUL byte"));
+    let src_c = src.map(c).transpose()?;
+    let target_c = c(target)?;
+    let fs_c = fstype.map(c).transpose()?;
+    let data_c = data.map(c).transpose()?;
+    // SAFETY: valid C strings or nulls.
+    cvt(unsafe {
+        libc::mount(
+            src_c.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            target_c.as_ptr(),
+            fs_c.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            data_c
+                .as_ref()
+                .map_or(std::ptr::null(), |s| s.as_ptr().cast()),
+        )
+    })
+    .map(drop)
+    .map_err(|e| format!("mount {target}: {e}"))
+}
+
+fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
+    let lib = CString::new(config.libpython.as_str()).map_err(|_| "libpython: NUL byte")?;
+    // RTLD_GLOBAL: extension modules (numpy's) resolve the C API against it.
+    // SAFETY: loading a library by name.
+    let handle = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns a C string or null.
+        let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        return Err(format!(
+            "cannot load {}: {} (Debian: apt-get install libpython3-dev or libpython3.X)",
+            config.libpython,
+            why.to_string_lossy()
+        ));
+    }
+    let sym = |name: &std::ffi::CStr| -> Result<*mut c_void, String> {
+        // SAFETY: looking up a symbol in a loaded library.
+        let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        if p.is_null() {
+            Err(format!(
+                "{} lacks {}",
+                config.libpython,
+                name.to_string_lossy()
+            ))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: the signatures are those of the CPython C API (stable since 3.7).
+    unsafe {
+        let decode: unsafe extern "C" fn(*const c_char, *mut usize) -> *mut libc::wchar_t =
+            std::mem::transmute(sym(c"Py_DecodeLocale")?);
+        let set_program_name: unsafe extern "C" fn(*const libc::wchar_t) =
+            std::mem::transmute(sym(c"Py_SetProgramName")?);
+        let initialize: unsafe extern "C" fn(c_int) = std::mem::transmute(sym(c"Py_InitializeEx")?);
+        let py = Python {
+            run: std::mem::transmute(sym(c"PyRun_SimpleString")?),
+            before_fork: std::mem::transmute(sym(c"PyOS_BeforeFork")?),
+            after_fork_parent: std::mem::transmute(sym(c"PyOS_AfterFork_Parent")?),
+            after_fork_child: std::mem::transmute(sym(c"PyOS_AfterFork_Child")?),
+        };
+        let program = cstr(&config.python).map_err(|e| e.to_string())?;
+        // The interpreter derives sys.prefix (the venv) from its program name, which must
+        // outlive the interpreter: it is never freed.
+        let wide = decode(program.as_ptr(), std::ptr::null_mut());
+        if wide.is_null() {
+            return Err("cannot decode the interpreter's path".into());
+        }
+        set_program_name(wide);
+        // 1: Python's own signal handlers (SIGINT raises KeyboardInterrupt), as in `python3`.
+        initialize(1);
+        Ok(py)
+    }
+}
+
+/// Python that imports the kernel and `config.preload`, then freezes the heap so the
+/// collector never touches (and so copies) the shared pages in the sessions.
+fn preload_code(config: &ZygoteConfig, err_fd: RawFd) -> String {
+    let modules: Vec<String> = config.preload.iter().map(|m| format!("{m:?}")).collect();
+    format!(
+        r#"
+def _runcell_preload():
+    import gc, importlib, os, sys, traceback
+    try:
+        sys.argv = [""]
+        sys.path.insert(0, {kdir:?})
+        importlib.import_module({kmod:?})
+        for name in [{mods}]:
+            importlib.import_module(name)
+        gc.collect()
+        gc.freeze()
+    except BaseException:
+        os.write({err_fd}, traceback.format_exc().encode())
+_runcell_preload()
+del _runcell_preload
+"#,
+        kdir = config.kernel_dir.to_string_lossy(),
+        kmod = config.kernel_module,
+        mods = modules.join(", "),
+    )
+}
+
+/// The request loop: one fork per request; zombies reaped as they come.
+fn serve(
+    py: &Python,
+    config: &ZygoteConfig,
+    sock: BorrowedFd<'_>,
+    host_mnt: RawFd,
+    buf: &mut [u8],
+) -> ! {
+    loop {
+        reap_children();
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, 200) };
+        if r <= 0 {
+            continue;
+        }
+        let (n, fds) = match recv_with_fds(sock, buf, 5) {
+            Ok((0, _)) | Err(_) => {
+                // The supervisor is gone; so is the reason to exist.
+                // SAFETY: leaving.
+                unsafe { libc::_exit(0) }
+            }
+            Ok(x) => x,
+        };
+        if fds.len() != 5 {
+            let _ = send_with_fds(sock, b"a request carries 5 descriptors", &[]);
+            continue;
+        }
+        // SAFETY: this process is single-threaded (checked after preloading) and holds the
+        // GIL; PyOS_BeforeFork/AfterFork keep the interpreter's locks consistent across fork.
+        unsafe { (py.before_fork)() };
+        // SAFETY: as above.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child, right after fork.
+            unsafe { (py.after_fork_child)() };
+            let raw: Vec<RawFd> = fds
+                .into_iter()
+                .map(std::os::fd::IntoRawFd::into_raw_fd)
+                .collect();
+            child(py, config, host_mnt, &raw, &buf[..n]);
+        }
+        // SAFETY: in the parent, right after fork.
+        unsafe { (py.after_fork_parent)() };
+        drop(fds);
+        if pid < 0 {
+            let e = io::Error::last_os_error();
+            let _ = send_with_fds(sock, format!("fork: {e}").as_bytes(), &[]);
+            continue;
+        }
+        // SAFETY: pidfd_open of our own unreaped child.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if pidfd < 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: our child; it must not live on without a supervisor.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = send_with_fds(sock, format!("pidfd_open: {e}").as_bytes(), &[]);
+            continue;
+        }
+        let _ = send_with_fds(sock, b"ok", &[pidfd as RawFd]);
+        // SAFETY: our descriptor, sent; the supervisor has its own copy now.
+        unsafe { libc::close(pidfd as RawFd) };
+    }
+}
+
+fn reap_children() {
+    loop {
+        // SAFETY: reaping any exited child without blocking.
+        let r = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+        if r <= 0 {
+            return;
+        }
+    }
+}
+
+/// A fresh fork: become the sandbox's helper, then (in the program's process only) the kernel.
+fn child(py: &Python, config: &ZygoteConfig, host_mnt: RawFd, fds: &[RawFd], spec: &[u8]) -> ! {
+    // Back to the host's view of the filesystem: the sandbox is built from host paths, exactly
+    // as a cold helper builds it.
+    // SAFETY: setns with our own descriptor in a single-threaded process.
+    if unsafe { libc::setns(host_mnt, libc::CLONE_NEWNS) } != 0 {
+        // SAFETY: leaving; the supervisor sees the helper vanish without a report.
+        unsafe { libc::_exit(126) };
+    }
+    // fds become 0-4 (stdin, stdout, stderr, control, channel). Move them above 10 first: any
+    // may sit on a target number.
+    let mut high = [0; 5];
+    for (h, fd) in high.iter_mut().zip(fds) {
+        // SAFETY: duplicating descriptors we own.
+        *h = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
+        if *h < 0 {
+            // SAFETY: leaving.
+            unsafe { libc::_exit(126) };
+        }
+    }
+    for (target, h) in high.into_iter().enumerate() {
+        // SAFETY: dup2 onto 0-4 (the request socket at 3 is replaced, as it must be).
+        unsafe { libc::dup2(h, target as RawFd) };
+    }
+    crate::init::zygote_child(spec);
+    // The program, confined. Its process is a copy of the zygote: reseed what must differ
+    // between sessions, take the session's environment, and serve the kernel protocol.
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let env_hex: String = serde_json::to_vec(&env)
+        .unwrap_or_default()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let code = format!(
+        r#"
+import json as _json, os as _os, sys as _sys
+_os.environ.clear()
+_os.environ.update(_json.loads(bytes.fromhex("{env_hex}")))
+del _json, _os
+import {kmod} as _runcell_kernel
+_sys.exit(_runcell_kernel.main())
+"#,
+        kmod = config.kernel_module,
+    );
+    let code = CString::new(code).unwrap_or_default();
+    // SAFETY: the interpreter is initialised in this process (inherited) and we hold the GIL.
+    let rc = unsafe { (py.run)(code.as_ptr()) };
+    // PyRun_SimpleString handles SystemExit by exiting the process; getting here means an
+    // uncaught exception (already printed to stderr).
+    // SAFETY: leaving.
+    unsafe { libc::_exit(if rc == 0 { 0 } else { 1 }) }
+}
+
+/// The libpython soname for a Python `X.Y`.
+pub fn libpython_for(version: &str) -> String {
+    format!("libpython{version}.so.1.0")
+}
