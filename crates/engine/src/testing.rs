@@ -79,6 +79,25 @@ pub fn engine(cache: &Path) -> TestEngine {
     TestEngine(Engine::new(engine_config(cache)).expect("engine"))
 }
 
+/// [`engine`] with a zygote preloading the default modules, once it is ready (panics if it
+/// cannot start: the tests using it are about the zygote).
+pub fn zygote_engine(cache: &Path) -> TestEngine {
+    let mut config = engine_config(cache);
+    config.preload = Some(
+        crate::DEFAULT_PRELOAD
+            .iter()
+            .map(|m| m.to_string())
+            .collect(),
+    );
+    let engine = TestEngine(Engine::new(config).expect("engine"));
+    let status = engine.wait_for_zygote(std::time::Duration::from_secs(180));
+    assert!(
+        matches!(status, crate::ZygoteStatus::Ready { .. }),
+        "zygote: {status:?}"
+    );
+    engine
+}
+
 /// An engine that shuts its sessions down on drop.
 #[derive(Debug)]
 pub struct TestEngine(pub Engine);

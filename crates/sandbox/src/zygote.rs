@@ -539,7 +539,12 @@ fn mount(
         )
     })
     .map(drop)
-    .map_err(|e| format!("mount {target}: {e}"))
+    .map_err(|e| {
+        format!(
+            "mount {} on {target} (flags {flags:#x}): {e}",
+            src.unwrap_or("-")
+        )
+    })
 }
 
 fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
@@ -577,10 +582,18 @@ fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
             std::mem::transmute(sym(c"Py_SetProgramName")?);
         let initialize: unsafe extern "C" fn(c_int) = std::mem::transmute(sym(c"Py_InitializeEx")?);
         let py = Python {
-            run: std::mem::transmute(sym(c"PyRun_SimpleString")?),
-            before_fork: std::mem::transmute(sym(c"PyOS_BeforeFork")?),
-            after_fork_parent: std::mem::transmute(sym(c"PyOS_AfterFork_Parent")?),
-            after_fork_child: std::mem::transmute(sym(c"PyOS_AfterFork_Child")?),
+            run: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> c_int>(
+                sym(c"PyRun_SimpleString")?,
+            ),
+            before_fork: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
+                c"PyOS_BeforeFork",
+            )?),
+            after_fork_parent: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
+                c"PyOS_AfterFork_Parent",
+            )?),
+            after_fork_child: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
+                c"PyOS_AfterFork_Child",
+            )?),
         };
         let program = cstr(&config.python).map_err(|e| e.to_string())?;
         // The interpreter derives sys.prefix (the venv) from its program name, which must

@@ -1,0 +1,315 @@
+//! Zygote-born Python sessions (DESIGN.md §4): preloaded, reseeded, confined exactly like cold
+//! ones (the same probes give the same outcomes), invisible to each other, and never broken
+//! when the zygote dies.
+
+mod common;
+
+use std::time::Duration;
+
+use runcell_engine::{CreateSession, Execution, ExecutionStatus, ZygoteStatus};
+
+const PROBES: &str = include_str!("../../cli/tests/fixtures/probes.py");
+
+fn create(engine: &runcell_engine::Engine) -> String {
+    engine
+        .sessions()
+        .create(CreateSession::default())
+        .expect("create session")
+        .id
+}
+
+fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
+    let e = engine
+        .sessions()
+        .execute(id, code, None, None)
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Ok, "{code}: {e:?}");
+    e
+}
+
+/// The main result's text, on one line (the kernel pretty-prints long values over several).
+fn main_text(e: &Execution) -> String {
+    e.results
+        .iter()
+        .find(|r| r.is_main_result)
+        .and_then(|r| r.data.get("text/plain").cloned())
+        .unwrap_or_default()
+        .replace('\n', "")
+}
+
+fn preloaded(engine: &runcell_engine::Engine, id: &str) -> bool {
+    match main_text(&exec(engine, id, "import sys\n'pandas' in sys.modules")).as_str() {
+        "True" => true,
+        "False" => false,
+        other => panic!("{other}"),
+    }
+}
+
+/// Every probe of the hostile fixture that makes sense inside a session, as (name, args).
+fn probe_table() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("proc_status", vec![]),
+        ("uid_map", vec![]),
+        ("gid_map", vec![]),
+        ("ids", vec![]),
+        ("read", vec!["/etc/shadow"]),
+        ("read", vec!["/root/.bashrc"]),
+        ("listdir", vec!["/root"]),
+        ("write", vec!["/usr/x"]),
+        ("write", vec!["/opt/runcell/python/x"]),
+        ("write", vec!["/opt/runcell/kernel/x"]),
+        ("mount", vec!["/nonexistent"]),
+        ("unshare_user", vec![]),
+        ("unshare_mount", vec![]),
+        ("clone_newuser", vec![]),
+        ("clone3", vec![]),
+        ("ptrace_traceme", vec![]),
+        ("ptrace_parent", vec![]),
+        ("keyctl", vec![]),
+        ("bpf", vec![]),
+        ("perf_event_open", vec![]),
+        ("userfaultfd", vec![]),
+        ("io_uring_setup", vec![]),
+        ("kexec_load", vec![]),
+        ("init_module", vec![]),
+        ("reboot", vec![]),
+        ("settimeofday", vec![]),
+        ("process_vm_readv", vec![]),
+        ("pidfd_getfd", vec![]),
+        ("open_by_handle_at", vec![]),
+        ("mknod", vec!["/tmp/null"]),
+        ("setuid_binary", vec!["/usr/bin/mount", "/tmp"]),
+        ("open_fds", vec![]),
+        ("setns", vec![]),
+        ("chroot", vec![]),
+        ("socket", vec!["packet", "raw"]),
+        ("socket", vec!["netlink", "dgram"]),
+        ("socket", vec!["vsock", "stream"]),
+        ("socket", vec!["alg", "seqpacket"]),
+        ("socket", vec!["inet", "raw", "1"]),
+        ("socket", vec!["inet", "stream"]),
+        ("tcp_connect", vec!["169.254.169.254", "80"]),
+        ("hostname", vec![]),
+        ("net_interfaces", vec![]),
+        ("env", vec![]),
+        ("pid1", vec![]),
+    ]
+}
+
+fn run_probes(engine: &runcell_engine::Engine, id: &str) -> Vec<String> {
+    exec(
+        engine,
+        id,
+        &PROBES.replace("if __name__ == \"__main__\":\n    main()", ""),
+    );
+    probe_table()
+        .into_iter()
+        .map(|(name, args)| {
+            let code = format!("repr(probe({name:?}, {args:?}))");
+            format!("{name} {args:?} -> {}", main_text(&exec(engine, id, &code)))
+        })
+        .collect()
+}
+
+/// Host uids of sandboxes (2000000000 and up) replaced by a placeholder.
+fn mask_host_ids(s: &str) -> String {
+    s.split('\'')
+        .map(|t| {
+            if t.len() == 10 && t.starts_with("20") && t.bytes().all(|b| b.is_ascii_digit()) {
+                "HOST_ID"
+            } else {
+                t
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("'")
+}
+
+#[test]
+fn zygote_sessions_are_preloaded_reseeded_and_confined_like_cold_ones() {
+    let cold_engine = common::engine();
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let cold = create(&cold_engine);
+    let (a, b) = (create(&engine), create(&engine));
+    assert!(
+        !preloaded(&cold_engine, &cold),
+        "a cold session imported pandas"
+    );
+    assert!(
+        preloaded(&engine, &a),
+        "the session was not born of the zygote"
+    );
+
+    // The same probes, the same outcomes (uids, maps, capabilities, seccomp, every refused
+    // call, the environment, pid 1), and the exact ones the hostile suite expects.
+    let (c, z) = (run_probes(&cold_engine, &cold), run_probes(&engine, &a));
+    assert_eq!(c.len(), z.len());
+    for (c, z) in c.iter().zip(&z) {
+        // Every sandbox maps uid 1000 to its own host uid: equal once those are masked.
+        assert_eq!(
+            mask_host_ids(c),
+            mask_host_ids(z),
+            "cold and zygote-born sessions differ"
+        );
+    }
+    assert_ne!(c[1], z[1], "two sandboxes share a host uid: {}", c[1]);
+    for (probe, want) in [
+        ("proc_status []", "'CapEff': '0000000000000000', 'CapBnd': '0000000000000000', 'CapAmb': '0000000000000000', 'NoNewPrivs': '1', 'Seccomp': '2'"),
+        ("ids []", "[1000, 1000, 1000, []]"),
+        ("read [\"/etc/shadow\"]", "errno:ENOENT"),
+        ("write [\"/opt/runcell/python/x\"]", "errno:EROFS"),
+        ("unshare_user []", "errno:EPERM"),
+        ("clone3 []", "errno:ENOSYS"),
+        ("ptrace_parent []", "errno:EPERM"),
+        ("setuid_binary [\"/usr/bin/mount\", \"/tmp\"]", "exit:32"),
+        ("socket [\"netlink\", \"dgram\"]", "errno:EPERM"),
+        ("tcp_connect [\"169.254.169.254\", \"80\"]", "errno:ENETUNREACH"),
+        ("socket [\"inet\", \"stream\"]", "('ok', None)"),
+        ("hostname []", "'runcell'"),
+        ("net_interfaces []", "['lo']"),
+    ] {
+        let line = z
+            .iter()
+            .find(|l| l.starts_with(&format!("{probe} -> ")))
+            .unwrap_or_else(|| panic!("no probe {probe}"));
+        assert!(line.contains(want), "{line} lacks {want}");
+    }
+
+    // Reseeded: the zygote's RNG states are shared by every fork until reseeded.
+    let code = "import random, numpy as np\n(random.random(), np.random.rand(), np.random.default_rng().random())";
+    let (x, y) = (
+        main_text(&exec(&engine, &a, code)),
+        main_text(&exec(&engine, &b, code)),
+    );
+    let (x, y) = (x.trim_matches(['(', ')']), y.trim_matches(['(', ')']));
+    for (p, q) in x.split(", ").zip(y.split(", ")) {
+        assert_ne!(p, q, "{x} vs {y}");
+    }
+}
+
+#[test]
+fn two_zygote_sessions_see_nothing_of_each_other() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let (a, b) = (create(&engine), create(&engine));
+    assert!(preloaded(&engine, &a) && preloaded(&engine, &b));
+    // A leaves traces everywhere it can: files, an abstract socket, a loopback listener, a
+    // child process.
+    exec(
+        &engine,
+        &a,
+        r#"
+import os, socket, subprocess
+for p in ("/workspace/a.txt", "/tmp/a.txt", "/dev/shm/a.txt"):
+    open(p, "w").write("secret")
+abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+abstract.bind("\0runcell-a")
+abstract.listen()
+tcp = socket.socket()
+tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("127.0.0.1", 7777))
+tcp.listen()
+child = subprocess.Popen(["sleep", "60"])
+"#,
+    );
+    // Controls: A sees its own traces.
+    let seen_by_a = main_text(&exec(
+        &engine,
+        &a,
+        r#"
+import os, socket
+c = socket.create_connection(("127.0.0.1", 7777)); c.close()
+u = socket.socket(socket.AF_UNIX); u.connect("\0runcell-a"); u.close()
+[os.path.exists(p) for p in ("/workspace/a.txt", "/tmp/a.txt", "/dev/shm/a.txt")] + [len([p for p in os.listdir("/proc") if p.isdigit()])]
+"#,
+    ));
+    assert_eq!(seen_by_a, "[True, True, True, 3]");
+    // B sees none of them.
+    let seen_by_b = main_text(&exec(
+        &engine,
+        &b,
+        r#"
+import os, socket
+def refused(fn):
+    try:
+        fn()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+def tcp():
+    socket.create_connection(("127.0.0.1", 7777), timeout=2).close()
+def abstract():
+    u = socket.socket(socket.AF_UNIX); u.connect("\0runcell-a"); u.close()
+[os.path.exists(p) for p in ("/workspace/a.txt", "/tmp/a.txt", "/dev/shm/a.txt")] + [refused(tcp), refused(abstract), sorted(int(p) for p in os.listdir("/proc") if p.isdigit())]
+"#,
+    ));
+    assert_eq!(
+        seen_by_b,
+        "[False, False, False, 'ConnectionRefusedError', 'ConnectionRefusedError', [1, 2]]"
+    );
+}
+
+#[test]
+fn a_dead_zygote_means_cold_starts_then_a_new_zygote() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let ZygoteStatus::Ready { pid, .. } = engine.zygote_status() else {
+        panic!("not ready");
+    };
+    let live = create(&engine);
+    assert!(preloaded(&engine, &live));
+    // SAFETY: killing the zygote process this engine started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    std::thread::sleep(Duration::from_millis(200));
+    // Sessions it forked before are not its children: they live on.
+    assert_eq!(main_text(&exec(&engine, &live, "6 * 7")), "42");
+    // The next session starts cold (and works); a new zygote starts meanwhile.
+    let cold = create(&engine);
+    assert!(!preloaded(&engine, &cold));
+    assert_eq!(
+        main_text(&exec(&engine, &cold, "import pandas\npandas.__name__")),
+        "'pandas'"
+    );
+    let status = engine.wait_for_zygote(Duration::from_secs(180));
+    let ZygoteStatus::Ready { pid: new_pid, .. } = status else {
+        panic!("no new zygote: {status:?}");
+    };
+    assert_ne!(new_pid, pid);
+    let again = create(&engine);
+    assert!(preloaded(&engine, &again));
+}
+
+#[test]
+fn a_zygote_session_leaves_no_process_when_deleted() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let id = create(&engine);
+    exec(
+        &engine,
+        &id,
+        "import subprocess\np = subprocess.Popen(['sleep', '600'])",
+    );
+    let ZygoteStatus::Ready { pid, .. } = engine.zygote_status() else {
+        panic!("not ready");
+    };
+    let children = || -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(
+        children().len(),
+        1,
+        "the session's helper is the zygote's child"
+    );
+    engine.sessions().delete(&id).expect("delete");
+    // The zygote reaps its children within its 200 ms poll.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !children().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(children(), Vec::<String>::new(), "left behind or unreaped");
+}
