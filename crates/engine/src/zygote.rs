@@ -19,6 +19,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// What the zygote is doing, for `/healthz`, logs and tests.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum ZygoteStatus {

@@ -12,11 +12,17 @@ use crate::state::AppState;
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
     pub status: &'static str,
+    /// The preloaded zygote Python sessions are forked from (`off`, `starting`, `ready`,
+    /// `failed`); without a ready one, sessions start cold.
+    pub zygote: runcell_engine::ZygoteStatus,
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
-pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok" })
+pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        zygote: state.engine.zygote_status(),
+    })
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "operations",

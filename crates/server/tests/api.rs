@@ -529,7 +529,13 @@ async fn one_shot_health_metrics_and_openapi() {
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request");
 
     let (s, v) = srv.get("/healthz", None).await;
-    assert_eq!((s, v), (StatusCode::OK, json!({"status": "ok"})));
+    assert_eq!(
+        (s, v),
+        (
+            StatusCode::OK,
+            json!({"status": "ok", "zygote": {"state": "off"}})
+        )
+    );
     let metrics = srv
         .http
         .get(srv.url("/metrics"))
