@@ -84,13 +84,18 @@ impl CancelToken {
     }
 }
 
+/// Receives the outcome of a submitted execution, on the session's worker thread (so it must
+/// be quick: hand the result over, e.g. through a channel). Dropped uncalled if the session
+/// ends first.
+pub type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
+
 enum Job {
     Execute {
         code: String,
         timeout: Duration,
         events: Option<EventSink>,
         cancel: CancelToken,
-        reply: mpsc::Sender<Result<Execution, EngineError>>,
+        reply: Reply,
     },
     Restart {
         reply: mpsc::Sender<Result<(), EngineError>>,
@@ -346,6 +351,33 @@ impl SessionManager {
         events: Option<EventSink>,
         cancel: CancelToken,
     ) -> Result<Execution, EngineError> {
+        let (reply, wait) = mpsc::channel();
+        self.submit(
+            id,
+            code,
+            timeout,
+            events,
+            cancel,
+            Box::new(move |r| {
+                let _ = reply.send(r);
+            }),
+        )?;
+        wait.recv().map_err(|_| {
+            EngineError::NotFound(format!("session {id} ended during the execution"))
+        })?
+    }
+
+    /// Queues `code` behind the session's other executions without waiting for it: `reply`
+    /// gets the outcome. For async callers, which must not block a thread on each execution.
+    pub fn submit(
+        &self,
+        id: &str,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<EventSink>,
+        cancel: CancelToken,
+        reply: Reply,
+    ) -> Result<(), EngineError> {
         let entry = self.entry(id)?;
         let timeout = {
             let s = entry.lock();
@@ -364,7 +396,6 @@ impl SessionManager {
                 None => max,
             }
         };
-        let (reply, wait) = mpsc::channel();
         match entry.send(Job::Execute {
             code: code.to_owned(),
             timeout,
@@ -372,19 +403,14 @@ impl SessionManager {
             cancel,
             reply,
         }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(EngineError::SessionBusy(format!(
-                    "session {id} already has {QUEUE_DEPTH} executions waiting"
-                )))
-            }
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(EngineError::SessionBusy(format!(
+                "session {id} already has {QUEUE_DEPTH} executions waiting"
+            ))),
             Err(TrySendError::Disconnected(_)) => {
-                return Err(EngineError::NotFound(format!("session {id} has ended")))
+                Err(EngineError::NotFound(format!("session {id} has ended")))
             }
         }
-        wait.recv().map_err(|_| {
-            EngineError::NotFound(format!("session {id} ended during the execution"))
-        })?
     }
 
     /// Calls off one request: a queued one is skipped, a running one is interrupted; someone
@@ -538,13 +564,13 @@ impl Worker {
                     reply,
                 } => {
                     if cancel.is_cancelled() {
-                        let _ = reply.send(Err(EngineError::Cancelled));
+                        reply(Err(EngineError::Cancelled));
                         continue;
                     }
                     self.entry.lock().running = Some(cancel.clone());
                     let result = self.execute(&code, timeout, events);
                     self.entry.lock().running = None;
-                    let _ = reply.send(result);
+                    reply(result);
                 }
                 Job::Restart { reply } => {
                     if let Some(k) = self.kernel.take() {

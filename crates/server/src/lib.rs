@@ -281,5 +281,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> Ap
         store,
         metrics: Arc::new(Metrics::default()),
         loopback,
+        auth: Arc::default(),
     }
 }

@@ -71,6 +71,13 @@ pub(crate) async fn owned(state: &AppState, tenant: &Tenant, id: &str) -> ApiRes
 
 /// A live session of the tenant, or a dead one the store remembers.
 async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<SessionInfo> {
+    // Live sessions are in memory (a map lookup, no I/O): no trip to the blocking pool.
+    if let Ok(i) = state.engine.sessions().get(id) {
+        return match i.owner == tenant.0 {
+            true => Ok(i),
+            false => Err(ApiError::not_found(format!("session {id}"))),
+        };
+    }
     let engine = state.engine.clone();
     let store = state.store.clone();
     let (id2, tenant2) = (id.to_owned(), tenant.0.clone());
@@ -315,15 +322,25 @@ pub async fn execute(
         token: token.clone(),
         armed: true,
     };
-    let engine = state.engine.clone();
-    let result = blocking(move || {
-        engine
-            .sessions()
-            .execute_cancellable(&id, &req.code, timeout, None, token)
-    })
-    .await;
+    // Queued without a blocking thread: the session's worker replies through the channel.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    state.engine.sessions().submit(
+        &id,
+        &req.code,
+        timeout,
+        None,
+        token,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    )?;
+    let result = rx.await.map_err(|_| {
+        ApiError::from(runcell_engine::EngineError::NotFound(format!(
+            "session {id} ended during the execution"
+        )))
+    });
     guard.armed = false;
-    let execution = result?;
+    let execution = result??;
     state.metrics.observe_execution(&execution);
     Ok(Json(execution).into_response())
 }

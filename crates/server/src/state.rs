@@ -21,6 +21,39 @@ pub struct AppState {
     /// Whether the listener is loopback-only: without any active key, only such a server
     /// serves requests (openly, as the default tenant).
     pub loopback: bool,
+    /// Recent authentication outcomes, so a busy client costs no database trip per request.
+    pub auth: Arc<AuthCache>,
+}
+
+/// How long an authentication outcome is reused. Keys are created and revoked by another
+/// process (`runcell keys`) writing the database: a revocation takes effect within this.
+const AUTH_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Bound on remembered outcomes (cleared when reached; guessing keys cannot grow it).
+const AUTH_ENTRIES: usize = 4096;
+
+/// Outcomes by presented key (`None`: no key), each with when it was decided.
+#[derive(Debug, Default)]
+pub struct AuthCache(
+    std::sync::Mutex<std::collections::HashMap<Option<String>, (std::time::Instant, u64, Outcome)>>,
+);
+
+type Outcome = Result<String, &'static str>;
+
+impl AuthCache {
+    fn get(&self, key: &Option<String>, generation: u64) -> Option<Outcome> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key)
+            .filter(|(at, g, _)| *g == generation && at.elapsed() < AUTH_TTL)
+            .map(|(_, _, r)| r.clone())
+    }
+
+    fn put(&self, key: Option<String>, generation: u64, outcome: Outcome) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= AUTH_ENTRIES {
+            map.clear();
+        }
+        map.insert(key, (std::time::Instant::now(), generation, outcome));
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -43,37 +76,54 @@ impl FromRequestParts<AppState> for Tenant {
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let store = state.store.clone();
-        let loopback = state.loopback;
-        let result = tokio::task::spawn_blocking(move || -> Result<Tenant, ApiError> {
-            let key = header
-                .as_deref()
-                .and_then(|h| h.strip_prefix("Bearer "))
-                .map(str::trim)
-                .filter(|k| !k.is_empty());
-            // A key that is sent is checked, even on an open server: a revoked or mistyped key
-            // should fail loudly rather than act as the default tenant.
-            if let Some(key) = key {
-                return match store.authenticate(key).map_err(ApiError::internal)? {
-                    Some(info) => Ok(Tenant(info.tenant)),
-                    None => Err(ApiError::unauthorized("invalid or revoked API key")),
-                };
+        let key = header
+            .as_deref()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned);
+        // Read before the lookup: a change during it makes this entry stale at once.
+        let generation = state.store.keys_generation();
+        let outcome = match state.auth.get(&key, generation) {
+            Some(o) => o,
+            None => {
+                let store = state.store.clone();
+                let loopback = state.loopback;
+                let k = key.clone();
+                let o = tokio::task::spawn_blocking(move || authenticate(&store, loopback, k))
+                    .await
+                    .map_err(ApiError::internal)?
+                    .map_err(ApiError::internal)?;
+                state.auth.put(key, generation, o.clone());
+                o
             }
-            if store.has_active_keys().map_err(ApiError::internal)? {
-                return Err(ApiError::unauthorized(
-                    "an API key is required: Authorization: Bearer KEY",
-                ));
-            }
-            if !loopback {
-                // Every key was revoked while serving beyond loopback: serve nobody.
-                return Err(ApiError::unauthorized(
-                    "this server requires API keys and none is active: runcell keys create",
-                ));
-            }
-            Ok(Tenant(OPEN_TENANT.to_owned()))
-        })
-        .await
-        .map_err(ApiError::internal)?;
-        result
+        };
+        outcome.map(Tenant).map_err(ApiError::unauthorized)
     }
+}
+
+/// The tenant of `key`, or why the request is refused.
+fn authenticate(
+    store: &Store,
+    loopback: bool,
+    key: Option<String>,
+) -> Result<Result<String, &'static str>, runcell_store::StoreError> {
+    // A key that is sent is checked, even on an open server: a revoked or mistyped key should
+    // fail loudly rather than act as the default tenant.
+    if let Some(key) = key {
+        return Ok(match store.authenticate(&key)? {
+            Some(info) => Ok(info.tenant),
+            None => Err("invalid or revoked API key"),
+        });
+    }
+    if store.has_active_keys()? {
+        return Ok(Err("an API key is required: Authorization: Bearer KEY"));
+    }
+    if !loopback {
+        // Every key was revoked while serving beyond loopback: serve nobody.
+        return Ok(Err(
+            "this server requires API keys and none is active: runcell keys create",
+        ));
+    }
+    Ok(Ok(OPEN_TENANT.to_owned()))
 }

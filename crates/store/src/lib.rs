@@ -178,6 +178,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// (only its SHA-256) and cannot be recovered later. Key and tenant names must be 1..=64
     /// characters of `[A-Za-z0-9_.-]`. Names need not be unique.
     fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)>;
+    /// Changes whenever a key is created or revoked through this store, so callers caching
+    /// authentication outcomes can tell theirs is stale. (Changes made by other processes are
+    /// not seen: such caches also expire.)
+    fn keys_generation(&self) -> u64 {
+        0
+    }
     /// All keys, revoked ones included, oldest first.
     fn list_keys(&self) -> Result<Vec<KeyInfo>>;
     /// Revokes the key with this id, or else the only active key with this name. Returns

@@ -43,6 +43,8 @@ pub struct SqliteStore {
     path: Option<PathBuf>,
     writer: Mutex<Connection>,
     reader: Option<Mutex<Connection>>,
+    /// Bumped by every key change made through this store (see `Backend::keys_generation`).
+    keys_generation: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -50,6 +52,15 @@ impl fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("path", &self.path)
             .finish_non_exhaustive()
+    }
+}
+
+/// Increments a generation when the key change it guards is over (committed or not).
+struct BumpOnDrop<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for BumpOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -359,6 +370,7 @@ impl SqliteStore {
             path: Some(path.to_owned()),
             writer: Mutex::new(writer),
             reader: Some(Mutex::new(reader)),
+            keys_generation: Default::default(),
         })
     }
 
@@ -371,6 +383,7 @@ impl SqliteStore {
             path: None,
             writer: Mutex::new(conn),
             reader: None,
+            keys_generation: Default::default(),
         })
     }
 
@@ -397,7 +410,16 @@ impl SqliteStore {
 }
 
 impl Backend for SqliteStore {
+    fn keys_generation(&self) -> u64 {
+        self.keys_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
+        // Before the change, so a cached "no key needed" cannot outlive it (and after: below).
+        self.keys_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _bump = BumpOnDrop(&self.keys_generation);
         validate::name("key name", name)?;
         validate::name("tenant", tenant)?;
         let key = validate::new_key()?;
@@ -434,6 +456,7 @@ impl Backend for SqliteStore {
     }
 
     fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
+        let _bump = BumpOnDrop(&self.keys_generation);
         let mut conn = self.write();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let by_id: Option<Option<String>> = tx
