@@ -117,7 +117,7 @@ pub(crate) struct Core {
 
 impl Core {
     fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
-        let blocking: Vec<String> = runcell_sandbox::doctor::check()
+        let blocking: Vec<String> = runcell_sandbox::doctor::check_mandatory()
             .into_iter()
             .filter(|l| l.blocks())
             .map(|l| format!("{}: {}", l.name, l.detail))

@@ -41,6 +41,17 @@ impl Layer {
 
 /// Checks every layer. Cheap: reads /proc and /sys and makes a few probing syscalls.
 pub fn check() -> Vec<Layer> {
+    layers(true)
+}
+
+/// The layers whose absence stops runcell, checked as cheaply as possible: what every
+/// `runcell run` pays before its sandbox starts. (The seccomp filter is not compiled here; each
+/// sandbox compiles and installs it, and fails its start if that fails.)
+pub fn check_mandatory() -> Vec<Layer> {
+    layers(false).into_iter().filter(|l| l.mandatory).collect()
+}
+
+fn layers(thorough: bool) -> Vec<Layer> {
     let mut layers = Vec::new();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -141,6 +152,25 @@ pub fn check() -> Vec<Layer> {
             mandatory: true,
         },
     });
+    if !thorough {
+        // SAFETY: prctl with integer arguments only reads state.
+        let mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+        layers.push(Layer {
+            name: "seccomp",
+            state: if mode >= 0 {
+                State::Available
+            } else {
+                State::Missing
+            },
+            detail: if mode >= 0 {
+                "available".into()
+            } else {
+                "kernel built without CONFIG_SECCOMP_FILTER".into()
+            },
+            mandatory: true,
+        });
+        return layers;
+    }
     let abi = crate::landlock::kernel_abi();
     let target = crate::landlock::TARGET_ABI as i32;
     layers.push(Layer {

@@ -208,6 +208,7 @@ fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
         join_cgroup(procs).map_err(StepError::at(Step::Limits))?;
     }
 
+    seccomp::prebuild();
     let (sync_r, sync_w) = pipe_cloexec().map_err(StepError::at(Step::Namespaces))?;
     let (msg_r, msg_w) = pipe_cloexec().map_err(StepError::at(Step::Namespaces))?;
     let flags = libc::CLONE_NEWUSER

@@ -638,7 +638,24 @@ pub fn build() -> Result<Vec<BpfProgram>, SeccompError> {
 /// because from here on only allowed calls work. On error some filters may already be in force;
 /// the caller must then exit instead of running the payload.
 pub fn install() -> Result<(), SeccompError> {
-    install_programs(&build()?)
+    match PREBUILT.get() {
+        Some(programs) => install_programs(programs),
+        None => install_programs(&build()?),
+    }
+}
+
+/// Programs compiled once, before the helper forks: pid 1 and the program then only load them,
+/// instead of each compiling the same list on the sandbox's start-up path.
+static PREBUILT: std::sync::OnceLock<Vec<BpfProgram>> = std::sync::OnceLock::new();
+
+/// Compiles the filter for later [`install`] calls in this process and its forks. A failure is
+/// left for `install` to report.
+pub(crate) fn prebuild() {
+    if PREBUILT.get().is_none() {
+        if let Ok(p) = build() {
+            let _ = PREBUILT.set(p);
+        }
+    }
 }
 
 /// Loads already built programs in order (see [`build`]).

@@ -483,6 +483,8 @@ fn prepare(config: &ZygoteConfig) -> Result<(Python, RawFd), String> {
     }
     std::env::set_current_dir("/tmp").map_err(|e| format!("chdir /tmp: {e}"))?;
 
+    // Every fork inherits the compiled seccomp filter.
+    crate::seccomp::prebuild();
     let py = load_python(config)?;
     // The imports. Errors come back through a pipe, with Python's traceback.
     let (err_r, err_w) = pipe_cloexec().map_err(|e| format!("pipe: {e}"))?;
