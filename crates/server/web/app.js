@@ -169,7 +169,9 @@ function sessionsView() {
 
 function sessionView(id) {
   let info = null;
-  const abort = new AbortController();
+  // Leaving the view does not cancel running cells (closing the request would interrupt
+  // them); their replies land in detached elements and refresh nothing.
+  let live = true;
   const status = h('span', { class: 'badge' }, '…');
   const title = h('h1', { class: 'session-title' }, id);
   const cellsEl = h('div', { class: 'cells' });
@@ -253,7 +255,7 @@ function sessionView(id) {
     setStatus('busy');
     try {
       const resp = await api.request('POST', api.sessionPath(id, '/execute'), {
-        json: { code }, accept: 'application/x-ndjson', signal: abort.signal,
+        json: { code }, accept: 'application/x-ndjson',
       });
       for await (const ev of api.events(resp)) {
         if (ev.type === 'stdout' || ev.type === 'stderr') cell.output.stream(ev.type, ev.text);
@@ -262,13 +264,13 @@ function sessionView(id) {
         else if (ev.type === 'end') finish(cell, ev);
       }
     } catch (e) {
-      if (e.name === 'AbortError') return;
       cell.label.textContent = '[!]';
       cell.output.note(e.message || String(e), 'out-failure');
     } finally {
       cell.running = false;
       cell.el.classList.remove('running');
     }
+    if (!live) return;
     refreshInfo();
     loadFiles();
   }
@@ -344,6 +346,7 @@ function sessionView(id) {
           onclick: () => guarded('Cannot delete the file', async () => {
             if (!confirm(`Delete ${f.path}?`)) return;
             await api.remove(api.filePath(id, f.path));
+            uploadNote.textContent = `Deleted ${f.path}.`;
             await loadFiles();
           }),
         }, '×'))));
@@ -385,7 +388,9 @@ function sessionView(id) {
     addCell().editor.focus();
     loadFiles();
   })();
-  return () => abort.abort();
+  return () => {
+    live = false;
+  };
 }
 
 // ---------------------------------------------------------------- the audit log

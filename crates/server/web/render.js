@@ -151,7 +151,7 @@ export function renderError(err) {
   return h(
     'div',
     { class: 'out-error', role: 'status' },
-    h('div', { class: 'out-error-head' }, `${err.name || 'Error'}: ${stripAnsi(err.value || '')}`),
+    h('div', { class: 'out-error-head' }, err.value ? `${err.name || 'Error'}: ${stripAnsi(err.value)}` : err.name || 'Error'),
     tb ? h('pre', { class: 'out-traceback' }, tb) : null,
   );
 }

@@ -137,6 +137,50 @@ async function analyst(browser) {
   await cell3.locator('.out-error-head', { hasText: 'ZeroDivisionError' }).waitFor({ timeout: LONG });
   assert.match(await cell3.locator('.out-traceback').textContent(), /ratio/);
   await cell3.locator('.cell-foot .badge-error').waitFor();
+
+  // Output streams while the cell runs.
+  const cell4 = page.locator('.cell').nth(3);
+  await typeInto(page, cell4, 'import time\nprint("first", flush=True)\ntime.sleep(2)\nprint("second")');
+  await page.keyboard.press('Control+Enter');
+  await cell4.locator('.out-stdout', { hasText: 'first' }).waitFor({ timeout: LONG });
+  assert.equal(await cell4.locator('.cell-count').textContent(), '[*]', 'still running when the first line shows');
+  assert.ok(!(await cell4.locator('.cell-output').textContent()).includes('second'), 'the second line is not there yet');
+  await cell4.locator('.out-stdout', { hasText: 'second' }).waitFor({ timeout: LONG });
+  await cell4.locator('.cell-count', { hasText: '[4]' }).waitFor();
+
+  // Interrupt a long cell; the state survives it.
+  await page.getByRole('button', { name: '+ Code cell' }).click();
+  const cell5 = page.locator('.cell').nth(4);
+  await typeInto(page, cell5, 'import time\nprint("sleeping", flush=True)\ntime.sleep(60)');
+  await page.keyboard.press('Control+Enter');
+  await cell5.locator('.out-stdout', { hasText: 'sleeping' }).waitFor({ timeout: LONG });
+  await page.click('#interrupt');
+  await cell5.locator('.cell-foot .badge-interrupted').waitFor({ timeout: LONG });
+  await cell5.locator('.out-error-head', { hasText: 'KeyboardInterrupt' }).waitFor();
+
+  // Restart: variables are gone, files are kept.
+  await page.click('#restart');
+  await page.locator('#banner', { hasText: 'The kernel restarted' }).waitFor({ timeout: LONG });
+  await page.getByRole('button', { name: '+ Code cell' }).click();
+  const cell6 = page.locator('.cell').nth(5);
+  await typeInto(page, cell6, 'import os\nprint(sorted(os.listdir()))\nxs');
+  await page.keyboard.press('Control+Enter');
+  await cell6.locator('.out-error-head', { hasText: "NameError: name 'xs' is not defined" }).waitFor({ timeout: LONG });
+  await cell6.locator('.out-stdout', { hasText: "'sales.csv'" }).waitFor();
+
+  // Download a file (fetched with the key, saved under its name); delete another.
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    page.getByRole('button', { name: 'Download sales.csv' }).click(),
+  ]);
+  assert.equal(download.suggestedFilename(), 'sales.csv');
+  const chunks = [];
+  for await (const c of await download.createReadStream()) chunks.push(c);
+  assert.equal(Buffer.concat(chunks).toString(), SALES, 'the download is the uploaded file');
+  page.once('dialog', (d) => d.accept());
+  await page.getByRole('button', { name: 'Delete dropped.csv' }).click();
+  await page.locator('.file-row', { hasText: 'dropped.csv' }).waitFor({ state: 'detached' });
+  await page.locator('.file-row', { hasText: 'sales.csv' }).waitFor();
   await shot(page, '02-notebook-1366');
 
   // Narrow: a phone.
@@ -148,18 +192,21 @@ async function analyst(browser) {
   // The audit log: the entries, the chain's state, the filters.
   await page.getByRole('link', { name: 'Audit log' }).first().click();
   await page.locator('#verify.verify-ok').waitFor();
-  assert.match(await page.locator('#verify').textContent(), /verified: 3 records/);
+  assert.match(await page.locator('#verify').textContent(), /verified: 6 records/);
   const plotEntry = page.locator('.entry', { hasText: "plt.title('squares')" });
   await plotEntry.waitFor();
   await plotEntry.locator('.badge-ok').waitFor();
   await plotEntry.locator('img.out-image').waitFor();
   await plotEntry.locator('summary').click();
   assert.ok(await plotEntry.locator('img.out-image').isHidden(), 'the output folds away');
-  assert.equal(await page.locator('.entry').count(), 3);
+  assert.equal(await page.locator('.entry').count(), 6);
   await page.selectOption('#audit-status', 'error');
-  assert.equal(await page.locator('.entry').count(), 1, 'the status filter keeps the failed cell');
-  await page.locator('.entry .badge-error').waitFor();
+  assert.equal(await page.locator('.entry').count(), 2, 'the status filter keeps the failed cells');
+  assert.equal(await page.locator('.entry .badge-error').count(), 2);
+  await page.selectOption('#audit-status', 'interrupted');
+  assert.equal(await page.locator('.entry').count(), 1);
   await page.selectOption('#audit-status', '');
+  assert.equal(await page.locator('.entry').count(), 6);
   await shot(page, '04-audit-1366');
   await page.setViewportSize({ width: 390, height: 844 });
   await noHorizontalScroll(page, 'audit at 390 px');
@@ -171,6 +218,7 @@ async function analyst(browser) {
   const row = page.locator('.session-row').first();
   await row.locator('.badge-ready').waitFor();
   assert.match(await row.textContent(), /created (just now|\d+ s ago)/);
+  await shot(page, '06-sessions-1366');
 
   // The chat: a question with a file; the step's code and output, then the answer.
   await page.getByRole('link', { name: 'Chat' }).click();
@@ -190,14 +238,14 @@ async function analyst(browser) {
   const chart = answer.locator('img.out-image');
   await chart.waitFor();
   await page.waitForFunction((el) => el.complete && el.naturalWidth > 100, await chart.elementHandle());
-  await shot(page, '06-chat-1366');
+  await shot(page, '07-chat-1366');
   await page.setViewportSize({ width: 390, height: 844 });
   await noHorizontalScroll(page, 'chat at 390 px');
-  await shot(page, '07-chat-390');
+  await shot(page, '08-chat-390');
   await page.getByRole('link', { name: 'Sessions', exact: true }).click();
   await page.locator('.session-row').first().waitFor();
   await noHorizontalScroll(page, 'sessions at 390 px');
-  await shot(page, '08-sessions-390');
+  await shot(page, '09-sessions-390');
   await context.close();
 }
 
@@ -213,7 +261,7 @@ async function keys(browser) {
   await page.goto(BASE + '/');
   await page.locator('#key-panel:not([hidden])').waitFor();
   assert.match(await page.locator('#key-panel .key-error').textContent(), /an API key is required/);
-  await shot(page, '09-key-required-390');
+  await shot(page, '10-key-required-390');
   await page.fill('#api-key', process.env.RUNCELL_KEY);
   await page.getByRole('button', { name: 'Save key' }).click();
   await page.getByText('No sessions yet').waitFor();
@@ -230,7 +278,7 @@ async function keys(browser) {
   await page.locator('.chat-notice.warn', { hasText: 'chat is not configured' }).waitFor();
   assert.ok(await page.locator('#chat-ask').isDisabled());
   await noHorizontalScroll(page, 'chat without a model at 390 px');
-  await shot(page, '10-chat-off-390');
+  await shot(page, '11-chat-off-390');
   // A wrong key is refused with the server's message.
   await page.evaluate(() => localStorage.setItem('runcell.apiKey', 'rk_wrong'));
   await page.goto(BASE + '/#/');
