@@ -72,6 +72,11 @@ export function codeBlock(code, language = 'python') {
 
 const INDENT = '    ';
 
+// Keys that arrive faster than anyone types (a test driver, a typing tool, a password
+// manager) are text being entered verbatim: their newlines get no automatic indent, which
+// would double the indent the text already carries.
+const MACHINE_GAP_MS = 50;
+
 export class Editor {
   /** onRun('next' | 'stay'): Shift+Enter runs and moves on, Ctrl/Cmd+Enter runs in place. */
   constructor({ value = '', language = 'python', onRun = () => {}, label = 'Code' } = {}) {
@@ -91,7 +96,13 @@ export class Editor {
     this.input.value = value;
     this.el = h('div', { class: 'editor' }, this.pre, this.input);
     this.input.addEventListener('input', () => this.paint());
-    this.input.addEventListener('keydown', (e) => this.key(e));
+    this.lastKey = 0;
+    this.input.addEventListener('keydown', (e) => {
+      const now = performance.now();
+      const burst = now - this.lastKey < MACHINE_GAP_MS;
+      this.lastKey = now;
+      this.key(e, burst);
+    });
     this.paint();
   }
 
@@ -127,7 +138,7 @@ export class Editor {
     if (selStart !== undefined) ta.setSelectionRange(selStart, selEnd ?? selStart);
   }
 
-  key(e) {
+  key(e, burst) {
     const ta = this.input;
     if (e.key === 'Enter' && e.shiftKey && !e.ctrlKey && !e.metaKey) {
       e.preventDefault();
@@ -144,7 +155,7 @@ export class Editor {
       return;
     }
     const { selectionStart: s, selectionEnd: t, value: v } = ta;
-    if (e.key === 'Enter' && !e.altKey && s === t) {
+    if (e.key === 'Enter' && !e.altKey && s === t && !burst) {
       // Keep the line's indent, one more level after a colon.
       const lineStart = v.lastIndexOf('\n', s - 1) + 1;
       const line = v.slice(lineStart, s);

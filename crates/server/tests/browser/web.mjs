@@ -18,6 +18,8 @@ const LONG = 90_000; // the first cell of a session may wait for the runtime to 
 const PLOT = [
   'import matplotlib.pyplot as plt',
   'xs = [1, 2, 3, 4, 5]',
+  'for x in xs[:2]:',
+  '    print("square of", x, "is", x * x)',
   'print("sum of squares:", sum(x * x for x in xs))',
   'plt.plot(xs, [x * x for x in xs], marker="o")',
   "plt.title('squares')",
@@ -57,7 +59,8 @@ async function noHorizontalScroll(page, where) {
   assert.ok(scroll <= client, `${where}: the page scrolls sideways (${scroll} > ${client} px)`);
 }
 
-/** Types `code` into the cell's editor the way a person does, key by key. */
+/** Types `code` into the cell's editor key by key, as fast as a test driver types (so the
+ * editor takes it verbatim: no automatic indent on top of the code's own). */
 async function typeInto(page, cell, code) {
   const input = cell.locator('textarea.editor-input');
   await input.click();
@@ -90,6 +93,7 @@ async function analyst(browser) {
   assert.ok(await cell1.locator('.editor-hl .tok-keyword', { hasText: 'import' }).count() >= 1, 'keywords are highlighted');
   await page.keyboard.press('Shift+Enter');
   await cell1.locator('.out-stdout', { hasText: 'sum of squares: 55' }).waitFor({ timeout: LONG });
+  assert.match(await cell1.locator('.out-stdout').first().textContent(), /^square of 1 is 1\nsquare of 2 is 4\nsum/);
   const img = cell1.locator('img.out-image');
   await img.waitFor({ timeout: LONG });
   const size = await img.evaluate((i) => ({ w: i.naturalWidth, h: i.naturalHeight, done: i.complete }));
@@ -129,9 +133,10 @@ async function analyst(browser) {
   await page.getByRole('button', { name: '+ Code cell' }).click();
   // Enter after a colon indents, the next line keeps the indent, Shift+Tab takes it back.
   await cell3.locator('textarea.editor-input').click();
-  await page.keyboard.type('def ratio(a, b):\nreturn a / b\n');
+  // At a person's pace, 80 ms a key.
+  await page.keyboard.type('def ratio(a, b):\nreturn a / b\n', { delay: 80 });
   await page.keyboard.press('Shift+Tab');
-  await page.keyboard.type('ratio(1, 0)');
+  await page.keyboard.type('ratio(1, 0)', { delay: 80 });
   assert.equal(await cell3.locator('textarea.editor-input').inputValue(), 'def ratio(a, b):\n    return a / b\nratio(1, 0)');
   await page.keyboard.press('Shift+Enter');
   await cell3.locator('.out-error-head', { hasText: 'ZeroDivisionError' }).waitFor({ timeout: LONG });
