@@ -5,6 +5,8 @@
 //! a row. Synchronous: the HTTP client blocks, the engine blocks.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use runcell_engine::tools::{ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, FileChangeKind, InputFile};
@@ -38,6 +40,8 @@ pub enum AgentError {
     Malformed(String),
     #[error("the sandbox session failed")]
     Engine(#[from] EngineError),
+    #[error("the run was stopped before its answer")]
+    Stopped,
 }
 
 /// How a run goes.
@@ -51,6 +55,13 @@ pub struct AgentOptions {
     pub owner: String,
     /// Replaces [`SYSTEM_PROMPT`].
     pub system_prompt: Option<String>,
+    /// Runs in this existing session, which the caller created and ends (the web page's chat
+    /// keeps it so its files stay downloadable); by default the agent creates a fresh session
+    /// and deletes it when the run ends.
+    pub session: Option<String>,
+    /// Set (by another thread, or the step callback) to end the run before its next model
+    /// call: the web page's chat sets it when its client went away.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Default for AgentOptions {
@@ -60,6 +71,8 @@ impl Default for AgentOptions {
             max_consecutive_failures: 5,
             owner: "default".into(),
             system_prompt: None,
+            session: None,
+            stop: None,
         }
     }
 }
@@ -129,14 +142,18 @@ pub struct Agent {
     client: Client,
 }
 
-/// Deletes the session when the run ends, however it ends.
+/// Deletes the session when the run ends, however it ends, if the agent created it.
 struct SessionGuard<'a> {
     engine: &'a Engine,
     id: String,
+    owned: bool,
 }
 
 impl Drop for SessionGuard<'_> {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if let Err(e) = self.engine.sessions().delete(&self.id) {
             tracing::warn!(session = %self.id, error = %runcell_engine::error_chain(&e), "cannot delete the agent's session");
         }
@@ -166,13 +183,23 @@ impl Agent {
         opts: &AgentOptions,
         on_step: &mut dyn FnMut(StepEvent<'_>),
     ) -> Result<AgentOutcome, AgentError> {
-        let info = self.engine.sessions().create(CreateSession {
-            owner: opts.owner.clone(),
-            ..CreateSession::default()
-        })?;
-        let guard = SessionGuard {
-            engine: &self.engine,
-            id: info.id.clone(),
+        let guard = match &opts.session {
+            Some(id) => SessionGuard {
+                engine: &self.engine,
+                id: id.clone(),
+                owned: false,
+            },
+            None => {
+                let info = self.engine.sessions().create(CreateSession {
+                    owner: opts.owner.clone(),
+                    ..CreateSession::default()
+                })?;
+                SessionGuard {
+                    engine: &self.engine,
+                    id: info.id,
+                    owned: true,
+                }
+            }
         };
         let session = guard.id.as_str();
         for f in files {
@@ -196,6 +223,9 @@ impl Agent {
         let mut stop = StopReason::MaxSteps;
 
         while steps < opts.max_steps.max(1) {
+            if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                return Err(AgentError::Stopped);
+            }
             steps += 1;
             let reply = self.client.complete(system, &turns)?;
             on_step(StepEvent::Model {

@@ -124,3 +124,44 @@ fn bad_calls_are_told_to_the_model_and_every_tool_shares_the_workspace() {
     ));
     assert!(engine.sessions().list().is_empty());
 }
+
+#[test]
+fn a_given_session_is_used_and_kept_and_the_stop_flag_ends_the_run_between_steps() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let engine = engine();
+    let info = engine
+        .sessions()
+        .create(runcell_engine::CreateSession::default())
+        .expect("session");
+    let stand_in = StandIn::start(|n, _| (200, vec![], python(&format!("c{n}"), "x = 1")));
+    let agent = Agent::new(engine.0.clone(), stand_in.config(ProviderKind::OpenAi)).expect("agent");
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = AgentOptions {
+        session: Some(info.id.clone()),
+        stop: Some(stop.clone()),
+        ..AgentOptions::default()
+    };
+    let mut ran_in = Vec::new();
+    let result = agent.run("Loop.", &[], &opts, &mut |e| {
+        if let StepEvent::ToolResult { output, .. } = e {
+            ran_in.push(output.execution.as_ref().and_then(|x| x.session_id.clone()));
+            // The client went away after the first cell.
+            stop.store(true, Ordering::SeqCst);
+        }
+    });
+    assert!(
+        matches!(result, Err(runcell_agent::AgentError::Stopped)),
+        "{result:?}"
+    );
+    assert_eq!(
+        ran_in,
+        vec![Some(info.id.clone())],
+        "the cell ran in the given session"
+    );
+    assert_eq!(stand_in.requests().len(), 1, "no model call after the stop");
+    assert!(
+        engine.sessions().get(&info.id).is_ok(),
+        "a session the caller gave is not deleted"
+    );
+}

@@ -39,7 +39,7 @@ pub struct AskArgs {
     show_code: bool,
 }
 
-fn parse_provider(s: &str) -> Result<ProviderKind, String> {
+pub(crate) fn parse_provider(s: &str) -> Result<ProviderKind, String> {
     s.parse()
 }
 

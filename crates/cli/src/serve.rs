@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
+use runcell_agent::{ProviderConfig, ProviderKind};
 use runcell_sandbox::doctor::{self, State};
 
 #[derive(Debug, clap::Args)]
@@ -21,6 +22,30 @@ pub struct ServeArgs {
     /// Start every Python session cold, without the preloaded zygote.
     #[arg(long)]
     no_zygote: bool,
+    /// Turns the web page's chat on: the model API the agent loop talks to (openai: any
+    /// Chat Completions endpoint; anthropic: Messages). The key comes from OPENAI_API_KEY or
+    /// ANTHROPIC_API_KEY, as for `runcell ask`.
+    #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
+    agent_provider: Option<ProviderKind>,
+    /// The chat's model (default: gpt-4.1 for openai, claude-sonnet-4-5 for anthropic).
+    #[arg(
+        long,
+        value_name = "M",
+        env = "RUNCELL_AGENT_MODEL",
+        requires = "agent_provider"
+    )]
+    agent_model: Option<String>,
+    /// The chat's API base URL, e.g. http://localhost:11434/v1 for Ollama (no key needed then).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "RUNCELL_AGENT_BASE_URL",
+        requires = "agent_provider"
+    )]
+    agent_base_url: Option<String>,
+    /// Model replies at most per chat question.
+    #[arg(long, default_value_t = 12, value_name = "N")]
+    agent_max_steps: usize,
 }
 
 pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -60,6 +85,25 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.listen
         );
     }
+    // A misconfigured chat (no key, say) stops the server now rather than failing each question.
+    let chat = match args.agent_provider {
+        Some(kind) => {
+            if args.agent_max_steps == 0 {
+                bail!("invalid request: --agent-max-steps must be at least 1");
+            }
+            let provider = ProviderConfig::from_env(kind, args.agent_model, args.agent_base_url)
+                .context("cannot configure the chat's model provider")?;
+            tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, "chat enabled");
+            Some(runcell_server::ChatConfig {
+                provider,
+                max_steps: args.agent_max_steps,
+            })
+        }
+        None => {
+            tracing::info!("chat disabled: no --agent-provider");
+            None
+        }
+    };
     let preload = (!args.no_zygote).then(|| args.preload.clone());
     let engine = crate::audited_engine(data_dir, &store, preload)?;
 
@@ -87,7 +131,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
         eprintln!("runcell serving on http://{addr}");
-        let state = runcell_server::state(engine.clone(), store, addr.ip().is_loopback());
+        let mut state = runcell_server::state(engine.clone(), store, addr.ip().is_loopback());
+        if let Some(chat) = chat {
+            state = state.with_chat(chat);
+        }
         let router = runcell_server::app(state);
         runcell_server::serve(listener, router, shutdown_signal()).await?;
         tracing::info!("shutting down: ending sessions");

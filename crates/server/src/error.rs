@@ -87,6 +87,16 @@ impl ApiError {
         }
     }
 
+    /// The model provider behind the chat failed (refused the key, was down, replied
+    /// nonsense): 502, with the provider's own explanation, which holds no server internals.
+    pub fn upstream(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::Internal,
+            status: Some(StatusCode::BAD_GATEWAY),
+            message: message.into(),
+        }
+    }
+
     /// Logs the real cause; the client gets a generic message.
     pub fn internal(cause: impl std::fmt::Display) -> Self {
         tracing::error!(error = %cause, "internal error");

@@ -2,6 +2,7 @@
 //! web page. The only crate that speaks HTTP; it decides every status code in `error.rs`.
 #![forbid(unsafe_code)]
 
+mod chat;
 mod error;
 mod executions;
 mod extract;
@@ -12,6 +13,7 @@ mod misc;
 mod oneshot;
 mod sessions;
 mod state;
+mod web;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use chat::ChatConfig;
 pub use error::{ApiError, ErrorCode};
 pub use metrics::Metrics;
 pub use state::{AppState, OPEN_TENANT};
@@ -74,6 +77,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::verify))
+        .routes(routes!(chat::chat_info, chat::chat))
         .routes(routes!(misc::healthz))
         .routes(routes!(misc::metrics))
         .split_for_parts();
@@ -86,7 +90,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
                 .put(files::put_file)
                 .delete(files::delete_file),
         )
-        .route("/", get(misc::index))
+        .route("/", get(web::index))
+        .route("/assets/{name}", get(web::asset))
         .route(
             "/openapi.json",
             get(move || {
@@ -282,5 +287,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> Ap
         metrics: Arc::new(Metrics::default()),
         loopback,
         auth: Arc::default(),
+        chat: None,
     }
 }

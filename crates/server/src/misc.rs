@@ -1,8 +1,8 @@
-//! `/healthz`, `/metrics`, `/openapi.json` and the landing page.
+//! `/healthz` and `/metrics`.
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{Html, IntoResponse};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -46,14 +46,4 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         )],
         state.metrics.render(&statuses),
     )
-}
-
-/// Until the web UI lands: what this server is and where its API is described.
-pub async fn index() -> Html<&'static str> {
-    Html(concat!(
-        "<!doctype html><meta charset=utf-8><title>runcell</title>",
-        "<h1>runcell</h1><p>A self-hosted code interpreter. The HTTP API is described in ",
-        "<a href=\"/openapi.json\">/openapi.json</a>; health at <a href=\"/healthz\">/healthz</a>, ",
-        "metrics at <a href=\"/metrics\">/metrics</a>.</p>"
-    ))
 }

@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use runcell_engine::Engine;
 use runcell_store::Store;
 
+use crate::chat::ChatConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -23,6 +24,16 @@ pub struct AppState {
     pub loopback: bool,
     /// Recent authentication outcomes, so a busy client costs no database trip per request.
     pub auth: Arc<AuthCache>,
+    /// The model behind `/v1/chat`; none unless the operator configured one.
+    pub chat: Option<Arc<ChatConfig>>,
+}
+
+impl AppState {
+    /// Turns the chat on, against `config`'s model.
+    pub fn with_chat(mut self, config: ChatConfig) -> Self {
+        self.chat = Some(Arc::new(config));
+        self
+    }
 }
 
 /// How long an authentication outcome is reused. Keys are created and revoked by another

@@ -570,6 +570,7 @@ async fn one_shot_health_metrics_and_openapi() {
         "/v1/executions",
         "/v1/executions/{id}",
         "/v1/audit/verify",
+        "/v1/chat",
         "/healthz",
         "/metrics",
     ] {
@@ -671,4 +672,149 @@ async fn a_queued_client_that_leaves_does_not_interrupt_another_and_errors_are_c
         .post("/v1/sessions", None, json!({"limits": {"memry_mb": 5}}))
         .await;
     assert_error(s, &body, StatusCode::BAD_REQUEST, "invalid_request");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_page_is_served_with_its_headers_and_the_chat_says_it_is_off() {
+    let srv = start().await;
+    let page = srv.http.get(srv.url("/")).send().await.expect("send");
+    assert_eq!(page.status(), StatusCode::OK);
+    let headers = page.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().expect("csp");
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    let etag = headers["etag"].clone();
+    let html = page.text().await.expect("html");
+    assert!(html.contains("/assets/app.js"), "{html}");
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from elsewhere"
+    );
+    let again = srv
+        .http
+        .get(srv.url("/"))
+        .header("if-none-match", etag)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+    for (asset, kind) in [
+        ("app.js", "text/javascript; charset=utf-8"),
+        ("editor.js", "text/javascript; charset=utf-8"),
+        ("app.css", "text/css; charset=utf-8"),
+        ("icon.svg", "image/svg+xml"),
+    ] {
+        let r = srv
+            .http
+            .get(srv.url(&format!("/assets/{asset}")))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), StatusCode::OK, "{asset}");
+        assert_eq!(r.headers()["content-type"], kind, "{asset}");
+    }
+    let (s, v) = srv.get("/assets/nope.js", None).await;
+    assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
+
+    let (s, v) = srv.get("/v1/chat", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["enabled"], false, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--agent-provider")),
+        "{v}"
+    );
+    let form = reqwest::multipart::Form::new().text("question", "Hello?");
+    let resp = srv
+        .http
+        .post(srv.url("/v1/chat"))
+        .multipart(form)
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status();
+    let v: Value = resp.json().await.expect("json");
+    assert_error(status, &v, StatusCode::NOT_FOUND, "not_found");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not configured")),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chat_reports_a_provider_that_refuses_its_key_and_rejects_empty_questions() {
+    use runcell_agent::testing::StandIn;
+    let stand_in = StandIn::start(|_, _| {
+        (
+            401,
+            vec![],
+            r#"{"error":{"message":"Incorrect API key provided"}}"#.to_owned(),
+        )
+    });
+    let srv = common::start_with_chat(Some(runcell_server::ChatConfig {
+        provider: stand_in.config(runcell_agent::ProviderKind::OpenAi),
+        max_steps: 3,
+    }))
+    .await;
+    let (s, v) = srv.get("/v1/chat", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["enabled"], true, "{v}");
+    assert_eq!(v["model"], "test-model", "{v}");
+
+    let empty = reqwest::multipart::Form::new().text("question", "  ");
+    let resp = srv
+        .http
+        .post(srv.url("/v1/chat"))
+        .multipart(empty)
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status();
+    let v: Value = resp.json().await.expect("json");
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "invalid_request");
+
+    let form = reqwest::multipart::Form::new()
+        .text("question", "What is in the file?")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(b"a,b\n1,2\n".to_vec()).file_name("data.csv"),
+        );
+    let resp = srv
+        .http
+        .post(srv.url("/v1/chat"))
+        .multipart(form)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let body = resp.text().await.expect("body");
+    let events: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON line"))
+        .collect();
+    assert_eq!(events[0]["type"], "session", "{body}");
+    let session = events[0]["session"]["id"].as_str().expect("id");
+    let end = events.last().expect("end");
+    assert_eq!(end["type"], "end", "{body}");
+    assert_eq!(end["status"], 502, "{body}");
+    let message = end["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("Incorrect API key provided") && message.contains("OPENAI_API_KEY"),
+        "{message}"
+    );
+    // The session is the caller's, and the question's file is in it.
+    let (s, v) = srv
+        .get(&format!("/v1/sessions/{session}/files"), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["files"][0]["path"], "data.csv", "{v}");
+    assert_eq!(stand_in.requests().len(), 1, "a refused key is not retried");
 }

@@ -22,6 +22,11 @@ impl Drop for Server {
 
 /// A server on 127.0.0.1:0 with the shared Python runtime and its own data dir and database.
 pub async fn start() -> Server {
+    start_with_chat(None).await
+}
+
+/// [`start`], with the chat (`/v1/chat`) talking to `chat`'s model when given.
+pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let config =
         tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
@@ -30,7 +35,11 @@ pub async fn start() -> Server {
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
     let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
     let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
-    let router = runcell_server::app(runcell_server::state(engine.clone(), store.clone(), true));
+    let mut state = runcell_server::state(engine.clone(), store.clone(), true);
+    if let Some(chat) = chat {
+        state = state.with_chat(chat);
+    }
+    let router = runcell_server::app(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
