@@ -253,7 +253,9 @@ impl Core {
             limits: l,
             channel: true,
         };
-        if language == Language::Python {
+        // The zygote's BLAS runs one thread (it is fixed when numpy loads): sessions granted
+        // more than one CPU start cold, with a BLAS pool their size.
+        if language == Language::Python && l.cpu_millis <= 1000 {
             if let Some(zygote) = self.zygote() {
                 match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
                     Ok(k) => return Ok(k),

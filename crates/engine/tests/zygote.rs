@@ -176,6 +176,33 @@ fn zygote_sessions_are_preloaded_reseeded_and_confined_like_cold_ones() {
         assert!(line.contains(want), "{line} lacks {want}");
     }
 
+    // More than one CPU: a cold start, so numpy's BLAS pool gets its size (the zygote's is 1).
+    let wide = engine
+        .sessions()
+        .create(CreateSession {
+            limits: runcell_engine::LimitsRequest {
+                cpu: Some(2.0),
+                ..Default::default()
+            },
+            ..CreateSession::default()
+        })
+        .expect("create")
+        .id;
+    assert!(!preloaded(&engine, &wide));
+    assert_eq!(
+        main_text(&exec(
+            &engine,
+            &wide,
+            "import os\nos.environ['OPENBLAS_NUM_THREADS']"
+        )),
+        "'2'"
+    );
+
+    // Dumpable like a cold (exec'd) program: its own /proc/self files are its own.
+    let dumpable = "import ctypes\nctypes.CDLL(None).prctl(3, 0, 0, 0, 0)";
+    assert_eq!(main_text(&exec(&cold_engine, &cold, dumpable)), "1");
+    assert_eq!(main_text(&exec(&engine, &a, dumpable)), "1");
+
     // Reseeded: the zygote's RNG states are shared by every fork until reseeded.
     let code = "import random, numpy as np\n(random.random(), np.random.rand(), np.random.default_rng().random())";
     let (x, y) = (
@@ -192,8 +219,69 @@ fn zygote_sessions_are_preloaded_reseeded_and_confined_like_cold_ones() {
 fn two_zygote_sessions_see_nothing_of_each_other() {
     let engine =
         runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
-    let (a, b) = (create(&engine), create(&engine));
+    // A carries a secret in its environment, in a spec much longer than the next one.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .subsec_nanos();
+    let secret = format!("s3cret-{}-{nanos}", std::process::id());
+    let a = engine
+        .sessions()
+        .create(CreateSession {
+            // Padding first (variables are sent in order), so that the secret sits far past
+            // where any shorter request that follows ends.
+            env: [
+                ("AAA_PADDING".to_owned(), "x".repeat(16 << 10)),
+                ("RUNCELL_TEST_SECRET".to_owned(), secret.clone()),
+            ]
+            .into(),
+            ..CreateSession::default()
+        })
+        .expect("create a")
+        .id;
+    let b = create(&engine);
     assert!(preloaded(&engine, &a) && preloaded(&engine, &b));
+    // Nothing of A's request is in B's memory (B is a fork of the zygote that received A's
+    // spec just before B's); A itself, the control, finds its secret in its own memory. The
+    // scanning code holds the secret's head in clear and its tail XOR-ed, so the secret itself
+    // is never in the scanner's memory unless it was there already.
+    let (head, tail) = secret.split_at(7);
+    let tail_x: String = tail.bytes().map(|b| format!("{:02x}", b ^ 0x5a)).collect();
+    let scan = format!(
+        r#"
+def scan(head, tail_x):
+    found = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms = line.split()[:2]
+            if "r" not in perms or "[vvar]" in line or "[vsyscall]" in line:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            try:
+                mem.seek(lo)
+                data = mem.read(hi - lo)
+            except (OSError, ValueError, OverflowError):
+                continue
+            i = data.find(head)
+            while i >= 0:
+                after = data[i + len(head):i + len(head) + len(tail_x)]
+                if bytes(c ^ 0x5a for c in after) == tail_x:
+                    found += 1
+                i = data.find(head, i + 1)
+    return found
+scan(b"{head}", bytes.fromhex("{tail_x}")) > 0
+"#
+    );
+    assert_eq!(
+        main_text(&exec(&engine, &a, &scan)),
+        "True",
+        "control: A finds its own secret"
+    );
+    assert_eq!(
+        main_text(&exec(&engine, &b, &scan)),
+        "False",
+        "A's secret is in B's memory"
+    );
     // A leaves traces everywhere it can: files, an abstract socket, a loopback listener, a
     // child process.
     exec(

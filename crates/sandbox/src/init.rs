@@ -543,6 +543,12 @@ fn enter_program(spec: &Spec, msg_fd: libc::c_int) -> Result<(), StepError> {
     }
     // SAFETY: a constant valid path.
     cvt(unsafe { libc::chdir(c"/workspace".as_ptr()) }).map_err(StepError::at(Step::Exec))?;
+    // The uid change left this process non-dumpable; execve would have made it dumpable again
+    // (as every cold program is): its own /proc/self files readable by itself, ptrace-able by
+    // its own children. pid 1 stays non-dumpable.
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) })
+        .map_err(StepError::at(Step::Exec))?;
     if spec.channel {
         // SAFETY: as in exec_program.
         unsafe { libc::dup2(CHANNEL_FD, 3) };

@@ -686,6 +686,12 @@ fn serve(
         }
         // SAFETY: in the parent, right after fork.
         unsafe { (py.after_fork_parent)() };
+        // The spec (the session's environment, its paths) must not reach the next fork, where a
+        // shorter request would leave its tail readable in that session's memory.
+        for b in buf[..n].iter_mut() {
+            // SAFETY: a valid byte of our own buffer; volatile so the clearing is not elided.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
         drop(fds);
         if pid < 0 {
             let e = io::Error::last_os_error();
