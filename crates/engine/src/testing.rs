@@ -112,5 +112,7 @@ impl std::ops::Deref for TestEngine {
 impl Drop for TestEngine {
     fn drop(&mut self) {
         self.0.sessions().shutdown();
+        // The data dir is the test's own (a fresh temporary directory): leave nothing behind.
+        let _ = std::fs::remove_dir_all(&self.0.config().data_dir);
     }
 }
