@@ -259,8 +259,18 @@ impl Core {
             if let Some(zygote) = self.zygote() {
                 match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
                     Ok(k) => return Ok(k),
-                    // Slower, never broken: a cold start follows; the zygote is restarted.
-                    Err(e) => self.zygote_failed(chain(&e)),
+                    // Slower, never broken: a cold start follows, and a zygote that could not
+                    // fork, or whose fork never became a kernel, is restarted. Other failures
+                    // (the cgroup, descriptors) are the host's; the cold start meets them too.
+                    Err(
+                        e @ (runcell_kernel::KernelError::Start(
+                            runcell_sandbox::SandboxError::Zygote(_),
+                        )
+                        | runcell_kernel::KernelError::NotReady(_)),
+                    ) => self.zygote_failed(chain(&e)),
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "zygote start failed; starting cold")
+                    }
                 }
             }
         }
