@@ -135,7 +135,7 @@ impl Core {
         }
         sweep_stale_one_shots(&config);
         Ok(Core {
-            zygote: crate::zygote::ZygoteSlot::new(config.preload.clone()),
+            zygote: crate::zygote::ZygoteSlot::new(),
             config,
             sandbox,
             kernel_dir: std::sync::Mutex::new(None),
@@ -317,7 +317,7 @@ impl Engine {
 
     /// The zygote's state (Python sessions are forked from it when it is ready).
     pub fn zygote_status(&self) -> crate::zygote::ZygoteStatus {
-        self.core.zygote.status()
+        self.core.zygote_status()
     }
 
     /// Waits up to `timeout` for the zygote to finish starting; returns its state then.

@@ -35,8 +35,8 @@ pub enum ZygoteStatus {
     },
 }
 
+/// The zygote's state; what it preloads is the engine's configuration.
 pub(crate) struct ZygoteSlot {
-    preload: Option<Vec<String>>,
     state: Mutex<State>,
 }
 
@@ -48,9 +48,8 @@ enum State {
 }
 
 impl ZygoteSlot {
-    pub(crate) fn new(preload: Option<Vec<String>>) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            preload,
             state: Mutex::new(State::Idle),
         }
     }
@@ -59,10 +58,7 @@ impl ZygoteSlot {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn status(&self) -> ZygoteStatus {
-        if self.preload.is_none() {
-            return ZygoteStatus::Off;
-        }
+    fn status(&self) -> ZygoteStatus {
         match &*self.lock() {
             State::Idle | State::Starting => ZygoteStatus::Starting,
             State::Ready(z) => ZygoteStatus::Ready {
@@ -77,11 +73,25 @@ impl ZygoteSlot {
 }
 
 impl Core {
+    /// Whether Python sessions are meant to come from a zygote: preloading is configured and
+    /// there is a runtime to preload from.
+    fn zygote_enabled(&self) -> bool {
+        self.config.preload.is_some() && self.config.python_runtime.is_some()
+    }
+
+    pub(crate) fn zygote_status(&self) -> ZygoteStatus {
+        if !self.zygote_enabled() {
+            return ZygoteStatus::Off;
+        }
+        self.zygote.status()
+    }
+
     /// The live zygote, if there is one. Otherwise (re)starts it in the background when due and
     /// returns `None`: the caller starts cold this time.
     pub(crate) fn zygote(self: &Arc<Self>) -> Option<Arc<Zygote>> {
-        self.zygote.preload.as_ref()?;
-        self.config.python_runtime.as_ref()?;
+        if !self.zygote_enabled() {
+            return None;
+        }
         let mut state = self.zygote.lock();
         match &*state {
             State::Ready(z) if z.is_alive() => return Some(z.clone()),
@@ -143,7 +153,7 @@ impl Core {
         let end = Instant::now() + timeout;
         loop {
             let _ = self.zygote();
-            let status = self.zygote.status();
+            let status = self.zygote_status();
             if !matches!(status, ZygoteStatus::Starting) || Instant::now() >= end {
                 return status;
             }
@@ -159,7 +169,7 @@ impl Core {
             .ok_or("no Python runtime")?;
         let version = python_version(runtime)?;
         let kernel_dir = self.kernel_dir().map_err(|e| crate::chain(&e))?;
-        let preload = self.zygote.preload.clone().unwrap_or_default();
+        let preload = self.config.preload.clone().unwrap_or_default();
         let config = ZygoteConfig {
             python: format!("{SANDBOX_PYTHON}/bin/python3").into(),
             libpython: runcell_sandbox::zygote::libpython_for(&version),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Multipart, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_agent::{Agent, AgentError, AgentOptions, ProviderConfig, StepEvent, StopReason};
@@ -77,23 +77,12 @@ async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>)> {
     let mut question = None;
     let mut files = Vec::new();
     loop {
-        let field = match form.next_field().await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::too_large(e.body_text()))
-            }
-            Err(e) => return Err(ApiError::invalid(e.body_text())),
+        let Some(field) = form.next_field().await.map_err(ApiError::multipart)? else {
+            break;
         };
         let file_name = field.file_name().map(str::to_owned);
         let name = field.name().map(str::to_owned);
-        let data = field.bytes().await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(e.body_text())
-            } else {
-                ApiError::invalid(e.body_text())
-            }
-        })?;
+        let data = field.bytes().await.map_err(ApiError::multipart)?;
         match (file_name, name.as_deref()) {
             (Some(path), _) if !path.is_empty() => files.push(InputFile {
                 path,

@@ -78,6 +78,15 @@ impl ApiError {
         Self::new(ErrorCode::PayloadTooLarge, message)
     }
 
+    /// A multipart body that could not be read: too large (413) or malformed (400).
+    pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::too_large(e.body_text())
+        } else {
+            Self::invalid(e.body_text())
+        }
+    }
+
     /// A session that can no longer run anything: 409 Conflict.
     pub fn ended(message: impl Into<String>) -> Self {
         Self {

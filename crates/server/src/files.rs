@@ -105,13 +105,8 @@ pub async fn upload_multipart(
     let mut multipart = multipart.map_err(|e| ApiError::invalid(e.body_text()))?;
     let mut files = Vec::new();
     loop {
-        let field = match multipart.next_field().await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError::too_large(e.body_text()))
-            }
-            Err(e) => return Err(ApiError::invalid(e.body_text())),
+        let Some(field) = multipart.next_field().await.map_err(ApiError::multipart)? else {
+            break;
         };
         let name = field
             .file_name()
@@ -123,13 +118,7 @@ pub async fn upload_multipart(
             Some(dir) if !dir.is_empty() => format!("{}/{name}", dir.trim_end_matches('/')),
             _ => name,
         };
-        let data = field.bytes().await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(e.body_text())
-            } else {
-                ApiError::invalid(e.body_text())
-            }
-        })?;
+        let data = field.bytes().await.map_err(ApiError::multipart)?;
         files.push(store_file(&state, &id, path, data).await?);
     }
     if files.is_empty() {

@@ -34,6 +34,16 @@ impl Server {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// A multipart question to the chat; the reply as sent.
+    async fn chat(&self, form: reqwest::multipart::Form) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/chat"))
+            .multipart(form)
+            .send()
+            .await
+            .expect("send")
+    }
+
     async fn session(&self, key: Option<&str>) -> String {
         let (s, v) = self.post("/v1/sessions", key, json!({})).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -730,13 +740,7 @@ async fn the_page_is_served_with_its_headers_and_the_chat_says_it_is_off() {
         "{v}"
     );
     let form = reqwest::multipart::Form::new().text("question", "Hello?");
-    let resp = srv
-        .http
-        .post(srv.url("/v1/chat"))
-        .multipart(form)
-        .send()
-        .await
-        .expect("send");
+    let resp = srv.chat(form).await;
     let status = resp.status();
     let v: Value = resp.json().await.expect("json");
     assert_error(status, &v, StatusCode::NOT_FOUND, "not_found");
@@ -769,13 +773,7 @@ async fn the_chat_reports_a_provider_that_refuses_its_key_and_rejects_empty_ques
     assert_eq!(v["model"], "test-model", "{v}");
 
     let empty = reqwest::multipart::Form::new().text("question", "  ");
-    let resp = srv
-        .http
-        .post(srv.url("/v1/chat"))
-        .multipart(empty)
-        .send()
-        .await
-        .expect("send");
+    let resp = srv.chat(empty).await;
     let status = resp.status();
     let v: Value = resp.json().await.expect("json");
     assert_error(status, &v, StatusCode::BAD_REQUEST, "invalid_request");
@@ -786,13 +784,7 @@ async fn the_chat_reports_a_provider_that_refuses_its_key_and_rejects_empty_ques
             "file",
             reqwest::multipart::Part::bytes(b"a,b\n1,2\n".to_vec()).file_name("data.csv"),
         );
-    let resp = srv
-        .http
-        .post(srv.url("/v1/chat"))
-        .multipart(form)
-        .send()
-        .await
-        .expect("send");
+    let resp = srv.chat(form).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let body = resp.text().await.expect("body");
