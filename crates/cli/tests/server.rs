@@ -305,3 +305,96 @@ fn keys_and_loopback_rules_and_audit_commands() {
         .expect("get");
     assert_eq!(r.status(), 401);
 }
+
+/// Host processes whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
+    let data = data_dir();
+    let c = http();
+    let mut srv = serve(&data);
+    // Sessions come from the zygote once it has preloaded.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let zygote_pid = loop {
+        let h: Value = c
+            .get(format!("{}/healthz", srv.base))
+            .send()
+            .and_then(|r| r.json())
+            .expect("healthz");
+        if h["zygote"]["state"] == "ready" {
+            break h["zygote"]["pid"].as_u64().expect("zygote pid") as u32;
+        }
+        assert!(Instant::now() < deadline, "zygote not ready: {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let session: Value = c
+        .post(format!("{}/v1/sessions", srv.base))
+        .json(&json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("create");
+    let id = session["id"].as_str().expect("id");
+    // A process in the sandbox that would outlive a careless supervisor, and a sign that the
+    // session is zygote-born (pandas already imported).
+    let marker = format!("{}.{}", 40_000 + std::process::id() % 10_000, 17);
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{id}/execute", srv.base))
+        .json(&json!({"code": format!(
+            "import subprocess, sys\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n'pandas' in sys.modules"
+        )}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute");
+    assert_eq!(e["status"], "ok", "{e}");
+    assert!(
+        e["results"].to_string().contains("True"),
+        "not zygote-born: {e}"
+    );
+    let sleeper = format!("sleep {marker}");
+    assert_eq!(
+        processes_with(&sleeper).len(),
+        1,
+        "positive control: the sleeper runs"
+    );
+
+    // The kernel is busy in a cell (it would notice a closed channel only afterwards).
+    let inflight = {
+        let url = format!("{}/v1/sessions/{id}/execute", srv.base);
+        std::thread::spawn(move || {
+            let _ = http()
+                .post(url)
+                .json(&json!({"code": "import time; time.sleep(60)"}))
+                .send();
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    srv.kill9();
+    let _ = inflight.join();
+    // Nobody is left to enforce limits or collect output: pid 1 sees the control socket hang
+    // up and ends the sandbox; the zygote sees its request socket close and exits.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_with(&sleeper).is_empty() || Path::new(&format!("/proc/{zygote_pid}")).exists()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: sleeper {:?}, zygote {}",
+            processes_with(&sleeper),
+            Path::new(&format!("/proc/{zygote_pid}")).exists()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

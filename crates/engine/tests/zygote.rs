@@ -391,7 +391,18 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
     assert_eq!(
         children().len(),
         1,
-        "the session's helper is the zygote's child"
+        "the session's pid 1 is the zygote's child"
+    );
+    // The zygote joined the session's cgroups only to clone pid 1 there: it is back in its own
+    // (this process's), so the session's limits and its kill do not reach it.
+    let cgroups =
+        |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    assert_eq!(cgroups(&pid.to_string()), cgroups("self"));
+    let pid1 = children()[0].clone();
+    assert_ne!(
+        cgroups(&pid1),
+        cgroups("self"),
+        "positive control: pid 1 is elsewhere"
     );
     engine.sessions().delete(&id).expect("delete");
     // The zygote reaps its children within its 200 ms poll.
@@ -400,4 +411,8 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(children(), Vec::<String>::new(), "left behind or unreaped");
+    // The session's kill did not reach the zygote.
+    assert!(matches!(engine.zygote_status(), ZygoteStatus::Ready { pid: p, .. } if p == pid));
+    let next = create(&engine);
+    assert!(preloaded(&engine, &next));
 }

@@ -108,10 +108,9 @@ pub fn init_main() -> ! {
     }
     let line = match spec {
         Err(e) => format!("error invalid sandbox spec: {e}\n"),
-        Ok(spec) => match helper(&spec, Program::Exec) {
-            Ok(Outcome::Exited(status)) => describe_status(status),
-            Ok(Outcome::Program) => unreachable!("an exec'd program never returns here"),
-            Err(e) => format!("error {}: {}\n", e.step, e.message.replace('\n', " ")),
+        Ok(spec) => match helper(&spec) {
+            Ok(status) => describe_status(status),
+            Err(e) => error_line(&e),
         },
     };
     let _ = write_all_fd(CONTROL_FD, line.as_bytes());
@@ -119,47 +118,81 @@ pub fn init_main() -> ! {
     unsafe { libc::_exit(0) }
 }
 
-/// The helper's part for a zygote-born sandbox, in the zygote's fresh child: the same steps as
-/// [`init_main`], with the program being this very process image (a preloaded Python) instead of
-/// an `execve`. Descriptors 0-4 are in place as for the exec'd helper. Returns only in the
-/// program's process, confined (steps 1-7 done); the helper and pid 1 never return.
-pub(crate) fn zygote_child(spec_bytes: &[u8]) {
-    // SAFETY: as in init_main.
+/// Pid 1 of a zygote-born sandbox, in the zygote's child made by `clone(CLONE_NEW*)`: the
+/// zygote itself played the helper (joined the cgroup, cloned, wrote the id maps, then releases
+/// `sync_r`). The same steps as a cold pid 1 follow, then the program is a fork of this very
+/// process image (the preloaded Python) instead of an `execve`: `in_program` runs first thing in
+/// it (Python's after-fork hook). Descriptors 0-4 are in place as for the exec'd helper; pid 1
+/// reports to the control socket itself. Returns only in the program's process, confined.
+pub(crate) fn zygote_pid1(
+    spec_bytes: &[u8],
+    sync_r: OwnedFd,
+    new_cgroup_ns: bool,
+    in_program: &dyn Fn(),
+) {
+    // SAFETY: setsid has no arguments; it fails harmlessly if already a leader.
     unsafe { libc::setsid() };
-    close_fds_from(CHANNEL_FD + 1, &[]);
-    let spec = Spec::from_bytes(spec_bytes).map_err(io::Error::other);
-    if !spec.as_ref().is_ok_and(|s| s.channel) {
+    close_fds_from(CHANNEL_FD + 1, &[sync_r.as_raw_fd()]);
+    let spec = match Spec::from_bytes(spec_bytes) {
+        Ok(s) => s,
+        Err(e) => report_and_exit(&format!("error invalid sandbox spec: {e}\n")),
+    };
+    if !spec.channel {
         // SAFETY: closing a descriptor nobody else in this process uses.
         unsafe { libc::close(CHANNEL_FD) };
     }
-    let line = match spec {
-        Err(e) => format!("error invalid sandbox spec: {e}\n"),
-        Ok(spec) => match helper(&spec, Program::Continue) {
-            Ok(Outcome::Program) => return,
-            Ok(Outcome::Exited(status)) => describe_status(status),
-            Err(e) => format!("error {}: {}\n", e.step, e.message.replace('\n', " ")),
-        },
+    let (msg_r, msg_w) = match pipe_cloexec() {
+        Ok(p) => p,
+        Err(e) => report_and_exit(&error_line(&StepError::at(Step::Namespaces)(e))),
     };
+    if let Err(e) = prepare(&spec, &sync_r, Parent::Zygote { new_cgroup_ns }) {
+        report_and_exit(&error_line(&e));
+    }
+    // SAFETY: pid 1 is single-threaded (a clone of the single-threaded zygote).
+    match unsafe { libc::fork() } {
+        0 => {
+            in_program();
+            drop(msg_r);
+            let msg_fd = msg_w.into_raw_fd();
+            // confine() closes it with every other descriptor above the channel.
+            let _ = sync_r.into_raw_fd();
+            if let Err(e) = enter_program(&spec, msg_fd) {
+                die(msg_fd, e, 127)
+            }
+            // SAFETY: pid 1's message pipe: the program must not keep it.
+            unsafe { libc::close(msg_fd) };
+        }
+        -1 => report_and_exit(&error_line(&StepError::at(Step::Exec)(
+            io::Error::last_os_error(),
+        ))),
+        program => {
+            drop((msg_w, sync_r));
+            reap_and_report(program, msg_r)
+        }
+    }
+}
+
+/// Writes the final report line to the control socket and exits (pid 1 of a zygote-born
+/// sandbox, which has no helper to report for it).
+fn report_and_exit(line: &str) -> ! {
     let _ = write_all_fd(CONTROL_FD, line.as_bytes());
-    // SAFETY: exiting the helper; no destructors need to run (and the zygote's must not).
+    // SAFETY: leaving; nothing needs unwinding (and the zygote's destructors must not run).
     unsafe { libc::_exit(0) }
 }
 
-/// What the sandbox's program is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Program {
-    /// `execve` of the spec's argv (every cold sandbox).
-    Exec,
-    /// The calling process image itself, which continues once confined (a zygote's child).
-    Continue,
+fn error_line(e: &StepError) -> String {
+    format!("error {}: {}\n", e.step, e.message.replace('\n', " "))
 }
 
-/// How [`helper`] returned.
-enum Outcome {
-    /// In the helper: the program's raw wait status.
-    Exited(libc::c_int),
-    /// In the program's own process, confined ([`Program::Continue`] only).
-    Program,
+/// Who created pid 1, which decides how pid 1 notices that its creator is gone.
+#[derive(Debug, Clone, Copy)]
+enum Parent {
+    /// The cold helper: pid 1 dies with it (parent-death signal).
+    Helper,
+    /// The zygote, which must be able to die without taking sessions along: pid 1 watches the
+    /// control socket instead. On cgroup v2 the zygote cloned pid 1 straight into the cgroup,
+    /// so pid 1 makes its cgroup namespace itself (rooted there).
+    Zygote { new_cgroup_ns: bool },
 }
 
 fn describe_status(status: libc::c_int) -> String {
@@ -194,7 +227,7 @@ fn read_spec() -> io::Result<Vec<u8>> {
 
 /// Host side: join the cgroup, create the namespaces, map the ids, wait for the sandbox.
 /// Returns the program's raw wait status.
-fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
+fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
     // Supplementary groups survive clone and stay usable in the user namespace: host root's
     // group 0 would open group-readable root files to the sandbox. Drop them while still root.
     // SAFETY: an empty group list.
@@ -236,8 +269,7 @@ fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
     if pid == 0 {
         drop(sync_w);
         drop(msg_r);
-        sandbox_pid1(spec, sync_r, msg_w, program);
-        return Ok(Outcome::Program);
+        sandbox_pid1(spec, sync_r, msg_w);
     }
     let pid = pid as libc::pid_t;
     if spec.channel {
@@ -274,6 +306,13 @@ fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     drop(sync_w);
 
+    // pid 1 reports the program's status; if it died without a word (killed), report how it died.
+    Ok(parse_messages(&message)?.unwrap_or(status))
+}
+
+/// Reads the lines pid 1 and the program write on their message pipe: `E<step>\t<message>` for
+/// a failed step, `S<status>` for the program's wait status.
+fn parse_messages(message: &str) -> Result<Option<libc::c_int>, StepError> {
     let mut final_status = None;
     for line in message.lines() {
         if let Some(err) = line.strip_prefix('E') {
@@ -287,8 +326,7 @@ fn helper(spec: &Spec, program: Program) -> Result<Outcome, StepError> {
             final_status = s.parse::<libc::c_int>().ok();
         }
     }
-    // pid 1 reports the program's status; if it died without a word (killed), report how it died.
-    Ok(Outcome::Exited(final_status.unwrap_or(status)))
+    Ok(final_status)
 }
 
 /// Moves the (single-threaded) helper into one cgroup. On v1, writing "0" to `tasks` moves just
@@ -390,34 +428,20 @@ fn redirect_stdio_to_null() {
     }
 }
 
-/// Pid 1 of the new namespaces. Never returns.
-/// Pid 1: steps 1-4, then the program's process. Returns only in that process, confined, when
-/// the program is [`Program::Continue`].
-fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd, program: Program) {
-    let pid = match prepare(spec, &sync_r) {
-        Ok(()) => {
-            // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
-            match unsafe { libc::fork() } {
-                0 if program == Program::Continue => {
-                    let msg_fd = msg_w.into_raw_fd();
-                    // confine() closes it with every other descriptor above the channel.
-                    let _ = sync_r.into_raw_fd();
-                    if let Err(e) = enter_program(spec, msg_fd) {
-                        die(msg_fd, e, 127)
-                    }
-                    // SAFETY: pid 1's message pipe: the program must not keep it.
-                    unsafe { libc::close(msg_fd) };
-                    return;
-                }
-                0 => exec_program(spec, msg_w.as_raw_fd()),
-                -1 => die(
-                    msg_w.as_raw_fd(),
-                    StepError::at(Step::Exec)(io::Error::last_os_error()),
-                    1,
-                ),
-                child => child,
-            }
-        }
+/// Pid 1 of a cold sandbox: steps 1-4, then the program's process (steps 5-7, execve). Never
+/// returns.
+fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
+    let pid = match prepare(spec, &sync_r, Parent::Helper) {
+        // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
+        Ok(()) => match unsafe { libc::fork() } {
+            0 => exec_program(spec, msg_w.as_raw_fd()),
+            -1 => die(
+                msg_w.as_raw_fd(),
+                StepError::at(Step::Exec)(io::Error::last_os_error()),
+                1,
+            ),
+            child => child,
+        },
         Err(e) => die(msg_w.as_raw_fd(), e, 1),
     };
     reap(pid, msg_w.into_raw_fd())
@@ -432,7 +456,7 @@ fn die(msg_fd: libc::c_int, e: StepError, code: libc::c_int) -> ! {
 }
 
 /// Steps 1 to 4, in pid 1 (they are inherited by everything forked afterwards).
-fn prepare(spec: &Spec, sync_r: &OwnedFd) -> Result<(), StepError> {
+fn prepare(spec: &Spec, sync_r: &OwnedFd, parent: Parent) -> Result<(), StepError> {
     // Wait until the helper has written our uid/gid maps.
     let mut byte = [0u8; 1];
     let mut sync = fs::File::from(
@@ -456,20 +480,33 @@ fn prepare(spec: &Spec, sync_r: &OwnedFd) -> Result<(), StepError> {
     // 1. User namespace: become the sandbox user (1000 -> the lease's host uid), keeping the
     //    namespace's capabilities for the steps below.
     user_ns::become_sandbox_user().map_err(StepError::at(Step::UserNamespace))?;
-    // Die with the helper. Set after the uid change, which clears the parent-death signal, and
-    // then check the helper did not die in between (its end of the sync pipe would be closed).
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) })
-        .map_err(StepError::at(Step::UserNamespace))?;
-    let mut pfd = libc::pollfd {
-        fd: sync_r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: a single valid pollfd, zero timeout.
-    if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
-        // SAFETY: the helper is gone; so must we be.
-        unsafe { libc::_exit(1) };
+    match parent {
+        Parent::Helper => {
+            // Die with the helper. Set after the uid change, which clears the parent-death
+            // signal, and then check the helper did not die in between (its end of the sync pipe
+            // would be closed).
+            // SAFETY: prctl with integer arguments.
+            cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) })
+                .map_err(StepError::at(Step::UserNamespace))?;
+            let mut pfd = libc::pollfd {
+                fd: sync_r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: a single valid pollfd, zero timeout.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
+                // SAFETY: the helper is gone; so must we be.
+                unsafe { libc::_exit(1) };
+            }
+        }
+        // The zygote closed its end already; the control socket tells of the supervisor's death.
+        Parent::Zygote { new_cgroup_ns } => {
+            if new_cgroup_ns {
+                // SAFETY: a flag-only syscall in this single-threaded process.
+                cvt(unsafe { libc::unshare(libc::CLONE_NEWCGROUP) })
+                    .map_err(StepError::at(Step::Namespaces))?;
+            }
+        }
     }
 
     // 2. The other namespaces exist since clone; give UTS its hostname and the network
@@ -631,14 +668,7 @@ fn resolve(program: &str, path_var: &str) -> Option<PathBuf> {
 /// Pid 1 after the fork: confine itself like the program, then reap every orphan until the
 /// program exits, report its status and exit, which ends the namespace.
 fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
-    redirect_stdio_to_null();
-    // Not dumpable: the program (same uid) can neither ptrace pid 1 nor read its memory.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let _ = caps::drop_all();
-    let _ = caps::set_no_new_privs();
-    close_fds_from(3, &[msg_fd]);
-    let _ = seccomp::install();
+    confine_pid1(&[msg_fd]);
     loop {
         let mut status = 0;
         // SAFETY: waiting for any child with a valid status pointer.
@@ -653,4 +683,116 @@ fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
             unsafe { libc::_exit(1) }
         }
     }
+}
+
+/// Pid 1 of a zygote-born sandbox after the fork: confined like a cold pid 1, it reaps every
+/// orphan until the program exits, then reports on the control socket (the program's status, or
+/// the step that failed in it) and exits, which ends the namespace. A hang-up on the control
+/// socket means the supervisor is gone: pid 1 exits at once and takes the sandbox with it.
+fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
+    // Handlers inherited from the zygote's Python have no business in pid 1 (the program got
+    // its copy of them with the fork).
+    reset_signal_handlers();
+    // Children's exits arrive on a signalfd, so that one poll also watches the control socket.
+    // SAFETY: a zeroed sigset is valid storage for sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers; SIGCHLD is a valid signal.
+    let sfd = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK)
+    };
+    if sfd < 0 {
+        kill_program_and_report(program, "signalfd", io::Error::last_os_error());
+    }
+    confine_pid1(&[CONTROL_FD, msg_r.as_raw_fd(), sfd]);
+    loop {
+        // Reap first: a child that exited before SIGCHLD was blocked left no signal behind.
+        loop {
+            let mut status = 0;
+            // SAFETY: reaping any exited child with a valid status pointer.
+            let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if r == program {
+                let mut messages = Vec::new();
+                let _ = fs::File::from(msg_r).read_to_end(&mut messages);
+                let line = match parse_messages(&String::from_utf8_lossy(&messages)) {
+                    Ok(_) => describe_status(status),
+                    Err(e) => error_line(&e),
+                };
+                report_and_exit(&line);
+            }
+            if r <= 0 {
+                break;
+            }
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: CONTROL_FD,
+                events: 0,
+                revents: 0,
+            },
+        ];
+        // SAFETY: a valid array of two pollfd structs.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            continue;
+        }
+        // Only a full hang-up counts: the supervisor shut down its writing side long ago.
+        if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            // SAFETY: the supervisor is gone; exiting pid 1 ends the sandbox.
+            unsafe { libc::_exit(1) }
+        }
+        let mut info = [0u8; 128 * 8];
+        // SAFETY: draining the signalfd into a buffer of whole signalfd_siginfo records.
+        while unsafe { libc::read(sfd, info.as_mut_ptr().cast(), info.len()) } > 0 {}
+    }
+}
+
+/// Kills the program and reports why pid 1 could not watch it.
+fn kill_program_and_report(program: libc::pid_t, what: &str, e: io::Error) -> ! {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(program, libc::SIGKILL) };
+    report_and_exit(&error_line(&StepError {
+        step: Step::Exec,
+        message: format!("{what}: {e}"),
+    }))
+}
+
+/// Every caught signal back to its default action (ignored ones stay ignored).
+fn reset_signal_handlers() {
+    for sig in 1..32 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: querying and setting dispositions with valid sigaction structs.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// Pid 1 confines itself like the program (it runs no user code, but shares its namespaces):
+/// no stdio, not dumpable, no capabilities, no new privileges, only `keep` open, seccomp.
+fn confine_pid1(keep: &[libc::c_int]) {
+    redirect_stdio_to_null();
+    // Not dumpable: the program (same uid) can neither ptrace pid 1 nor read its memory.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let _ = caps::drop_all();
+    let _ = caps::set_no_new_privs();
+    close_fds_from(3, keep);
+    let _ = seccomp::install();
 }

@@ -9,11 +9,11 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
+use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupVersion, Hierarchy};
 use crate::init::{CHANNEL_FD, CONTROL_FD};
 use crate::output::CappedOutput;
 use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
@@ -206,8 +206,10 @@ impl Sandbox {
         let (in_r, in_w) = pipe_cloexec()?;
         let (out_r, out_w) = pipe_cloexec()?;
         let (err_r, err_w) = pipe_cloexec()?;
+        let request = fork_request(&cgroup, launch.workspace.host_uid());
         let pidfd = zygote
             .fork_sandbox(
+                &request,
                 &spec_bytes,
                 [
                     in_r.as_fd(),
@@ -359,6 +361,26 @@ impl Sandbox {
             usage: finished.usage,
         })
     }
+}
+
+/// What the zygote needs to start pid 1 in `cgroup` (see [`crate::zygote::CgroupEntry`]).
+fn fork_request(cgroup: &Cgroup, host_uid: u32) -> crate::zygote::ForkRequest {
+    use crate::zygote::CgroupEntry;
+    let dirs = cgroup.paths();
+    let cgroup = match cgroup.version() {
+        CgroupVersion::V2 => CgroupEntry::V2(dirs.into_iter().next().unwrap_or_default()),
+        // v1 run cgroups are `<mount>/<own cgroup>/runcell/<name>`: the zygote, a child of
+        // this process, lives in `<mount>/<own cgroup>`.
+        CgroupVersion::V1 => CgroupEntry::V1(
+            dirs.iter()
+                .map(|d| {
+                    let home = d.parent().and_then(Path::parent).unwrap_or(d);
+                    (d.join("tasks"), home.join("tasks"))
+                })
+                .collect(),
+        ),
+    };
+    crate::zygote::ForkRequest { host_uid, cgroup }
 }
 
 /// How often the pids bound is checked while a run is in progress.

@@ -3,24 +3,29 @@
 //!
 //! The zygote is the runcell binary itself (`runcell __zygote`), which loads libpython with
 //! `dlopen` and initialises the interpreter in-process. That keeps the isolation steps in one
-//! place: a fork of the zygote becomes the helper of [`crate::init`] and runs exactly the steps a
-//! cold sandbox runs (cgroup, namespaces, uid map, mounts, limits, privileges, Landlock,
-//! seccomp), except that its program is the forked Python itself instead of an `execve`.
+//! place: the zygote plays the cold helper's part (cgroup, `clone(CLONE_NEW*)`, uid map) and its
+//! child runs [`crate::init`]'s pid 1 steps (mounts, limits) and forks the program, which takes
+//! the same steps 5-7 (privileges, Landlock, seccomp) as a cold program, except that the program
+//! is the forked Python itself instead of an `execve`.
 //!
 //! ```text
-//! supervisor ──request (spec + 5 fds)──▶ zygote (host root; own mount namespace where the
-//!     ▲                                   │ runtime and the kernel sit at their sandbox paths)
-//!     └──────── pidfd of the helper ──────┤ fork
+//! supervisor ──request (spec + 5 fds)──▶ zygote (host root, host namespaces)
+//!     ▲                                   │ joins the cgroup, clone(CLONE_NEW*), leaves it,
+//!     └────────── pidfd of pid 1 ─────────┤ writes the id maps
 //!                                          ▼
-//!                        helper: back to the host's mount namespace, then init.rs's steps
-//!                          └─▶ pid 1 ─▶ program: confined, returns into the preloaded Python,
+//!                        pid 1: init.rs's steps 1-4, reports on the control socket
+//!                          └─▶ program: confined, returns into the preloaded Python,
 //!                                          which reseeds its RNGs and serves the kernel protocol
 //! ```
 //!
+//! One fork of the (large) preloaded image fewer than a helper in between would cost, and no
+//! Python after-fork work in pid 1, which runs no Python.
+//!
 //! Paths inside the preloaded Python (module files, `sys.path`, `sys.prefix`) must be valid in
-//! the sandbox too, so the zygote runs in its own mount namespace in which the runtime and the
-//! kernel code are bound where sandboxes see them (`/opt/runcell/...`). Its children go back to
-//! the host's mount namespace before building the sandbox's, so bind sources resolve as usual.
+//! the sandbox too, so the zygote imports in its own mount namespace in which the runtime and the
+//! kernel code are bound where sandboxes see them (`/opt/runcell/...`). Once loaded it goes back
+//! to the host's mount namespace, so that the sandboxes it clones are built from host paths,
+//! exactly as cold ones.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::fs::File;
@@ -42,6 +47,28 @@ const REQUEST_FD: RawFd = 3;
 
 /// Largest request: a sandbox spec (a few KiB in practice).
 const MAX_REQUEST: usize = 1 << 20;
+
+/// What the zygote itself needs of a request, ahead of the spec (which only pid 1 parses: what
+/// the zygote parses stays in its heap, inherited by every later fork, and the spec holds the
+/// session's environment). Sent as `[u32 length, little-endian][JSON][spec]`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ForkRequest {
+    /// The host uid the sandbox user maps to.
+    pub host_uid: u32,
+    pub cgroup: CgroupEntry,
+}
+
+/// How pid 1 is born inside the sandbox's cgroup.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) enum CgroupEntry {
+    /// v1: the zygote moves itself (only its one thread: writing `0` to `tasks` avoids the
+    /// kernel's threadgroup lock and an RCU grace period) into each `(join, home)` pair's
+    /// `join` file, clones, then moves back through the `home` files.
+    V1(Vec<(PathBuf, PathBuf)>),
+    /// v2: `clone3(CLONE_INTO_CGROUP)` into this directory; pid 1 then makes its own cgroup
+    /// namespace there (the clone's would be rooted at the zygote's cgroup).
+    V2(PathBuf),
+}
 
 /// What a zygote preloads, and where.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -203,12 +230,18 @@ impl Zygote {
     /// helper's 0-4: stdin, stdout, stderr, the control socket and the program's channel.
     pub(crate) fn fork_sandbox(
         &self,
+        request: &ForkRequest,
         spec: &[u8],
         fds: [BorrowedFd<'_>; 5],
     ) -> Result<OwnedFd, ZygoteError> {
+        let header = serde_json::to_vec(request).map_err(|e| ZygoteError::Config(e.to_string()))?;
+        let mut message = Vec::with_capacity(4 + header.len() + spec.len());
+        message.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        message.extend_from_slice(&header);
+        message.extend_from_slice(spec);
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let raw = fds.map(|f| f.as_raw_fd());
-        send_with_fds(inner.socket.as_fd(), spec, &raw).map_err(ZygoteError::Gone)?;
+        send_with_fds(inner.socket.as_fd(), &message, &raw).map_err(ZygoteError::Gone)?;
         let mut buf = [0u8; 4096];
         let (n, mut got) =
             recv_with_fds(inner.socket.as_fd(), &mut buf, 1).map_err(ZygoteError::Gone)?;
@@ -393,7 +426,7 @@ pub fn zygote_main() -> ! {
         },
         _ => exit_with(sock_fd, ""),
     };
-    let (py, host_mnt) = match prepare(&config) {
+    let py = match prepare(&config) {
         Ok(p) => p,
         Err(e) => exit_with(sock_fd, &format!("error {e}")),
     };
@@ -402,7 +435,7 @@ pub fn zygote_main() -> ! {
         format!("ready {}", config.preload.join(",")).as_bytes(),
         &[],
     );
-    serve(&py, &config, sock_fd, host_mnt, &mut buf)
+    serve(&py, &config, sock_fd, &mut buf)
 }
 
 fn exit_with(sock: BorrowedFd<'_>, msg: &str) -> ! {
@@ -413,22 +446,16 @@ fn exit_with(sock: BorrowedFd<'_>, msg: &str) -> ! {
     unsafe { libc::_exit(1) }
 }
 
-/// Its own mount namespace with the sandbox paths in place, then libpython, then the imports.
-fn prepare(config: &ZygoteConfig) -> Result<(Python, RawFd), String> {
-    let err = |what: &str| {
-        let e = io::Error::last_os_error();
-        format!("{what}: {e}")
-    };
-    // The host's mount namespace, for the children to return to (kept above the fds 0-4 the
-    // children rearrange).
-    let host =
+/// Its own mount namespace with the sandbox paths in place, then libpython, then the imports,
+/// then back to the host's mount namespace.
+fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
+    // Supplementary groups survive clone and stay usable in the user namespace: host root's
+    // group 0 would open group-readable root files to every sandbox. Drop them while root.
+    // SAFETY: an empty group list.
+    cvt(unsafe { libc::setgroups(0, std::ptr::null()) }).map_err(|e| format!("setgroups: {e}"))?;
+    // The host's mount namespace, to return to once the imports are done.
+    let host_mnt =
         File::open("/proc/self/ns/mnt").map_err(|e| format!("open /proc/self/ns/mnt: {e}"))?;
-    // SAFETY: duplicating a descriptor we own.
-    let host_mnt = unsafe { libc::fcntl(host.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
-    if host_mnt < 0 {
-        return Err(err("dup"));
-    }
-    drop(host);
     // SAFETY: a flag-only syscall in this single-threaded process.
     cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).map_err(|e| format!("unshare: {e}"))?;
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
@@ -513,7 +540,12 @@ fn prepare(config: &ZygoteConfig) -> Result<(Python, RawFd), String> {
             "the preloaded modules started threads ({threads} in all); forking would be unsafe"
         ));
     }
-    Ok((py, host_mnt))
+    // Sandboxes are built from host paths (workspaces, bind sources), as cold ones are; the
+    // zygote's own namespace, with its private /tmp, goes away with this.
+    // SAFETY: setns with our own descriptor in a single-threaded process.
+    cvt(unsafe { libc::setns(host_mnt.as_raw_fd(), libc::CLONE_NEWNS) })
+        .map_err(|e| format!("setns back to the host's mount namespace: {e}"))?;
+    Ok(py)
 }
 
 fn mount(
@@ -638,14 +670,8 @@ del _runcell_preload
     )
 }
 
-/// The request loop: one fork per request; zombies reaped as they come.
-fn serve(
-    py: &Python,
-    config: &ZygoteConfig,
-    sock: BorrowedFd<'_>,
-    host_mnt: RawFd,
-    buf: &mut [u8],
-) -> ! {
+/// The request loop: one sandbox per request; zombies reaped as they come.
+fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8]) -> ! {
     loop {
         reap_children();
         let mut pfd = libc::pollfd {
@@ -666,26 +692,14 @@ fn serve(
             }
             Ok(x) => x,
         };
-        if fds.len() != 5 {
-            let _ = send_with_fds(sock, b"a request carries 5 descriptors", &[]);
-            continue;
-        }
-        // SAFETY: this process is single-threaded (checked after preloading) and holds the
-        // GIL; PyOS_BeforeFork/AfterFork keep the interpreter's locks consistent across fork.
-        unsafe { (py.before_fork)() };
-        // SAFETY: as above.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: in the child, right after fork.
-            unsafe { (py.after_fork_child)() };
-            let raw: Vec<RawFd> = fds
-                .into_iter()
-                .map(std::os::fd::IntoRawFd::into_raw_fd)
-                .collect();
-            child(py, config, host_mnt, &raw, &buf[..n]);
-        }
-        // SAFETY: in the parent, right after fork.
-        unsafe { (py.after_fork_parent)() };
+        let outcome = if fds.len() != 5 {
+            Err("a request carries 5 descriptors".to_owned())
+        } else {
+            match split_request(&buf[..n]) {
+                Some((request, spec)) => start_sandbox(py, config, &request, spec, &fds),
+                None => Err("malformed request".to_owned()),
+            }
+        };
         // The spec (the session's environment, its paths) must not reach the next fork, where a
         // shorter request would leave its tail readable in that session's memory.
         for b in buf[..n].iter_mut() {
@@ -693,24 +707,161 @@ fn serve(
             unsafe { std::ptr::write_volatile(b, 0) };
         }
         drop(fds);
-        if pid < 0 {
-            let e = io::Error::last_os_error();
-            let _ = send_with_fds(sock, format!("fork: {e}").as_bytes(), &[]);
-            continue;
+        match outcome {
+            Ok(pidfd) => {
+                let _ = send_with_fds(sock, b"ok", &[pidfd.as_raw_fd()]);
+            }
+            Err(e) => {
+                let _ = send_with_fds(sock, e.as_bytes(), &[]);
+            }
         }
-        // SAFETY: pidfd_open of our own unreaped child.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if pidfd < 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: our child; it must not live on without a supervisor.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            let _ = send_with_fds(sock, format!("pidfd_open: {e}").as_bytes(), &[]);
-            continue;
-        }
-        let _ = send_with_fds(sock, b"ok", &[pidfd as RawFd]);
-        // SAFETY: our descriptor, sent; the supervisor has its own copy now.
-        unsafe { libc::close(pidfd as RawFd) };
     }
+}
+
+/// `[u32 length][ForkRequest JSON][spec]` split into the parsed header and the spec's bytes.
+fn split_request(message: &[u8]) -> Option<(ForkRequest, &[u8])> {
+    let len = u32::from_le_bytes(message.get(..4)?.try_into().ok()?) as usize;
+    let header = message.get(4..4usize.checked_add(len)?)?;
+    let request = serde_json::from_slice(header).ok()?;
+    Some((request, &message[4 + len..]))
+}
+
+/// The flags of the clone that makes pid 1 (DESIGN.md §3.2): every namespace at once.
+const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// The helper's part, played by the zygote: pid 1 is cloned into the cgroup and the new
+/// namespaces, its id maps written, then it is released. Returns pid 1's pidfd.
+fn start_sandbox(
+    py: &Python,
+    config: &ZygoteConfig,
+    request: &ForkRequest,
+    spec: &[u8],
+    fds: &[OwnedFd],
+) -> Result<OwnedFd, String> {
+    let (sync_r, sync_w) = pipe_cloexec().map_err(|e| format!("pipe: {e}"))?;
+    let v2_dir = match &request.cgroup {
+        CgroupEntry::V2(dir) => {
+            Some(File::open(dir).map_err(|e| format!("open cgroup {}: {e}", dir.display()))?)
+        }
+        CgroupEntry::V1(pairs) => {
+            for (join, _) in pairs {
+                if let Err(e) = std::fs::write(join, "0") {
+                    leave_cgroups(pairs);
+                    return Err(format!("join cgroup {}: {e}", join.display()));
+                }
+            }
+            None
+        }
+    };
+    // SAFETY: this process is single-threaded (checked after preloading) and holds the GIL;
+    // PyOS_BeforeFork/AfterFork keep the interpreter's locks consistent across the fork.
+    unsafe { (py.before_fork)() };
+    let pid = clone_pid1(v2_dir.as_ref());
+    if pid == 0 {
+        pid1(py, config, fds, spec, sync_r, v2_dir.is_some());
+    }
+    // SAFETY: in the parent, right after the fork.
+    unsafe { (py.after_fork_parent)() };
+    if let CgroupEntry::V1(pairs) = &request.cgroup {
+        leave_cgroups(pairs);
+    }
+    if pid < 0 {
+        return Err(format!("clone: {}", io::Error::last_os_error()));
+    }
+    let kill = |why: String| {
+        // SAFETY: our own unreaped child: it must not live on without its maps or supervisor.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        why
+    };
+    crate::user_ns::write_id_maps(pid, request.host_uid)
+        .map_err(|e| kill(format!("uid map: {e}")))?;
+    // SAFETY: pidfd_open of our own unreaped child.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(kill(format!("pidfd_open: {}", io::Error::last_os_error())));
+    }
+    // SAFETY: a fresh descriptor, ours alone.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+    // Release pid 1; the closing tells it nobody else will write.
+    crate::sys::write_all_fd(sync_w.as_raw_fd(), b"1").map_err(|e| kill(format!("sync: {e}")))?;
+    Ok(pidfd)
+}
+
+/// Back into the zygote's own cgroups. If that fails the zygote would die with the next
+/// `kill_all` of that session's cgroup (and count in its limits): better to end now and be
+/// restarted.
+fn leave_cgroups(pairs: &[(PathBuf, PathBuf)]) {
+    for (_, home) in pairs {
+        if std::fs::write(home, "0").is_err() {
+            // SAFETY: leaving; the supervisor sees the zygote gone and starts another.
+            unsafe { libc::_exit(1) }
+        }
+    }
+}
+
+/// clone(CLONE_NEW*) like fork; on v2 straight into the cgroup `v2_dir` (clone3), leaving the
+/// cgroup namespace to pid 1.
+fn clone_pid1(v2_dir: Option<&File>) -> libc::pid_t {
+    match v2_dir {
+        None => {
+            // SAFETY: clone without CLONE_VM and with a null stack behaves like fork: the child
+            // gets a copy of this single-threaded process on its own copy of the stack.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_clone,
+                    (SANDBOX_NAMESPACES | libc::CLONE_NEWCGROUP | libc::SIGCHLD) as libc::c_ulong,
+                    0usize,
+                    0usize,
+                    0usize,
+                    0usize,
+                ) as libc::pid_t
+            }
+        }
+        Some(dir) => {
+            let args = CloneArgs {
+                flags: SANDBOX_NAMESPACES as u64 | CLONE_INTO_CGROUP,
+                exit_signal: libc::SIGCHLD as u64,
+                cgroup: dir.as_raw_fd() as u64,
+                ..CloneArgs::default()
+            };
+            // SAFETY: clone3 with a valid, fully initialised clone_args of the size passed; a
+            // zero stack makes it behave like fork, as above.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    &args as *const CloneArgs,
+                    std::mem::size_of::<CloneArgs>(),
+                ) as libc::pid_t
+            }
+        }
+    }
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of clone3(2), up to `cgroup` (CLONE_ARGS_SIZE_VER2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
 }
 
 fn reap_children() {
@@ -723,31 +874,42 @@ fn reap_children() {
     }
 }
 
-/// A fresh fork: become the sandbox's helper, then (in the program's process only) the kernel.
-fn child(py: &Python, config: &ZygoteConfig, host_mnt: RawFd, fds: &[RawFd], spec: &[u8]) -> ! {
-    // Back to the host's view of the filesystem: the sandbox is built from host paths, exactly
-    // as a cold helper builds it.
-    // SAFETY: setns with our own descriptor in a single-threaded process.
-    if unsafe { libc::setns(host_mnt, libc::CLONE_NEWNS) } != 0 {
-        // SAFETY: leaving; the supervisor sees the helper vanish without a report.
-        unsafe { libc::_exit(126) };
-    }
-    // fds become 0-4 (stdin, stdout, stderr, control, channel). Move them above 10 first: any
-    // may sit on a target number.
-    let mut high = [0; 5];
-    for (h, fd) in high.iter_mut().zip(fds) {
+/// The fresh clone: pid 1 of the sandbox, then (in the program's process only) the kernel.
+fn pid1(
+    py: &Python,
+    config: &ZygoteConfig,
+    fds: &[OwnedFd],
+    spec: &[u8],
+    sync_r: OwnedFd,
+    v2: bool,
+) -> ! {
+    // fds become 0-4 (stdin, stdout, stderr, control, channel). Move them and the sync pipe
+    // above 10 first: any may sit on a target number.
+    let mut high = [0; 6];
+    for (h, fd) in high.iter_mut().zip(
+        fds.iter()
+            .map(AsRawFd::as_raw_fd)
+            .chain([sync_r.as_raw_fd()]),
+    ) {
         // SAFETY: duplicating descriptors we own.
-        *h = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
+        *h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
         if *h < 0 {
-            // SAFETY: leaving.
+            // SAFETY: leaving; the zygote sees no report, the supervisor an early end.
             unsafe { libc::_exit(126) };
         }
     }
-    for (target, h) in high.into_iter().enumerate() {
+    for (target, h) in high[..5].iter().enumerate() {
         // SAFETY: dup2 onto 0-4 (the request socket at 3 is replaced, as it must be).
-        unsafe { libc::dup2(h, target as RawFd) };
+        unsafe { libc::dup2(*h, target as RawFd) };
     }
-    crate::init::zygote_child(spec);
+    // SAFETY: our duplicate; every other descriptor above 4 is closed by zygote_pid1.
+    let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
+    let after_fork = || {
+        // SAFETY: in the program, right after its fork from pid 1, which ran no Python since
+        // the zygote's PyOS_BeforeFork.
+        unsafe { (py.after_fork_child)() }
+    };
+    crate::init::zygote_pid1(spec, sync_r, v2, &after_fork);
     // The program, confined. Its process is a copy of the zygote: reseed what must differ
     // between sessions, take the session's environment, and serve the kernel protocol.
     let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();

@@ -441,6 +441,11 @@ impl Cgroup {
         }
     }
 
+    /// The interface of this cgroup.
+    pub fn version(&self) -> CgroupVersion {
+        self.version
+    }
+
     /// The cgroup's directories (v2: one; v1: one per hierarchy), for tests and leak checks.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.path.clone()).collect()
