@@ -397,4 +397,13 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // What an operator does next: a new server recovers the session (and unmounts its workspace
+    // when it stops).
+    let again = serve(&data);
+    let s: Value = c
+        .get(format!("{}/v1/sessions/{id}", again.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session");
+    assert_eq!(s["status"], "ready", "{s}");
 }
