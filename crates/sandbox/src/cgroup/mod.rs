@@ -382,6 +382,20 @@ impl Cgroup {
         self.live_pids().unwrap_or_default()
     }
 
+    /// Whether a hierarchical counter says no process is left anywhere in the tree (v1:
+    /// `pids.current`; v2: `populated 0` in `cgroup.events`). False when it cannot tell.
+    fn known_empty(&self) -> bool {
+        match self.version {
+            CgroupVersion::V1 => self.dir_for("pids").is_some_and(|d| {
+                fs::read_to_string(d.join("pids.current")).is_ok_and(|s| s.trim() == "0")
+            }),
+            CgroupVersion::V2 => self.dirs.first().is_some_and(|d| {
+                fs::read_to_string(d.path.join("cgroup.events"))
+                    .is_ok_and(|s| s.lines().any(|l| l == "populated 0"))
+            }),
+        }
+    }
+
     fn live_pids(&self) -> Result<Vec<i32>, CgroupError> {
         let mut set = BTreeSet::new();
         for dir in &self.dirs {
@@ -399,6 +413,10 @@ impl Cgroup {
     /// calling process itself is never signalled (nor frozen): if it is inside, the result is
     /// `false`.
     pub fn kill_all(&self) -> Result<bool, CgroupError> {
+        // The common case (every process already gone with its pid 1) from one read.
+        if self.known_empty() {
+            return Ok(true);
+        }
         let deadline = Instant::now() + KILL_TIMEOUT;
         let me = own_pid();
         loop {
@@ -622,15 +640,23 @@ fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, CgroupError> {
 /// `rmdir` of `dir` after its descendants, retrying while the kernel says `EBUSY` (tasks that
 /// were just killed can keep a cgroup busy for a moment). A directory that is gone is fine.
 fn rmdir_tree(dir: &Path, deadline: Instant) -> Result<(), CgroupError> {
-    for child in subdirs(dir)? {
-        rmdir_tree(&child, deadline)?;
-    }
     loop {
         match fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                thread::sleep(POLL_INTERVAL);
+            // Child cgroups (listed only now: usually there are none) or tasks still leaving.
+            // (cgroupfs says EBUSY for both; a plain directory, ENOTEMPTY.)
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::ENOTEMPTY))
+                    && Instant::now() < deadline =>
+            {
+                let children = subdirs(dir)?;
+                for child in &children {
+                    rmdir_tree(child, deadline)?;
+                }
+                if children.is_empty() {
+                    thread::sleep(POLL_INTERVAL);
+                }
             }
             Err(source) => {
                 return Err(CgroupError::RemoveDir {
