@@ -118,17 +118,25 @@ pub fn init_main() -> ! {
     unsafe { libc::_exit(0) }
 }
 
-/// Pid 1 of a zygote-born sandbox, in the zygote's child made by `clone(CLONE_NEW*)`: the
-/// zygote itself played the helper (joined the cgroup, cloned, wrote the id maps, then releases
-/// `sync_r`). The same steps as a cold pid 1 follow, then the program is a fork of this very
-/// process image (the preloaded Python) instead of an `execve`: `in_program` runs first thing in
-/// it (Python's after-fork hook). Descriptors 0-4 are in place as for the exec'd helper; pid 1
-/// reports to the control socket itself. Returns only in the program's process, confined.
-pub(crate) fn zygote_pid1(
+/// What pid 1 forks into the sandbox's program.
+pub(crate) enum Pid1Program<'a> {
+    /// `execve` of the spec's argv (every cold sandbox).
+    Exec,
+    /// This very process image (the zygote's preloaded Python), which continues once confined;
+    /// the hook runs first thing in the program's process (Python's after-fork work).
+    Continue(&'a dyn Fn()),
+}
+
+/// Pid 1 of a sandbox whose helper's part was played in-process by its creator (the zygote or a
+/// single-threaded supervisor, see [`crate::direct`]), which joined the cgroup, cloned this
+/// process, wrote the id maps and then releases `sync_r`. The same steps as a cold pid 1 follow;
+/// pid 1 reports to the control socket itself. Descriptors 0-4 are in place as for the exec'd
+/// helper. Returns only in a [`Pid1Program::Continue`] program's process, confined.
+pub(crate) fn direct_pid1(
     spec_bytes: &[u8],
     sync_r: OwnedFd,
     new_cgroup_ns: bool,
-    in_program: &dyn Fn(),
+    program: Pid1Program<'_>,
 ) {
     // SAFETY: setsid has no arguments; it fails harmlessly if already a leader.
     unsafe { libc::setsid() };
@@ -145,12 +153,16 @@ pub(crate) fn zygote_pid1(
         Ok(p) => p,
         Err(e) => report_and_exit(&error_line(&StepError::at(Step::Namespaces)(e))),
     };
-    if let Err(e) = prepare(&spec, &sync_r, Parent::Zygote { new_cgroup_ns }) {
+    if let Err(e) = prepare(&spec, &sync_r, Parent::Direct { new_cgroup_ns }) {
         report_and_exit(&error_line(&e));
     }
-    // SAFETY: pid 1 is single-threaded (a clone of the single-threaded zygote).
+    // SAFETY: pid 1 is single-threaded (a clone of its single-threaded creator).
     match unsafe { libc::fork() } {
         0 => {
+            let Pid1Program::Continue(in_program) = program else {
+                drop(msg_r);
+                exec_program(&spec, msg_w.as_raw_fd())
+            };
             in_program();
             drop(msg_r);
             let msg_fd = msg_w.into_raw_fd();
@@ -172,8 +184,8 @@ pub(crate) fn zygote_pid1(
     }
 }
 
-/// Writes the final report line to the control socket and exits (pid 1 of a zygote-born
-/// sandbox, which has no helper to report for it).
+/// Writes the final report line to the control socket and exits (pid 1 without a helper to
+/// report for it).
 fn report_and_exit(line: &str) -> ! {
     let _ = write_all_fd(CONTROL_FD, line.as_bytes());
     // SAFETY: leaving; nothing needs unwinding (and the zygote's destructors must not run).
@@ -189,10 +201,11 @@ fn error_line(e: &StepError) -> String {
 enum Parent {
     /// The cold helper: pid 1 dies with it (parent-death signal).
     Helper,
-    /// The zygote, which must be able to die without taking sessions along: pid 1 watches the
-    /// control socket instead. On cgroup v2 the zygote cloned pid 1 straight into the cgroup,
-    /// so pid 1 makes its cgroup namespace itself (rooted there).
-    Zygote { new_cgroup_ns: bool },
+    /// Its creator in-process ([`crate::direct`]). A zygote must be able to die without taking
+    /// sessions along, so pid 1 watches the control socket instead (a hang-up: the supervisor
+    /// is gone). On cgroup v2 pid 1 was cloned straight into the cgroup and makes its cgroup
+    /// namespace itself (rooted there).
+    Direct { new_cgroup_ns: bool },
 }
 
 fn describe_status(status: libc::c_int) -> String {
@@ -500,7 +513,7 @@ fn prepare(spec: &Spec, sync_r: &OwnedFd, parent: Parent) -> Result<(), StepErro
             }
         }
         // The zygote closed its end already; the control socket tells of the supervisor's death.
-        Parent::Zygote { new_cgroup_ns } => {
+        Parent::Direct { new_cgroup_ns } => {
             if new_cgroup_ns {
                 // SAFETY: a flag-only syscall in this single-threaded process.
                 cvt(unsafe { libc::unshare(libc::CLONE_NEWCGROUP) })
@@ -685,7 +698,7 @@ fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
     }
 }
 
-/// Pid 1 of a zygote-born sandbox after the fork: confined like a cold pid 1, it reaps every
+/// Pid 1 of a direct sandbox after the fork: confined like a cold pid 1, it reaps every
 /// orphan until the program exits, then reports on the control socket (the program's status, or
 /// the step that failed in it) and exits, which ends the namespace. A hang-up on the control
 /// socket means the supervisor is gone: pid 1 exits at once and takes the sandbox with it.

@@ -8,6 +8,7 @@
 
 mod caps;
 pub mod cgroup;
+mod direct;
 pub mod doctor;
 mod init;
 pub mod landlock;

@@ -9,11 +9,13 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, CgroupVersion, Hierarchy};
+use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
+use crate::direct::{start_pid1, ForkRequest};
+use crate::init::Pid1Program;
 use crate::init::{CHANNEL_FD, CONTROL_FD};
 use crate::output::CappedOutput;
 use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
@@ -161,19 +163,39 @@ impl Sandbox {
         let (cgroup, spec_bytes) = self.prepare(launch)?;
         let (control, helper_end) = socketpair_cloexec()?;
         let (channel, program_end) = socketpair_cloexec()?;
-        let ends = [helper_end.as_raw_fd(), program_end.as_raw_fd()];
-        let (mut helper, stdio) = if is_single_threaded() {
-            fork_helper(ends)?
+        let (helper, stdio, control) = if is_single_threaded() {
+            // No helper: this process plays its part (see crate::direct).
+            let (in_r, in_w) = pipe_cloexec()?;
+            let (out_r, out_w) = pipe_cloexec()?;
+            let (err_r, err_w) = pipe_cloexec()?;
+            let request = ForkRequest::new(&cgroup, launch.workspace.host_uid());
+            let fds = [&in_r, &out_w, &err_w, &helper_end, &program_end].map(|f| f.as_raw_fd());
+            let pid = match start_pid1(&request, &spec_bytes, fds, Pid1Program::Exec, None) {
+                Ok(Some((pid, _pidfd))) => pid,
+                // SAFETY: unreachable (an exec'd program never returns here); leave quietly.
+                Ok(None) => unsafe { libc::_exit(127) },
+                Err(e) => return Err(SandboxError::Setup(e)),
+            };
+            let control = File::from(control);
+            // The spec went with the clone; the socket only carries the report back.
+            let helper = Helper::Forked { pid, reaped: false };
+            (helper, [in_w, out_r, err_r], control)
         } else {
-            self.exec_helper(ends)?
+            let ends = [helper_end.as_raw_fd(), program_end.as_raw_fd()];
+            let (mut helper, stdio) = self.exec_helper(ends)?;
+            let mut control = File::from(control);
+            // The helper reads the spec to end-of-file; it then holds the socket open for its
+            // report.
+            if let Err(e) = control.write_all(&spec_bytes) {
+                helper.kill();
+                helper.wait();
+                return Err(SandboxError::Io(e));
+            }
+            (helper, stdio, control)
         };
         drop((helper_end, program_end));
-        let mut control = File::from(control);
-        // The helper reads the spec to end-of-file; it then holds the socket open for its report.
-        let sent = control
-            .write_all(&spec_bytes)
-            .and_then(|_| shutdown_write(&control));
-        if let Err(e) = sent {
+        let mut helper = helper;
+        if let Err(e) = shutdown_write(&control) {
             helper.kill();
             helper.wait();
             return Err(SandboxError::Io(e));
@@ -206,7 +228,7 @@ impl Sandbox {
         let (in_r, in_w) = pipe_cloexec()?;
         let (out_r, out_w) = pipe_cloexec()?;
         let (err_r, err_w) = pipe_cloexec()?;
-        let request = fork_request(&cgroup, launch.workspace.host_uid());
+        let request = ForkRequest::new(&cgroup, launch.workspace.host_uid());
         let pidfd = zygote
             .fork_sandbox(
                 &request,
@@ -266,7 +288,9 @@ impl Sandbox {
                 tmp_bytes: l.tmp_bytes,
                 nofile: l.nofile,
                 fsize_bytes: l.fsize_bytes,
-                nproc: l.pids,
+                // A backstop above the cgroup's bound, so that a fork bomb meets pids.max first
+                // (and is reported as one): both count pid 1 and every sandbox process.
+                nproc: l.pids.saturating_add(1),
             },
             channel: launch.channel,
         };
@@ -361,26 +385,6 @@ impl Sandbox {
             usage: finished.usage,
         })
     }
-}
-
-/// What the zygote needs to start pid 1 in `cgroup` (see [`crate::zygote::CgroupEntry`]).
-fn fork_request(cgroup: &Cgroup, host_uid: u32) -> crate::zygote::ForkRequest {
-    use crate::zygote::CgroupEntry;
-    let dirs = cgroup.paths();
-    let cgroup = match cgroup.version() {
-        CgroupVersion::V2 => CgroupEntry::V2(dirs.into_iter().next().unwrap_or_default()),
-        // v1 run cgroups are `<mount>/<own cgroup>/runcell/<name>`: the zygote, a child of
-        // this process, lives in `<mount>/<own cgroup>`.
-        CgroupVersion::V1 => CgroupEntry::V1(
-            dirs.iter()
-                .map(|d| {
-                    let home = d.parent().and_then(Path::parent).unwrap_or(d);
-                    (d.join("tasks"), home.join("tasks"))
-                })
-                .collect(),
-        ),
-    };
-    crate::zygote::ForkRequest { host_uid, cgroup }
 }
 
 /// How often the pids bound is checked while a run is in progress.
@@ -855,39 +859,6 @@ fn is_single_threaded() -> bool {
             .find_map(|l| l.strip_prefix("Threads:"))
             .is_some_and(|n| n.trim() == "1")
     })
-}
-
-/// Starts the helper by forking this single-threaded process: it skips an `execve` and a
-/// dynamic link of the runcell binary (~1.5 ms of a one-shot run). The child becomes the helper
-/// at once, exactly as `runcell __sandbox-init` would after its own exec.
-fn fork_helper(ends: [RawFd; 2]) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
-    let (in_r, in_w) = pipe_cloexec()?;
-    let (out_r, out_w) = pipe_cloexec()?;
-    let (err_r, err_w) = pipe_cloexec()?;
-    // SAFETY: the caller checked this process is single-threaded, so the child is a consistent
-    // copy of it; it only rearranges descriptors and becomes the helper, never returning here.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(SandboxError::Io(io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        // Standard descriptors first: none of the new descriptors can be 0-2 (those are open),
-        // but one of them may be 3.
-        for (fd, target) in [(&in_r, 0), (&out_w, 1), (&err_w, 2)] {
-            // SAFETY: dup2 onto the standard descriptors in the child.
-            unsafe { libc::dup2(fd.as_raw_fd(), target) };
-        }
-        if place_helper_fds(ends).is_err() {
-            // SAFETY: leaving the failed child.
-            unsafe { libc::_exit(127) };
-        }
-        // The caller's environment may hold secrets; the exec'd helper starts with none, and
-        // so does this one.
-        // SAFETY: single-threaded; nothing holds a pointer into the environment.
-        unsafe { libc::clearenv() };
-        crate::init::init_main();
-    }
-    Ok((Helper::Forked { pid, reaped: false }, [in_w, out_r, err_r]))
 }
 
 fn shutdown_write(f: &File) -> io::Result<()> {

@@ -37,6 +37,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::direct::{start_pid1, ForkHooks, ForkRequest};
+use crate::init::Pid1Program;
 use crate::sys::{cstr, cvt, pipe_cloexec};
 
 /// First argument of the runcell binary that makes it a zygote.
@@ -47,28 +49,6 @@ const REQUEST_FD: RawFd = 3;
 
 /// Largest request: a sandbox spec (a few KiB in practice).
 const MAX_REQUEST: usize = 1 << 20;
-
-/// What the zygote itself needs of a request, ahead of the spec (which only pid 1 parses: what
-/// the zygote parses stays in its heap, inherited by every later fork, and the spec holds the
-/// session's environment). Sent as `[u32 length, little-endian][JSON][spec]`.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct ForkRequest {
-    /// The host uid the sandbox user maps to.
-    pub host_uid: u32,
-    pub cgroup: CgroupEntry,
-}
-
-/// How pid 1 is born inside the sandbox's cgroup.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) enum CgroupEntry {
-    /// v1: the zygote moves itself (only its one thread: writing `0` to `tasks` avoids the
-    /// kernel's threadgroup lock and an RCU grace period) into each `(join, home)` pair's
-    /// `join` file, clones, then moves back through the `home` files.
-    V1(Vec<(PathBuf, PathBuf)>),
-    /// v2: `clone3(CLONE_INTO_CGROUP)` into this directory; pid 1 then makes its own cgroup
-    /// namespace there (the clone's would be rooted at the zygote's cgroup).
-    V2(PathBuf),
-}
 
 /// What a zygote preloads, and where.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -692,13 +672,39 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
             }
             Ok(x) => x,
         };
-        let outcome = if fds.len() != 5 {
-            Err("a request carries 5 descriptors".to_owned())
-        } else {
-            match split_request(&buf[..n]) {
-                Some((request, spec)) => start_sandbox(py, config, &request, spec, &fds),
-                None => Err("malformed request".to_owned()),
+        let outcome = match (split_request(&buf[..n]), <[OwnedFd; 5]>::try_from(fds)) {
+            (Some((request, spec)), Ok(fds)) => {
+                let raw = [0, 1, 2, 3, 4].map(|i| fds[i].as_raw_fd());
+                let after_fork = || {
+                    // SAFETY: in the program, right after its fork from pid 1, which ran no
+                    // Python since the zygote's PyOS_BeforeFork.
+                    unsafe { (py.after_fork_child)() }
+                };
+                let hooks = ForkHooks {
+                    // SAFETY: this process is single-threaded (checked after preloading) and
+                    // holds the GIL; PyOS_BeforeFork/AfterFork keep the interpreter's locks
+                    // consistent across the clone.
+                    before: &|| unsafe { (py.before_fork)() },
+                    // SAFETY: as above, in the parent right after the clone.
+                    after_in_parent: &|| unsafe { (py.after_fork_parent)() },
+                };
+                let started = start_pid1(
+                    &request,
+                    spec,
+                    raw,
+                    Pid1Program::Continue(&after_fork),
+                    Some(hooks),
+                );
+                match started {
+                    Ok(Some((_, pidfd))) => Ok(pidfd),
+                    Ok(None) => run_kernel(py, config),
+                    // Not our cgroup any more: the next session's kill_all would end us anyway.
+                    Err(e) if e.starts_with("cannot leave") => exit_with(sock, &e),
+                    Err(e) => Err(e),
+                }
             }
+            (None, _) => Err("malformed request".to_owned()),
+            (_, Err(_)) => Err("a request carries 5 descriptors".to_owned()),
         };
         // The spec (the session's environment, its paths) must not reach the next fork, where a
         // shorter request would leave its tail readable in that session's memory.
@@ -706,7 +712,6 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
             // SAFETY: a valid byte of our own buffer; volatile so the clearing is not elided.
             unsafe { std::ptr::write_volatile(b, 0) };
         }
-        drop(fds);
         match outcome {
             Ok(pidfd) => {
                 let _ = send_with_fds(sock, b"ok", &[pidfd.as_raw_fd()]);
@@ -726,144 +731,6 @@ fn split_request(message: &[u8]) -> Option<(ForkRequest, &[u8])> {
     Some((request, &message[4 + len..]))
 }
 
-/// The flags of the clone that makes pid 1 (DESIGN.md §3.2): every namespace at once.
-const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNS
-    | libc::CLONE_NEWNET
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS;
-
-/// The helper's part, played by the zygote: pid 1 is cloned into the cgroup and the new
-/// namespaces, its id maps written, then it is released. Returns pid 1's pidfd.
-fn start_sandbox(
-    py: &Python,
-    config: &ZygoteConfig,
-    request: &ForkRequest,
-    spec: &[u8],
-    fds: &[OwnedFd],
-) -> Result<OwnedFd, String> {
-    let (sync_r, sync_w) = pipe_cloexec().map_err(|e| format!("pipe: {e}"))?;
-    let v2_dir = match &request.cgroup {
-        CgroupEntry::V2(dir) => {
-            Some(File::open(dir).map_err(|e| format!("open cgroup {}: {e}", dir.display()))?)
-        }
-        CgroupEntry::V1(pairs) => {
-            for (join, _) in pairs {
-                if let Err(e) = std::fs::write(join, "0") {
-                    leave_cgroups(pairs);
-                    return Err(format!("join cgroup {}: {e}", join.display()));
-                }
-            }
-            None
-        }
-    };
-    // SAFETY: this process is single-threaded (checked after preloading) and holds the GIL;
-    // PyOS_BeforeFork/AfterFork keep the interpreter's locks consistent across the fork.
-    unsafe { (py.before_fork)() };
-    let pid = clone_pid1(v2_dir.as_ref());
-    if pid == 0 {
-        pid1(py, config, fds, spec, sync_r, v2_dir.is_some());
-    }
-    // SAFETY: in the parent, right after the fork.
-    unsafe { (py.after_fork_parent)() };
-    if let CgroupEntry::V1(pairs) = &request.cgroup {
-        leave_cgroups(pairs);
-    }
-    if pid < 0 {
-        return Err(format!("clone: {}", io::Error::last_os_error()));
-    }
-    let kill = |why: String| {
-        // SAFETY: our own unreaped child: it must not live on without its maps or supervisor.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
-        why
-    };
-    crate::user_ns::write_id_maps(pid, request.host_uid)
-        .map_err(|e| kill(format!("uid map: {e}")))?;
-    // SAFETY: pidfd_open of our own unreaped child.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(kill(format!("pidfd_open: {}", io::Error::last_os_error())));
-    }
-    // SAFETY: a fresh descriptor, ours alone.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
-    // Release pid 1; the closing tells it nobody else will write.
-    crate::sys::write_all_fd(sync_w.as_raw_fd(), b"1").map_err(|e| kill(format!("sync: {e}")))?;
-    Ok(pidfd)
-}
-
-/// Back into the zygote's own cgroups. If that fails the zygote would die with the next
-/// `kill_all` of that session's cgroup (and count in its limits): better to end now and be
-/// restarted.
-fn leave_cgroups(pairs: &[(PathBuf, PathBuf)]) {
-    for (_, home) in pairs {
-        if std::fs::write(home, "0").is_err() {
-            // SAFETY: leaving; the supervisor sees the zygote gone and starts another.
-            unsafe { libc::_exit(1) }
-        }
-    }
-}
-
-/// clone(CLONE_NEW*) like fork; on v2 straight into the cgroup `v2_dir` (clone3), leaving the
-/// cgroup namespace to pid 1.
-fn clone_pid1(v2_dir: Option<&File>) -> libc::pid_t {
-    match v2_dir {
-        None => {
-            // SAFETY: clone without CLONE_VM and with a null stack behaves like fork: the child
-            // gets a copy of this single-threaded process on its own copy of the stack.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_clone,
-                    (SANDBOX_NAMESPACES | libc::CLONE_NEWCGROUP | libc::SIGCHLD) as libc::c_ulong,
-                    0usize,
-                    0usize,
-                    0usize,
-                    0usize,
-                ) as libc::pid_t
-            }
-        }
-        Some(dir) => {
-            let args = CloneArgs {
-                flags: SANDBOX_NAMESPACES as u64 | CLONE_INTO_CGROUP,
-                exit_signal: libc::SIGCHLD as u64,
-                cgroup: dir.as_raw_fd() as u64,
-                ..CloneArgs::default()
-            };
-            // SAFETY: clone3 with a valid, fully initialised clone_args of the size passed; a
-            // zero stack makes it behave like fork, as above.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_clone3,
-                    &args as *const CloneArgs,
-                    std::mem::size_of::<CloneArgs>(),
-                ) as libc::pid_t
-            }
-        }
-    }
-}
-
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
-/// `struct clone_args` of clone3(2), up to `cgroup` (CLONE_ARGS_SIZE_VER2).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
 fn reap_children() {
     loop {
         // SAFETY: reaping any exited child without blocking.
@@ -874,42 +741,9 @@ fn reap_children() {
     }
 }
 
-/// The fresh clone: pid 1 of the sandbox, then (in the program's process only) the kernel.
-fn pid1(
-    py: &Python,
-    config: &ZygoteConfig,
-    fds: &[OwnedFd],
-    spec: &[u8],
-    sync_r: OwnedFd,
-    v2: bool,
-) -> ! {
-    // fds become 0-4 (stdin, stdout, stderr, control, channel). Move them and the sync pipe
-    // above 10 first: any may sit on a target number.
-    let mut high = [0; 6];
-    for (h, fd) in high.iter_mut().zip(
-        fds.iter()
-            .map(AsRawFd::as_raw_fd)
-            .chain([sync_r.as_raw_fd()]),
-    ) {
-        // SAFETY: duplicating descriptors we own.
-        *h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-        if *h < 0 {
-            // SAFETY: leaving; the zygote sees no report, the supervisor an early end.
-            unsafe { libc::_exit(126) };
-        }
-    }
-    for (target, h) in high[..5].iter().enumerate() {
-        // SAFETY: dup2 onto 0-4 (the request socket at 3 is replaced, as it must be).
-        unsafe { libc::dup2(*h, target as RawFd) };
-    }
-    // SAFETY: our duplicate; every other descriptor above 4 is closed by zygote_pid1.
-    let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
-    let after_fork = || {
-        // SAFETY: in the program, right after its fork from pid 1, which ran no Python since
-        // the zygote's PyOS_BeforeFork.
-        unsafe { (py.after_fork_child)() }
-    };
-    crate::init::zygote_pid1(spec, sync_r, v2, &after_fork);
+/// In the program's process (a fork of pid 1, confined): the preloaded Python takes the
+/// session's environment, reseeds, and runs the kernel. Never returns.
+fn run_kernel(py: &Python, config: &ZygoteConfig) -> ! {
     // The program, confined. Its process is a copy of the zygote: reseed what must differ
     // between sessions, take the session's environment, and serve the kernel protocol.
     let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
