@@ -209,8 +209,15 @@ class Channel:
     def send(self, message):
         self.send_frames(self.encode(message))
 
-    def send_frames(self, data):
-        """Writes whole frames (one or several, already encoded) in one go."""
+    def send_frames(self, data, interruptible=True):
+        """Writes whole frames (one or several, already encoded) in one go.
+
+        interruptible=False: the caller knows SIGINT is ignored now (between cells), so no
+        KeyboardInterrupt can cut the write and the two mask changes are skipped."""
+        if not interruptible:
+            with self._write_lock:
+                self._write_all(data)
+            return
         # An interrupt between two writes would leave half a frame on the channel
         # and desynchronise the host, so SIGINT waits until the frame is out.
         previous_mask = _block_sigint()
@@ -807,7 +814,8 @@ class Kernel:
             f'"execution_count": {self.execution_count}}}'
         )
         # The main result and `done` leave in one write: one wake-up of the host, not two.
-        self.channel.send_frames(result_frame + self.channel.encode(None, done))
+        # SIGINT is ignored here: run_cell and report_kernel_failure end with interrupts off.
+        self.channel.send_frames(result_frame + self.channel.encode(None, done), interruptible=False)
 
     def run_cell(self, source):
         """Compile, run and report one cell; returns the done status and the main result's

@@ -240,7 +240,7 @@ class EncodingTests(unittest.TestCase):
 
             encode = staticmethod(self.k.Channel.encode)
 
-            def send_frames(self, data):
+            def send_frames(self, data, interruptible=True):
                 self.frames.append(data)
 
         kernel = self.k.Kernel(Channel())
