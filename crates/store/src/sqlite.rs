@@ -113,14 +113,6 @@ fn configure(conn: &Connection, durability: Durability, file: bool) -> Result<()
             )));
         }
     }
-    if file {
-        // SQLite's default checkpoints every 1000 WAL pages (~200 executions, each commit
-        // writing a few pages): each one copies the hot pages back and fsyncs the database
-        // while the writer lock is held, stalling every session waiting on its audit record.
-        // 8000 pages (32 MiB of WAL at most; the log restarts after a full checkpoint) make
-        // that 8x rarer. Commit durability is unchanged: commits are in the WAL either way.
-        conn.pragma_update(None, "wal_autocheckpoint", 8000)?;
-    }
     let sync = match durability {
         Durability::Process => "NORMAL",
         Durability::PowerLoss => "FULL",
