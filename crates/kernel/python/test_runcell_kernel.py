@@ -215,6 +215,45 @@ class KernelTestCase(unittest.TestCase):
         return outcome
 
 
+class EncodingTests(unittest.TestCase):
+    """The kernel's hand-made JSON for its frequent messages must be json.dumps' text."""
+
+    @classmethod
+    def setUpClass(cls):
+        spec = importlib.util.spec_from_file_location("runcell_kernel_under_test", KERNEL)
+        cls.k = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cls.k)
+
+    STRINGS = ["", "2", 'q"uote\\back', "new\nline\ttab\x00\x1f\x7f", "ünï ☃ 𝄞", "\ud800 lone", "</script>"]
+
+    def test_bundle_json_is_json_dumps(self):
+        for kind in ("result", "display"):
+            for text in self.STRINGS:
+                bundle = {"text/plain": text, "text/html": text[::-1]}
+                expected = json.dumps({"type": kind, "id": text, "data": bundle}, ensure_ascii=False)
+                self.assertEqual(self.k._bundle_json(kind, text, bundle), expected)
+        self.assertEqual(self.k._bundle_json("result", "x", {}), '{"type": "result", "id": "x", "data": {}}')
+
+    def test_done_frame_is_json_dumps(self):
+        class Channel:
+            frames = []
+
+            encode = staticmethod(self.k.Channel.encode)
+
+            def send_frames(self, data, interruptible=True):
+                self.frames.append(data)
+
+        kernel = self.k.Kernel(Channel())
+        kernel.run_cell = lambda code: ("ok", b"")
+        for msg_id in self.STRINGS:
+            Channel.frames.clear()
+            kernel.execute(msg_id, "")
+            (frame,) = Channel.frames
+            message = {"type": "done", "id": msg_id, "status": "ok", "execution_count": kernel.execution_count}
+            body = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
+            self.assertEqual(frame, struct.pack(">I", len(body)) + body)
+
+
 class ProtocolTests(KernelTestCase):
     def test_ready(self):
         ready = self.kernel.ready

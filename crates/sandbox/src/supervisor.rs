@@ -495,8 +495,12 @@ impl Running {
 
     /// CPU time and peak memory so far; see [`Running::reset_peak`].
     pub fn usage_now(&self) -> (Duration, u64) {
-        let u = self.cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
-        (Duration::from_nanos(u.cpu_ns), u.peak_memory_bytes)
+        let (cpu_ns, peak) = self
+            .cgroup
+            .as_ref()
+            .map(Cgroup::cpu_and_peak)
+            .unwrap_or_default();
+        (Duration::from_nanos(cpu_ns), peak)
     }
 
     /// Whether the memory cgroup's OOM killer has fired since the start.
@@ -517,7 +521,7 @@ impl Running {
     pub fn pids_limit_hit(&self) -> bool {
         self.cgroup
             .as_ref()
-            .is_some_and(|c| c.usage().pids_limit_hits > 0)
+            .is_some_and(|c| c.pids_limit_hits() > 0)
     }
 
     /// The host pids of the sandbox's processes (helper excluded), for signalling.

@@ -24,6 +24,7 @@
 
 pub mod audit;
 mod error;
+mod group;
 mod sqlite;
 mod time;
 mod validate;

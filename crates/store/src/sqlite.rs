@@ -14,6 +14,7 @@ use rusqlite::{
 
 use crate::audit::{chain_hash, ChainFields, StoredRow, TenantWalk, GENESIS_HASH};
 use crate::error::{Result, StoreError};
+use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
     time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, SessionRecord, UploadRecord,
@@ -45,6 +46,8 @@ pub struct SqliteStore {
     reader: Option<Mutex<Connection>>,
     /// Bumped by every key change made through this store (see `Backend::keys_generation`).
     keys_generation: std::sync::atomic::AtomicU64,
+    /// Concurrent execution appends, committed together.
+    appends: GroupCommit<PendingAppend, AuditEntry>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -194,6 +197,101 @@ fn first<T>(
         Some(r) => Ok(Some(f(r)?)),
         None => Ok(None),
     }
+}
+
+/// An execution waiting in the group commit, with its timestamp already formatted.
+#[derive(Debug)]
+struct PendingAppend {
+    rec: NewExecution,
+    created_at: String,
+}
+
+/// Appends `batch` (in order) to the tenants' chains in one IMMEDIATE transaction and
+/// commits; all or nothing. `Conflict` if an execution id is already recorded.
+fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<AuditEntry>> {
+    // IMMEDIATE takes the write lock up front, so no other writer (another process on the
+    // same file included) can read the same head and fork the chain.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Each tenant's head as this batch moves it: read once, written once at the end.
+    let mut heads: Vec<(&str, i64, String)> = Vec::new();
+    let mut entries = Vec::with_capacity(batch.len());
+    for PendingAppend { rec, created_at } in batch {
+        let taken: bool = tx
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM executions WHERE execution_id = ?1)")?
+            .query_row([&rec.execution_id], |r| r.get(0))?;
+        if taken {
+            return Err(StoreError::Conflict(format!(
+                "execution {} is already recorded",
+                rec.execution_id
+            )));
+        }
+        let head = match heads.iter().position(|h| h.0 == rec.tenant) {
+            Some(i) => i,
+            None => {
+                let (seq, hash) = tx
+                    .prepare_cached("SELECT seq, hash FROM chain_heads WHERE tenant = ?1")?
+                    .query_row([&rec.tenant], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .optional()?
+                    .unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
+                heads.push((&rec.tenant, seq, hash));
+                heads.len() - 1
+            }
+        };
+        let (_, last, prev_hash) = &heads[head];
+        let seq = last
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Corrupt("chain head seq overflow".into()))?;
+        let hash = chain_hash(
+            prev_hash,
+            &ChainFields {
+                seq,
+                tenant: &rec.tenant,
+                execution_id: &rec.execution_id,
+                session_id: rec.session_id.as_deref(),
+                status: &rec.status,
+                code: &rec.code,
+                execution_json: &rec.execution_json,
+                created_at,
+            },
+        );
+        tx.prepare_cached(
+            "INSERT INTO executions (tenant, seq, execution_id, session_id, status, code,
+                                     execution_json, created_at, prev_hash, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        )?
+        .execute(params![
+            rec.tenant,
+            seq,
+            rec.execution_id,
+            rec.session_id,
+            rec.status,
+            rec.code,
+            rec.execution_json,
+            created_at,
+            prev_hash,
+            hash
+        ])?;
+        let seq_u = u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative seq".into()))?;
+        entries.push(AuditEntry {
+            seq: seq_u,
+            hash: hash.clone(),
+        });
+        heads[head].1 = seq;
+        heads[head].2 = hash;
+    }
+    for (tenant, seq, hash) in &heads {
+        tx.prepare_cached(
+            "INSERT INTO chain_heads (tenant, seq, hash) VALUES (?1, ?2, ?3)
+             ON CONFLICT (tenant) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+        )?
+        .execute(params![tenant, seq, hash])?;
+    }
+    // With WAL the commit has reached the OS when this returns (and the disk too with
+    // Durability::PowerLoss).
+    tx.commit()?;
+    Ok(entries)
 }
 
 fn ts(r: &Row<'_>, i: usize) -> Result<DateTime<Utc>> {
@@ -371,6 +469,7 @@ impl SqliteStore {
             writer: Mutex::new(writer),
             reader: Some(Mutex::new(reader)),
             keys_generation: Default::default(),
+            appends: GroupCommit::new(),
         })
     }
 
@@ -384,6 +483,7 @@ impl SqliteStore {
             writer: Mutex::new(conn),
             reader: None,
             keys_generation: Default::default(),
+            appends: GroupCommit::new(),
         })
     }
 
@@ -681,74 +781,27 @@ impl Backend for SqliteStore {
         }
         validate::word("status", &rec.status)?;
         validate::json("execution_json", &rec.execution_json)?;
-        let created_at = time::fmt(rec.created_at);
-
-        let mut conn = self.write();
-        // IMMEDIATE takes the write lock up front, so no other writer (another process on the
-        // same file included) can read the same head and fork the chain.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let taken: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM executions WHERE execution_id = ?1)",
-            [&rec.execution_id],
-            |r| r.get(0),
-        )?;
-        if taken {
-            return Err(StoreError::Conflict(format!(
-                "execution {} is already recorded",
-                rec.execution_id
-            )));
-        }
-        let (last, prev_hash) = tx
-            .query_row(
-                "SELECT seq, hash FROM chain_heads WHERE tenant = ?1",
-                [&rec.tenant],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-            )
-            .optional()?
-            .unwrap_or_else(|| (0, GENESIS_HASH.to_owned()));
-        let seq = last
-            .checked_add(1)
-            .ok_or_else(|| StoreError::Corrupt("chain head seq overflow".into()))?;
-        let hash = chain_hash(
-            &prev_hash,
-            &ChainFields {
-                seq,
-                tenant: &rec.tenant,
-                execution_id: &rec.execution_id,
-                session_id: rec.session_id.as_deref(),
-                status: &rec.status,
-                code: &rec.code,
-                execution_json: &rec.execution_json,
-                created_at: &created_at,
-            },
-        );
-        tx.execute(
-            "INSERT INTO executions (tenant, seq, execution_id, session_id, status, code,
-                                     execution_json, created_at, prev_hash, hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![
-                rec.tenant,
-                seq,
-                rec.execution_id,
-                rec.session_id,
-                rec.status,
-                rec.code,
-                rec.execution_json,
-                created_at,
-                prev_hash,
-                hash
-            ],
-        )?;
-        tx.execute(
-            "INSERT INTO chain_heads (tenant, seq, hash) VALUES (?1, ?2, ?3)
-             ON CONFLICT (tenant) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
-            params![rec.tenant, seq, hash],
-        )?;
-        // With WAL the commit has reached the OS when this returns (and the disk too with
-        // Durability::PowerLoss).
-        tx.commit()?;
-        let seq = u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative seq".into()))?;
-        Ok(AuditEntry { seq, hash })
+        let pending = PendingAppend {
+            created_at: time::fmt(rec.created_at),
+            rec: rec.clone(),
+        };
+        // Concurrent appends share one transaction (see `group`): each returns once the
+        // commit holding its row is done, so the contract above holds as with one commit each.
+        self.appends.submit(pending, |batch| {
+            let mut conn = self.write();
+            match append_batch(&mut conn, &batch) {
+                Ok(entries) => entries.into_iter().map(Ok).collect(),
+                // Nothing of the batch was kept: each row on its own, so one bad row (a
+                // reused id) fails alone and gets its own error.
+                Err(e) if batch.len() == 1 => vec![Err(e)],
+                Err(_) => batch
+                    .iter()
+                    .map(|p| {
+                        append_batch(&mut conn, std::slice::from_ref(p)).map(|mut v| v.remove(0))
+                    })
+                    .collect(),
+            }
+        })
     }
 
     fn list_executions(

@@ -360,3 +360,47 @@ fn in_memory_store_works_too() {
     let r = s.verify_chain(None).expect("verify");
     assert!(r.ok && r.checked == 4);
 }
+
+/// Many threads on one store share group commits: every append that returns Ok is in its
+/// tenant's chain at the seq it was given, a reused id fails alone (its batch-mates are still
+/// recorded), and both chains verify.
+#[test]
+fn group_committed_appends_keep_every_chain_whole() {
+    let db = temp_db();
+    let s = open(&db.path);
+    let threads: Vec<_> = (0..12)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let tenant = if t % 2 == 0 { "even" } else { "odd" };
+                let mut got = Vec::new();
+                for i in 0..40 {
+                    // Every thread also tries the same id once: exactly one of them wins.
+                    let id = if i == 20 {
+                        "ex_shared".to_owned()
+                    } else {
+                        format!("ex_{t}_{i}")
+                    };
+                    match s.append_execution(&exec(tenant, &id, None, i)) {
+                        Ok(e) => got.push((tenant, id, e.seq)),
+                        Err(runcell_store::StoreError::Conflict(_)) => assert_eq!(id, "ex_shared"),
+                        Err(e) => panic!("append {id}: {e:?}"),
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let got: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("thread"))
+        .collect();
+    assert_eq!(got.len(), 12 * 39 + 1, "exactly one ex_shared append wins");
+    for (tenant, id, seq) in &got {
+        let row = s.get_execution(tenant, id).expect("get").expect("recorded");
+        assert_eq!(row.seq, *seq, "{id}");
+    }
+    let r = s.verify_chain(None).expect("verify");
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.checked, got.len() as u64);
+}

@@ -22,6 +22,7 @@ use std::io::{self, Write as _};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -292,6 +293,80 @@ pub struct Cgroup {
     version: CgroupVersion,
     dirs: Vec<CgroupDir>,
     removed: AtomicBool,
+    /// The usage files, opened on first use and kept open: a session reads them on every
+    /// execution, and a `pread` of an open file costs a fraction of path lookup + open +
+    /// read + close. Closed before the directories are removed.
+    files: Mutex<Option<UsageFiles>>,
+}
+
+/// How a number is found in a cgroup file.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    /// The whole file is one number (`cpuacct.usage`).
+    Plain,
+    /// The value of the `key N` line of a flat keyed file (`pids.events`).
+    Keyed(&'static str),
+}
+
+/// One open cgroup file and how to read its number.
+#[derive(Debug)]
+struct UsageFile {
+    file: fs::File,
+    field: Field,
+}
+
+impl UsageFile {
+    /// Read-write where the caller may reset the value through it (v2 resets `memory.peak`
+    /// per open file, so the resetting descriptor must be the reading one).
+    fn open(path: &Path, field: Field, writable: bool) -> Option<UsageFile> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .ok()
+            .or_else(|| writable.then(|| fs::File::open(path).ok()).flatten())?;
+        Some(UsageFile { file, field })
+    }
+
+    /// The current value: a cgroup file regenerates its text on every read from offset 0.
+    fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 1024];
+        let n = self.file.read_at(&mut buf, 0).ok()?;
+        if n == buf.len() {
+            // Longer than any file read here today (a kernel adding many keys): read it all.
+            let mut text = String::new();
+            io::Read::read_to_string(&mut &self.file, &mut text).ok()?;
+            let mut all = std::str::from_utf8(&buf).ok()?.to_owned();
+            all.push_str(&text);
+            return self.parse(&all);
+        }
+        self.parse(std::str::from_utf8(&buf[..n]).ok()?)
+    }
+
+    fn parse(&self, text: &str) -> Option<u64> {
+        match self.field {
+            Field::Plain => text.trim().parse().ok(),
+            Field::Keyed(key) => keyed_u64(text, key),
+        }
+    }
+
+    fn reset(&self) {
+        use std::os::unix::fs::FileExt;
+        let _ = self.file.write_at(b"0", 0);
+    }
+}
+
+/// The files [`Cgroup::usage`] reads, each `None` where the host lacks it.
+#[derive(Debug, Default)]
+struct UsageFiles {
+    /// CPU time; `cpu_scale` converts its unit to nanoseconds.
+    cpu: Option<UsageFile>,
+    cpu_scale: u64,
+    /// Peak memory, also where the peak is reset (v2 without `memory.peak`: current usage).
+    peak: Option<UsageFile>,
+    oom_kills: Option<UsageFile>,
+    pids_limit_hits: Option<UsageFile>,
 }
 
 #[derive(Debug, Clone)]
@@ -306,7 +381,18 @@ impl Cgroup {
             version,
             dirs: Vec::new(),
             removed: AtomicBool::new(false),
+            files: Mutex::new(None),
         }
+    }
+
+    /// Runs `f` on the open usage files, opening them first if needed.
+    fn with_files<T>(&self, f: impl FnOnce(&UsageFiles) -> T) -> T {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let files = files.get_or_insert_with(|| match self.version {
+            CgroupVersion::V1 => v1::usage_files(self),
+            CgroupVersion::V2 => v2::usage_files(self),
+        });
+        f(files)
     }
 
     /// `mkdir <parent>/<name>` (the parent must exist) and records the directory so that it is
@@ -353,27 +439,49 @@ impl Cgroup {
 
     /// Resources used so far. Best effort: missing or unreadable files count as 0.
     pub fn usage(&self) -> CgroupUsage {
-        match self.version {
-            CgroupVersion::V1 => v1::usage(self),
-            CgroupVersion::V2 => v2::usage(self),
-        }
+        self.with_files(|f| {
+            let read = |file: &Option<UsageFile>| file.as_ref().and_then(UsageFile::read);
+            CgroupUsage {
+                cpu_ns: read(&f.cpu).unwrap_or(0).saturating_mul(f.cpu_scale),
+                peak_memory_bytes: read(&f.peak).unwrap_or(0),
+                oom_kills: read(&f.oom_kills).unwrap_or(0),
+                pids_limit_hits: read(&f.pids_limit_hits).unwrap_or(0),
+            }
+        })
+    }
+
+    /// CPU time (ns) and peak memory (bytes) so far: the part of [`Cgroup::usage`] read after
+    /// every execution, two reads.
+    pub fn cpu_and_peak(&self) -> (u64, u64) {
+        self.with_files(|f| {
+            let cpu = f.cpu.as_ref().and_then(UsageFile::read).unwrap_or(0);
+            let peak = f.peak.as_ref().and_then(UsageFile::read).unwrap_or(0);
+            (cpu.saturating_mul(f.cpu_scale), peak)
+        })
+    }
+
+    /// Forks refused because the pids limit was reached (polled while a cell runs): one read.
+    pub fn pids_limit_hits(&self) -> u64 {
+        self.with_files(|f| {
+            f.pids_limit_hits
+                .as_ref()
+                .and_then(UsageFile::read)
+                .unwrap_or(0)
+        })
     }
 
     /// Starts a new peak-memory window (per execution in a long-lived session). v1: writing to
     /// `memory.max_usage_in_bytes` resets it to the current usage; v2 (Linux 6.12+): writing to
     /// `memory.peak` resets it. Best effort: older v2 kernels keep the lifetime peak.
+    ///
+    /// On v2 the reset holds for the open file it was written to only, which is why the peak
+    /// is read through that same kept-open file.
     pub fn reset_peak(&self) {
-        let (controller, file) = match self.version {
-            CgroupVersion::V1 => ("memory", "memory.max_usage_in_bytes"),
-            CgroupVersion::V2 => ("memory", "memory.peak"),
-        };
-        let dir = match self.version {
-            CgroupVersion::V1 => self.dir_for(controller),
-            CgroupVersion::V2 => self.dirs.first().map(|d| d.path.as_path()),
-        };
-        if let Some(d) = dir {
-            let _ = std::fs::write(d.join(file), "0");
-        }
+        self.with_files(|f| {
+            if let Some(peak) = &f.peak {
+                peak.reset();
+            }
+        });
     }
 
     /// Processes currently in the cgroup or its descendants (all hierarchies, deduplicated,
@@ -443,6 +551,8 @@ impl Cgroup {
         if self.removed.load(Ordering::Acquire) {
             return Ok(());
         }
+        // Nothing of ours stays open in a directory about to go.
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).take();
         let deadline = Instant::now() + RMDIR_TIMEOUT;
         let mut first_error = None;
         for dir in &self.dirs {
@@ -571,10 +681,6 @@ fn write_required(
 }
 
 /// A file holding one number.
-fn read_u64(path: &Path) -> Option<u64> {
-    fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
 /// The value of the `key N` line of a flat keyed file (`memory.events`, `cpu.stat`, ...).
 fn keyed_u64(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
@@ -584,10 +690,6 @@ fn keyed_u64(text: &str, key: &str) -> Option<u64> {
         }
         fields.next()?.parse().ok()
     })
-}
-
-fn read_keyed(path: &Path, key: &str) -> Option<u64> {
-    keyed_u64(&fs::read_to_string(path).ok()?, key)
 }
 
 /// Positive pids of a `cgroup.procs` file.

@@ -7,9 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{
-    cgroup_dir, kill_each, read_keyed, read_u64, write_optional, write_raw, write_required, Cgroup,
-    CgroupError, CgroupLimits, CgroupUsage, CgroupVersion, MountEntry, OwnCgroup, CPU_PERIOD_US,
-    RUNCELL_DIR,
+    cgroup_dir, kill_each, write_optional, write_raw, write_required, Cgroup, CgroupError,
+    CgroupLimits, CgroupVersion, Field, MountEntry, OwnCgroup, UsageFile, UsageFiles,
+    CPU_PERIOD_US, RUNCELL_DIR,
 };
 
 /// Controllers runcell uses, in the order their directories are created and joined.
@@ -221,23 +221,23 @@ fn apply_limits(cg: &Cgroup, limits: &CgroupLimits) -> Result<(), CgroupError> {
     Ok(())
 }
 
-pub(super) fn usage(cg: &Cgroup) -> CgroupUsage {
-    let memory = cg.dir_for("memory");
-    CgroupUsage {
-        cpu_ns: cg
-            .dir_for("cpuacct")
-            .and_then(|d| read_u64(&d.join("cpuacct.usage")))
-            .unwrap_or(0),
-        peak_memory_bytes: memory
-            .and_then(|d| read_u64(&d.join("memory.max_usage_in_bytes")))
-            .unwrap_or(0),
-        oom_kills: memory
-            .and_then(|d| read_keyed(&d.join("memory.oom_control"), "oom_kill"))
-            .unwrap_or(0),
-        pids_limit_hits: cg
-            .dir_for("pids")
-            .and_then(|d| read_keyed(&d.join("pids.events"), "max"))
-            .unwrap_or(0),
+pub(super) fn usage_files(cg: &Cgroup) -> UsageFiles {
+    let open = |controller, file, field, writable| {
+        cg.dir_for(controller)
+            .and_then(|d| UsageFile::open(&d.join(file), field, writable))
+    };
+    UsageFiles {
+        cpu: open("cpuacct", "cpuacct.usage", Field::Plain, false),
+        cpu_scale: 1,
+        // Writing to it starts a new peak window (Cgroup::reset_peak).
+        peak: open("memory", "memory.max_usage_in_bytes", Field::Plain, true),
+        oom_kills: open(
+            "memory",
+            "memory.oom_control",
+            Field::Keyed("oom_kill"),
+            false,
+        ),
+        pids_limit_hits: open("pids", "pids.events", Field::Keyed("max"), false),
     }
 }
 
@@ -274,6 +274,7 @@ mod tests {
         child_pid, crate_relative, fake_cgroup, is_root, read, real_lock, remove_parents, spawn_in,
         spawn_self_test, unique_name,
     };
+    use super::super::CgroupUsage;
     use super::super::{Hierarchy, Kind};
     use super::*;
     use std::os::unix::process::ExitStatusExt;
@@ -628,6 +629,33 @@ mod tests {
         assert!(usage.peak_memory_bytes > 32 * MIB, "{usage:?}");
         assert!(usage.peak_memory_bytes <= 64 * MIB, "{usage:?}");
         assert!(cg.kill_all().expect("kill_all"));
+        cg.remove().expect("remove");
+    }
+
+    #[test]
+    fn real_v1_peak_resets_through_the_kept_open_file() {
+        if !Path::new("/usr/bin/python3").exists() {
+            return;
+        }
+        let Some(h) = real_v1() else { return };
+        let _lock = real_lock();
+        let _parents = ParentsGuard(&h);
+        let cg = h.create(&unique_name("peak"), &LIMITS).expect("create");
+        // Opens the usage files before anything ran: later reads must still see new values.
+        assert_eq!(cg.usage().oom_kills, 0);
+        let mut child = spawn_in(
+            &cg,
+            "exec /usr/bin/python3 -c \"b = b'x' * (40 * 1024 * 1024)\"",
+        );
+        assert!(child.wait().expect("wait").success());
+        let (cpu_ns, peak) = cg.cpu_and_peak();
+        assert!(cpu_ns > 0);
+        assert!(peak > 32 * MIB, "peak {peak}");
+        assert_eq!(cg.usage().peak_memory_bytes, peak);
+        // The 40 MiB are freed: a new window starts at the current usage.
+        cg.reset_peak();
+        let (_, after) = cg.cpu_and_peak();
+        assert!(after < 32 * MIB, "peak after reset {after}");
         cg.remove().expect("remove");
     }
 

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use super::{
-    cgroup_dir, kill_each, read_controller_list, read_keyed, read_u64, write_file, write_optional,
-    write_raw, write_required, Cgroup, CgroupError, CgroupLimits, CgroupUsage, CgroupVersion,
-    MountEntry, OwnCgroup, CPU_PERIOD_US, RUNCELL_DIR,
+    cgroup_dir, kill_each, read_controller_list, write_file, write_optional, write_raw,
+    write_required, Cgroup, CgroupError, CgroupLimits, CgroupVersion, Field, MountEntry, OwnCgroup,
+    UsageFile, UsageFiles, CPU_PERIOD_US, RUNCELL_DIR,
 };
 
 /// Controllers runcell enables, in this order.
@@ -281,19 +281,20 @@ fn apply_limits(dir: &Path, limits: &CgroupLimits) -> Result<(), CgroupError> {
     Ok(())
 }
 
-pub(super) fn usage(cg: &Cgroup) -> CgroupUsage {
+pub(super) fn usage_files(cg: &Cgroup) -> UsageFiles {
     let Some(dir) = cg.dirs.first().map(|d| d.path.as_path()) else {
-        return CgroupUsage::default();
+        return UsageFiles::default();
     };
-    CgroupUsage {
-        cpu_ns: read_keyed(&dir.join("cpu.stat"), "usage_usec")
-            .unwrap_or(0)
-            .saturating_mul(1000),
-        peak_memory_bytes: read_u64(&dir.join("memory.peak"))
-            .or_else(|| read_u64(&dir.join("memory.current")))
-            .unwrap_or(0),
-        oom_kills: read_keyed(&dir.join("memory.events"), "oom_kill").unwrap_or(0),
-        pids_limit_hits: read_keyed(&dir.join("pids.events"), "max").unwrap_or(0),
+    let open = |file, field, writable| UsageFile::open(&dir.join(file), field, writable);
+    UsageFiles {
+        cpu: open("cpu.stat", Field::Keyed("usage_usec"), false),
+        cpu_scale: 1000,
+        // Read and reset through one descriptor: a write resets the peak of that open file
+        // only (Linux 6.12+). Kernels without memory.peak report the current usage.
+        peak: open("memory.peak", Field::Plain, true)
+            .or_else(|| open("memory.current", Field::Plain, false)),
+        oom_kills: open("memory.events", Field::Keyed("oom_kill"), false),
+        pids_limit_hits: open("pids.events", Field::Keyed("max"), false),
     }
 }
 
@@ -315,6 +316,7 @@ mod tests {
     use super::super::testutil::{
         child_pid, fake_cgroup, is_root, read, real_lock, spawn_in, unique_name,
     };
+    use super::super::CgroupUsage;
     use super::super::{Hierarchy, Kind};
     use super::*;
     use std::os::unix::process::ExitStatusExt;
@@ -605,13 +607,20 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("run");
         fake_cgroup(&dir, &["cgroup.procs"]);
-        let mut cg = Cgroup::new(CgroupVersion::V2);
-        cg.dirs.push(super::super::CgroupDir {
-            path: dir.clone(),
-            controllers: CONTROLLERS.to_vec(),
-        });
+        // Usage files are opened once per Cgroup (a real cgroup has them all from the start),
+        // so each state of the fake directory gets a fresh Cgroup.
+        let fresh = || {
+            let mut cg = Cgroup::new(CgroupVersion::V2);
+            cg.dirs.push(super::super::CgroupDir {
+                path: dir.clone(),
+                controllers: CONTROLLERS.to_vec(),
+            });
+            cg
+        };
         // Nothing there: all zero.
+        let cg = fresh();
         assert_eq!(cg.usage(), CgroupUsage::default());
+        forget(cg);
 
         fs::write(
             dir.join("cpu.stat"),
@@ -626,6 +635,7 @@ mod tests {
         )
         .expect("write");
         fs::write(dir.join("pids.events"), "max 4\n").expect("write");
+        let cg = fresh();
         assert_eq!(
             cg.usage(),
             CgroupUsage {
@@ -635,8 +645,16 @@ mod tests {
                 pids_limit_hits: 4,
             }
         );
+        // The cheap reads agree with the full one.
+        assert_eq!(cg.cpu_and_peak(), (1_234_567_000, 52_428_800));
+        assert_eq!(cg.pids_limit_hits(), 4);
+        // Values change under an open file: each read is a fresh one.
+        fs::write(dir.join("pids.events"), "max 12\n").expect("write");
+        assert_eq!(cg.pids_limit_hits(), 12);
+        forget(cg);
         // Kernels before 5.19 have no memory.peak: current usage instead.
         fs::remove_file(dir.join("memory.peak")).expect("rm");
+        let cg = fresh();
         assert_eq!(cg.usage().peak_memory_bytes, 4096);
 
         // pids() reads cgroup.procs of the cgroup and its descendants. (These pids are above
