@@ -334,12 +334,18 @@ impl UsageFile {
         let mut buf = [0u8; 1024];
         let n = self.file.read_at(&mut buf, 0).ok()?;
         if n == buf.len() {
-            // Longer than any file read here today (a kernel adding many keys): read it all.
-            let mut text = String::new();
-            io::Read::read_to_string(&mut &self.file, &mut text).ok()?;
-            let mut all = std::str::from_utf8(&buf).ok()?.to_owned();
-            all.push_str(&text);
-            return self.parse(&all);
+            // Longer than any file read here today (a kernel adding many keys): read it all,
+            // by offset like the first chunk.
+            let mut all = buf.to_vec();
+            loop {
+                let mut more = [0u8; 1024];
+                let m = self.file.read_at(&mut more, all.len() as u64).ok()?;
+                if m == 0 {
+                    break;
+                }
+                all.extend_from_slice(&more[..m]);
+            }
+            return self.parse(std::str::from_utf8(&all).ok()?);
         }
         self.parse(std::str::from_utf8(&buf[..n]).ok()?)
     }
@@ -680,7 +686,6 @@ fn write_required(
     }
 }
 
-/// A file holding one number.
 /// The value of the `key N` line of a flat keyed file (`memory.events`, `cpu.stat`, ...).
 fn keyed_u64(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
