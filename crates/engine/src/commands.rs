@@ -107,7 +107,7 @@ fn command_execution(
         (None, _) => ExecutionStatus::Error,
     };
     Execution {
-        id: crate::model::new_id("ex"),
+        id: crate::model::new_ordered_id("ex"),
         session_id: Some(session.to_owned()),
         language: Language::Bash,
         execution_count: 0,

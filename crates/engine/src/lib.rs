@@ -21,8 +21,8 @@ pub use crate::core::{
 pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};
 pub use model::{
-    new_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, KilledBy, Language,
-    ResultItem, Truncated, UsageInfo,
+    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
+    KilledBy, Language, ResultItem, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;

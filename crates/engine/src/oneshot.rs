@@ -14,8 +14,8 @@ use runcell_sandbox::{
 
 use crate::core::{base_env, resolve_limits, Engine, LimitsRequest, MAX_TIMEOUT};
 use crate::model::{
-    new_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, Language, Truncated,
-    UsageInfo,
+    new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, Language,
+    Truncated, UsageInfo,
 };
 use crate::EngineError;
 
@@ -78,7 +78,7 @@ impl Engine {
             )));
         }
         let disk_bytes = disk_mb << 20;
-        let id = new_id("ex");
+        let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let ws_path = self.core.config.data_dir.join("workspaces").join(&id);

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::core::{Core, SessionLimits};
 use crate::model::{
-    new_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated, UsageInfo,
+    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated,
+    UsageInfo,
 };
 use crate::{oneshot::diff_files, EngineError};
 
@@ -620,7 +621,7 @@ impl Worker {
         timeout: Duration,
         mut events: Option<EventSink>,
     ) -> Result<Execution, EngineError> {
-        let id = new_id("ex");
+        let id = new_ordered_id("ex");
         let (session_id, owner, limits, language) = {
             let s = self.entry.lock();
             (
