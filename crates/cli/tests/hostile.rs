@@ -525,6 +525,52 @@ fn double_forked_setsid_survivors_die_with_the_run() {
     );
 }
 
+#[test]
+fn a_killed_runcell_run_takes_its_sandbox_along() {
+    // runcell run plays the helper itself: pid 1 watches the control socket, and its hang-up
+    // (the supervisor's SIGKILL: no cleanup code runs) ends the sandbox with a setsid'd
+    // grandchild that ignores SIGTERM.
+    let marker = format!("{}.{}", 700 + std::process::id() % 99, std::process::id());
+    let code = format!(
+        "import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    os.execv('/bin/sleep', ['sleep', '{marker}'])\ntime.sleep(60)\n"
+    );
+    let mut child = runcell()
+        .args(["run", "--lang", "python", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("runcell run");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(code.as_bytes())
+        .expect("program");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while find_process(&marker).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "positive control: the sleeper never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some(pid) = find_process(&marker) {
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} outlived its supervisor"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The killed run could not unmount its workspace: the next run sweeps it (its uid lease is
+    // free again), so that nothing stays mounted after the tests.
+    let (exec, _) = run_json("bash", "true", &[]);
+    assert_status(&exec, "ok", Value::Null);
+}
+
 fn find_process(needle: &str) -> Option<u32> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
