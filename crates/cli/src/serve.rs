@@ -106,6 +106,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let preload = (!args.no_zygote).then(|| args.preload.clone());
     let engine = crate::audited_engine(data_dir, &store, preload)?;
+    engine.sweep_stale_cgroups();
 
     let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
     if recovered + dead > 0 {

@@ -133,7 +133,10 @@ impl Core {
         ] {
             create_dir(&dir)?;
         }
-        sweep_stale_one_shots(&config);
+        // A killed `runcell run` leaves its workspace and its cgroup; the workspace says so.
+        if sweep_stale_one_shots(&config) > 0 {
+            sweep_stale_cgroups(&sandbox, &config);
+        }
         Ok(Core {
             zygote: crate::zygote::ZygoteSlot::new(),
             config,
@@ -328,14 +331,22 @@ impl Engine {
     pub fn sessions(&self) -> &SessionManager {
         &self.sessions
     }
+
+    /// Removes the empty run cgroups a killed runcell left behind (a server calls this when it
+    /// starts; a one-shot run does when it finds a stale workspace). Returns how many.
+    pub fn sweep_stale_cgroups(&self) -> usize {
+        sweep_stale_cgroups(&self.core.sandbox, &self.core.config)
+    }
 }
 
 /// One-shot workspaces whose runcell process was killed before it could clean up: their uid
 /// lease is free again (nobody holds its lock), so nobody uses them. Unmount and remove them.
-fn sweep_stale_one_shots(config: &EngineConfig) {
+/// Returns how many it removed.
+fn sweep_stale_one_shots(config: &EngineConfig) -> usize {
     let Ok(dir) = fs::read_dir(config.data_dir.join("workspaces")) else {
-        return;
+        return 0;
     };
+    let mut removed = 0;
     let leases = config.run_dir.join("uids");
     for entry in dir.flatten() {
         let path = entry.path();
@@ -359,7 +370,21 @@ fn sweep_stale_one_shots(config: &EngineConfig) {
             }
         }
         tracing::info!(path = %path.display(), "removed a stale one-shot workspace");
+        removed += 1;
     }
+    removed
+}
+
+/// Empty run cgroups left by a killed supervisor (their uid lease is free): removed.
+pub(crate) fn sweep_stale_cgroups(sandbox: &Sandbox, config: &EngineConfig) -> usize {
+    let leases = config.run_dir.join("uids");
+    let removed = sandbox
+        .cgroups()
+        .sweep_stale(&|uid| runcell_sandbox::UidLease::acquire_uid(&leases, uid).is_ok());
+    if removed > 0 {
+        tracing::info!(removed, "removed run cgroups left by a killed runcell");
+    }
+    removed
 }
 
 /// `map_err(io_error("write", path))`: an I/O failure with what was being done and where.

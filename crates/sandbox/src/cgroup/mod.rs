@@ -278,6 +278,36 @@ impl Hierarchy {
         }
     }
 
+    /// Removes the run cgroups (`rc-<uid>-<hex>`) that a killed supervisor left behind: empty
+    /// ones whose uid lease `lease_free` says nobody holds (a live run or session holds its
+    /// lease from before its cgroup exists until after it is removed). The kernel refuses to
+    /// remove a cgroup that still has processes, so a mistaken call removes nothing in use.
+    /// Returns how many directories were removed.
+    pub fn sweep_stale(&self, lease_free: &dyn Fn(u32) -> bool) -> usize {
+        let parents = match &self.kind {
+            Kind::V1(h) => h.parent_dirs(),
+            Kind::V2(h) => h.possible_parents(),
+        };
+        let mut removed = 0;
+        for parent in parents {
+            let Ok(entries) = fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let uid = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("rc-"))
+                    .and_then(|rest| rest.split_once('-'))
+                    .and_then(|(uid, _)| uid.parse::<u32>().ok());
+                if uid.is_some_and(lease_free) && fs::remove_dir(entry.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     #[cfg(test)]
     fn parent_dirs(&self) -> Vec<PathBuf> {
         match &self.kind {

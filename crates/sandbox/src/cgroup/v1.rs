@@ -142,7 +142,6 @@ impl V1Hierarchy {
         format!("v1 ({})", usable.join(", "))
     }
 
-    #[cfg(test)]
     pub(super) fn parent_dirs(&self) -> Vec<PathBuf> {
         self.mounts.iter().map(|m| m.parent.clone()).collect()
     }
@@ -548,6 +547,35 @@ mod tests {
         for p in paths {
             assert!(!p.exists(), "{} left behind", p.display());
         }
+    }
+
+    #[test]
+    fn real_v1_sweep_removes_only_empty_cgroups_of_free_leases() {
+        let Some(h) = real_v1() else { return };
+        let _lock = real_lock();
+        let _parents = ParentsGuard(&h);
+        let tag = std::process::id() % 1_000_000;
+        let name = |n: u32| format!("rc-{}-{tag:x}", 4_100_000_000 + n);
+        let stale = h.create(&name(1), &LIMITS).expect("create");
+        let leased = h.create(&name(2), &LIMITS).expect("create");
+        let busy = h.create(&name(3), &LIMITS).expect("create");
+        let mut child = spawn_in(&busy, "sleep 30");
+        let free = |uid: u32| uid == 4_100_000_001 || uid == 4_100_000_003;
+        let per_cgroup = stale.paths().len();
+        assert_eq!(
+            h.sweep_stale(&free),
+            per_cgroup,
+            "one directory per hierarchy"
+        );
+        assert_gone(&stale.paths());
+        // Positive controls: a held lease and a cgroup with a process stay.
+        assert!(leased.paths().iter().all(|p| p.exists()));
+        assert!(busy.paths().iter().all(|p| p.exists()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(busy.kill_all().expect("kill_all"));
+        assert_eq!(h.sweep_stale(&free), per_cgroup, "empty now");
+        assert_gone(&busy.paths());
     }
 
     #[test]

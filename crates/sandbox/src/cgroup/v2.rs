@@ -122,6 +122,13 @@ impl V2Hierarchy {
         vec![self.current_parent()]
     }
 
+    /// Where run cgroups may be: the preferred parent and the fallback under the root.
+    pub(super) fn possible_parents(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![self.parent.clone(), self.root.join("runcell")];
+        dirs.dedup();
+        dirs
+    }
+
     #[cfg(test)]
     fn after_mkdir(&self, dir: &Path) {
         if let Some(hook) = self.mkdir_hook {
