@@ -240,3 +240,63 @@ fn place_fds(fds: [RawFd; 5], spec: &[u8], sync_r: OwnedFd, v2: bool, program: P
     let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
     crate::init::direct_pid1(spec, sync_r, v2, program);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::testutil::{is_root, unique_name};
+
+    /// `clone3(CLONE_INTO_CGROUP)` against a real cgroup2: this development host's unified
+    /// mount has no controllers, but cgroups (and so the clone's placement) work there.
+    #[test]
+    fn v2_clone_lands_in_the_cgroup_and_v1_in_the_callers() {
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        if !is_root() || !unified.join("cgroup.procs").exists() {
+            eprintln!(
+                "skipping: no root or no cgroup2 mount at {}",
+                unified.display()
+            );
+            return;
+        }
+        let name = unique_name("clone3");
+        let dir = unified.join(&name);
+        std::fs::create_dir(&dir).expect("mkdir");
+        let cgroup_of_child = |v2: Option<&File>| -> String {
+            let (r, w) = pipe_cloexec().expect("pipe");
+            let pid = clone_pid1(v2);
+            if pid == 0 {
+                // In the clone of a multi-threaded test process: raw syscalls only.
+                let mut buf = [0u8; 4096];
+                // SAFETY: a constant path, a stack buffer, our own descriptors; then _exit.
+                unsafe {
+                    let fd = libc::open(c"/proc/self/cgroup".as_ptr(), libc::O_RDONLY);
+                    let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                    libc::write(w.as_raw_fd(), buf.as_ptr().cast(), n.max(0) as usize);
+                    libc::_exit(0);
+                }
+            }
+            assert!(pid > 0, "clone: {}", io::Error::last_os_error());
+            drop(w);
+            let mut out = String::new();
+            io::Read::read_to_string(&mut File::from(r), &mut out).expect("read");
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            out
+        };
+        let dir_fd = File::open(&dir).expect("open cgroup");
+        let into = cgroup_of_child(Some(&dir_fd));
+        let plain = cgroup_of_child(None);
+        let _ = std::fs::remove_dir(&dir);
+        // The v2 line ("0::path"): the child started inside the new cgroup...
+        let v2_line = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(v2_line(&into).ends_with(&name), "{into}");
+        // ...while a plain clone (with its own cgroup namespace, rooted where the caller is)
+        // sees itself at its namespace's root: the positive control.
+        assert_eq!(v2_line(&plain), "/", "{plain}");
+    }
+}

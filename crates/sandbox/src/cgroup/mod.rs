@@ -917,7 +917,7 @@ fn cgroup_dir(mount_point: &Path, mount_root: &Path, own_path: &str) -> PathBuf 
 }
 
 #[cfg(test)]
-mod testutil {
+pub(crate) mod testutil {
     //! Helpers shared by the tests of the v1 and v2 modules.
 
     use super::*;
