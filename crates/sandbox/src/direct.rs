@@ -57,6 +57,24 @@ pub(crate) enum CgroupEntry {
     V2(PathBuf),
 }
 
+/// Why [`start_pid1`] failed.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// Nothing was started; the caller is as before.
+    Failed(String),
+    /// The caller could not go back to its own cgroup: it now counts in the sandbox's limits
+    /// and is a target of its `kill_all`. A zygote should end (and be restarted).
+    StuckInCgroup(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Failed(e) | StartError::StuckInCgroup(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Work around the clone: the zygote's `PyOS_BeforeFork` / `PyOS_AfterFork_Parent`.
 pub(crate) struct ForkHooks<'a> {
     pub before: &'a dyn Fn(),
@@ -81,17 +99,18 @@ pub(crate) fn start_pid1(
     fds: [RawFd; 5],
     program: Pid1Program<'_>,
     hooks: Option<ForkHooks<'_>>,
-) -> Result<Option<(libc::pid_t, OwnedFd)>, String> {
-    let (sync_r, sync_w) = pipe_cloexec().map_err(|e| format!("pipe: {e}"))?;
+) -> Result<Option<(libc::pid_t, OwnedFd)>, StartError> {
+    let failed = StartError::Failed;
+    let (sync_r, sync_w) = pipe_cloexec().map_err(|e| failed(format!("pipe: {e}")))?;
     let v2_dir = match &request.cgroup {
-        CgroupEntry::V2(dir) => {
-            Some(File::open(dir).map_err(|e| format!("open cgroup {}: {e}", dir.display()))?)
-        }
+        CgroupEntry::V2(dir) => Some(
+            File::open(dir).map_err(|e| failed(format!("open cgroup {}: {e}", dir.display())))?,
+        ),
         CgroupEntry::V1(pairs) => {
             for (join, _) in pairs {
                 if let Err(e) = std::fs::write(join, "0") {
-                    leave_cgroups(pairs)?;
-                    return Err(format!("join cgroup {}: {e}", join.display()));
+                    leave_cgroups(pairs).map_err(StartError::StuckInCgroup)?;
+                    return Err(failed(format!("join cgroup {}: {e}", join.display())));
                 }
             }
             None
@@ -101,6 +120,7 @@ pub(crate) fn start_pid1(
         (h.before)();
     }
     let pid = clone_pid1(v2_dir.as_ref());
+    let clone_error = io::Error::last_os_error();
     if pid == 0 {
         let v2 = v2_dir.is_some();
         // Closed already (pid 1 closes everything above 4 but its copy of sync_r): dropping
@@ -117,8 +137,8 @@ pub(crate) fn start_pid1(
         CgroupEntry::V2(_) => Ok(()),
     };
     if pid < 0 {
-        left?;
-        return Err(format!("clone: {}", io::Error::last_os_error()));
+        left.map_err(StartError::StuckInCgroup)?;
+        return Err(failed(format!("clone: {clone_error}")));
     }
     let kill = |why: String| {
         // SAFETY: our own unreaped child: it must not live on without its maps or its caller.
@@ -128,18 +148,19 @@ pub(crate) fn start_pid1(
         }
         why
     };
-    left.map_err(kill)?;
+    left.map_err(|e| StartError::StuckInCgroup(kill(e)))?;
     crate::user_ns::write_id_maps(pid, request.host_uid)
-        .map_err(|e| kill(format!("uid map: {e}")))?;
+        .map_err(|e| failed(kill(format!("uid map: {e}"))))?;
     // SAFETY: pidfd_open of our own unreaped child.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if pidfd < 0 {
-        return Err(kill(format!("pidfd_open: {}", io::Error::last_os_error())));
+        let e = io::Error::last_os_error();
+        return Err(failed(kill(format!("pidfd_open: {e}"))));
     }
     // SAFETY: a fresh descriptor, ours alone.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
     // Release pid 1; the closing tells it nobody else will write.
-    write_all_fd(sync_w.as_raw_fd(), b"1").map_err(|e| kill(format!("sync: {e}")))?;
+    write_all_fd(sync_w.as_raw_fd(), b"1").map_err(|e| failed(kill(format!("sync: {e}"))))?;
     Ok(Some((pid, pidfd)))
 }
 

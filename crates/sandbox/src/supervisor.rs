@@ -174,7 +174,7 @@ impl Sandbox {
                 Ok(Some((pid, _pidfd))) => pid,
                 // SAFETY: unreachable (an exec'd program never returns here); leave quietly.
                 Ok(None) => unsafe { libc::_exit(127) },
-                Err(e) => return Err(SandboxError::Setup(e)),
+                Err(e) => return Err(SandboxError::Setup(e.to_string())),
             };
             let control = File::from(control);
             // The spec went with the clone; the socket only carries the report back.

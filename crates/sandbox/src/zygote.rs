@@ -37,7 +37,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::direct::{start_pid1, ForkHooks, ForkRequest};
+use crate::direct::{start_pid1, ForkHooks, ForkRequest, StartError};
 use crate::init::Pid1Program;
 use crate::sys::{cstr, cvt, pipe_cloexec};
 
@@ -699,8 +699,8 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                     Ok(Some((_, pidfd))) => Ok(pidfd),
                     Ok(None) => run_kernel(py, config),
                     // Not our cgroup any more: the next session's kill_all would end us anyway.
-                    Err(e) if e.starts_with("cannot leave") => exit_with(sock, &e),
-                    Err(e) => Err(e),
+                    Err(StartError::StuckInCgroup(e)) => exit_with(sock, &e),
+                    Err(StartError::Failed(e)) => Err(e),
                 }
             }
             (None, _) => Err("malformed request".to_owned()),
