@@ -374,9 +374,36 @@ fn wait_for_messages(msg_r: OwnedFd) -> io::Result<String> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
+        if !readable_unless_hung_up(msg_r.as_raw_fd())? {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the supervisor closed the control socket",
+            ));
+        }
+        // SAFETY: reading into a valid buffer from our own descriptor.
+        let r = unsafe { libc::read(msg_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match r {
+            0 => break,
+            r if r > 0 => out.extend_from_slice(&buf[..r as usize]),
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Blocks until `fd` is readable (`true`) or the control socket hangs up (`false`: the
+/// supervisor is gone). Only a full hang-up counts: the supervisor shut down its writing side
+/// long ago.
+fn readable_unless_hung_up(fd: libc::c_int) -> io::Result<bool> {
+    loop {
         let mut fds = [
             libc::pollfd {
-                fd: msg_r.as_raw_fd(),
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -387,37 +414,20 @@ fn wait_for_messages(msg_r: OwnedFd) -> io::Result<String> {
             },
         ];
         // SAFETY: `fds` is a valid array of two pollfd structs.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(err);
         }
-        // Only a full hang-up counts: the supervisor shut down its writing side long ago.
         if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the supervisor closed the control socket",
-            ));
+            return Ok(false);
         }
         if fds[0].revents != 0 {
-            // SAFETY: reading into a valid buffer from our own descriptor.
-            let r = unsafe { libc::read(msg_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            match r {
-                0 => break,
-                r if r > 0 => out.extend_from_slice(&buf[..r as usize]),
-                _ => {
-                    let err = io::Error::last_os_error();
-                    if err.kind() != io::ErrorKind::Interrupted {
-                        return Err(err);
-                    }
-                }
-            }
+            return Ok(true);
         }
     }
-    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn kill_and_reap(pid: libc::pid_t) {
@@ -739,26 +749,11 @@ fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
                 break;
             }
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: CONTROL_FD,
-                events: 0,
-                revents: 0,
-            },
-        ];
-        // SAFETY: a valid array of two pollfd structs.
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
-            continue;
-        }
-        // Only a full hang-up counts: the supervisor shut down its writing side long ago.
-        if fds[1].revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+        match readable_unless_hung_up(sfd) {
+            Ok(true) => {}
             // SAFETY: the supervisor is gone; exiting pid 1 ends the sandbox.
-            unsafe { libc::_exit(1) }
+            Ok(false) => unsafe { libc::_exit(1) },
+            Err(_) => continue,
         }
         let mut info = [0u8; 128 * 8];
         // SAFETY: draining the signalfd into a buffer of whole signalfd_siginfo records.
