@@ -462,6 +462,10 @@ impl Running {
             self.killed_by = Some(reason);
         }
         self.helper.kill();
+        // Pid 1's exit comes after the kernel has killed and reaped everything else in its PID
+        // namespace: waiting for it (briefly; SIGKILL acts at once) usually leaves `kill_all`
+        // nothing to do, instead of a 10 ms round of freeze, kill, thaw and poll.
+        self.helper.wait_exit(KILL_SETTLE);
         if let Some(cg) = &self.cgroup {
             let _ = cg.kill_all();
         }
@@ -626,6 +630,18 @@ fn pidfd_open(pid: libc::pid_t) -> io::Result<std::sync::Arc<OwnedFd>> {
     }))
 }
 
+/// Waits up to `timeout` for a pidfd to report its process's exit.
+fn poll_exit(fd: &OwnedFd, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd; a pidfd polls readable once the process exits.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+}
+
 fn pidfd_send_signal(fd: &OwnedFd, sig: libc::c_int) -> bool {
     // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
     unsafe {
@@ -783,7 +799,24 @@ enum Helper {
     },
 }
 
+/// How long [`Running::kill`] waits for the killed helper (or pid 1) to be gone.
+const KILL_SETTLE: Duration = Duration::from_millis(100);
+
 impl Helper {
+    /// Waits up to `timeout` for the process to exit, without reaping it.
+    fn wait_exit(&self, timeout: Duration) {
+        let pid = match self {
+            Helper::Exec(c) => c.id() as libc::pid_t,
+            Helper::Forked { pid, reaped: false } => *pid,
+            Helper::Pidfd { fd, exited: false } => return poll_exit(fd, timeout),
+            _ => return,
+        };
+        // An unreaped child of ours: its pid cannot have been reused.
+        if let Ok(fd) = pidfd_open(pid) {
+            poll_exit(&fd, timeout);
+        }
+    }
+
     fn kill(&mut self) {
         match self {
             Helper::Exec(c) => {
