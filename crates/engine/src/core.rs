@@ -117,7 +117,8 @@ pub(crate) struct Core {
 
 impl Core {
     fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
-        let blocking: Vec<String> = runcell_sandbox::doctor::check_mandatory()
+        let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
+        let blocking: Vec<String> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
             .filter(|l| l.blocks())
             .map(|l| format!("{}: {}", l.name, l.detail))
@@ -125,8 +126,10 @@ impl Core {
         if !blocking.is_empty() {
             return Err(EngineError::Unavailable(blocking.join("; ")));
         }
-        let sandbox = Sandbox::new(config.init_exe.clone())
-            .map_err(|e| EngineError::Unavailable(chain(&e)))?;
+        let cgroups = cgroups.map_err(|e| {
+            EngineError::Unavailable(chain(&runcell_sandbox::SandboxError::NoCgroups(e)))
+        })?;
+        let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups);
         for dir in [
             config.data_dir.join("workspaces"),
             config.data_dir.join("tmp"),

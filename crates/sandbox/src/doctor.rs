@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use crate::cgroup::Hierarchy;
+use crate::cgroup::{CgroupError, Hierarchy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -41,17 +41,26 @@ impl Layer {
 
 /// Checks every layer. Cheap: reads /proc and /sys and makes a few probing syscalls.
 pub fn check() -> Vec<Layer> {
-    layers(true)
+    layers(true, &Hierarchy::detect())
 }
 
 /// The layers whose absence stops runcell, checked as cheaply as possible: what every
 /// `runcell run` pays before its sandbox starts. (The seccomp filter is not compiled here; each
 /// sandbox compiles and installs it, and fails its start if that fails.)
 pub fn check_mandatory() -> Vec<Layer> {
-    layers(false).into_iter().filter(|l| l.mandatory).collect()
+    check_mandatory_with(&Hierarchy::detect())
 }
 
-fn layers(thorough: bool) -> Vec<Layer> {
+/// [`check_mandatory`] with the cgroup hierarchy detected already (the caller's sandbox needs it
+/// too: detecting reads and parses mountinfo, so once per run is enough).
+pub fn check_mandatory_with(cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer> {
+    layers(false, cgroups)
+        .into_iter()
+        .filter(|l| l.mandatory)
+        .collect()
+}
+
+fn layers(thorough: bool, cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer> {
     let mut layers = Vec::new();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -127,7 +136,7 @@ fn layers(thorough: bool) -> Vec<Layer> {
             mandatory: true,
         });
     }
-    layers.push(match Hierarchy::detect() {
+    layers.push(match cgroups {
         Ok(h) => {
             let missing = h.missing_optional();
             Layer {

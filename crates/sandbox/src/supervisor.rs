@@ -151,7 +151,12 @@ impl Sandbox {
     /// cannot bound.
     pub fn new(init_exe: PathBuf) -> Result<Sandbox, SandboxError> {
         let cgroups = Hierarchy::detect().map_err(SandboxError::NoCgroups)?;
-        Ok(Sandbox { init_exe, cgroups })
+        Ok(Sandbox::with_cgroups(init_exe, cgroups))
+    }
+
+    /// [`Sandbox::new`] with a hierarchy the caller detected already.
+    pub fn with_cgroups(init_exe: PathBuf, cgroups: Hierarchy) -> Sandbox {
+        Sandbox { init_exe, cgroups }
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
