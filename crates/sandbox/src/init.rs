@@ -12,6 +12,10 @@
 //! ```
 //! When pid 1 exits, the kernel kills every process left in the PID namespace, so a program that
 //! double-forks and calls setsid still dies with the run.
+//!
+//! A single-threaded caller (the zygote, `runcell run`) plays the helper's part itself
+//! ([`crate::direct`]); its pid 1 then runs [`direct_pid1`]: the same steps, reporting on the
+//! control socket itself.
 
 use std::ffi::CString;
 use std::fmt;
