@@ -46,13 +46,8 @@ pub fn check() -> Vec<Layer> {
 
 /// The layers whose absence stops runcell, checked as cheaply as possible: what every
 /// `runcell run` pays before its sandbox starts. (The seccomp filter is not compiled here; each
-/// sandbox compiles and installs it, and fails its start if that fails.)
-pub fn check_mandatory() -> Vec<Layer> {
-    check_mandatory_with(&Hierarchy::detect())
-}
-
-/// [`check_mandatory`] with the cgroup hierarchy detected already (the caller's sandbox needs it
-/// too: detecting reads and parses mountinfo, so once per run is enough).
+/// sandbox compiles and installs it, and fails its start if that fails.) `cgroups` is the
+/// caller's own detection, which its sandbox keeps: detecting parses mountinfo, once is enough.
 pub fn check_mandatory_with(cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer> {
     layers(false, cgroups)
         .into_iter()

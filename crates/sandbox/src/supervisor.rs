@@ -168,7 +168,7 @@ impl Sandbox {
         let (cgroup, spec_bytes) = self.prepare(launch)?;
         let (control, helper_end) = socketpair_cloexec()?;
         let (channel, program_end) = socketpair_cloexec()?;
-        let (helper, stdio, control) = if is_single_threaded() {
+        let (mut helper, stdio, control) = if is_single_threaded() {
             // No helper: this process plays its part (see crate::direct).
             let (in_r, in_w) = pipe_cloexec()?;
             let (out_r, out_w) = pipe_cloexec()?;
@@ -199,7 +199,6 @@ impl Sandbox {
             (helper, stdio, control)
         };
         drop((helper_end, program_end));
-        let mut helper = helper;
         if let Err(e) = shutdown_write(&control) {
             helper.kill();
             helper.wait();
