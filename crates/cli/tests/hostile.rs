@@ -571,24 +571,6 @@ fn a_killed_runcell_run_takes_its_sandbox_along() {
     assert_status(&exec, "ok", Value::Null);
 }
 
-fn find_process(needle: &str) -> Option<u32> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let mut cmdline = String::new();
-        if std::fs::File::open(entry.path().join("cmdline"))
-            .and_then(|mut f| f.read_to_string(&mut cmdline))
-            .is_ok()
-            && cmdline.contains(needle)
-            && !cmdline.contains("cargo")
-        {
-            return Some(pid);
-        }
-    }
-    None
-}
-
 #[test]
 fn gigabyte_output_flood_is_truncated_and_memory_stays_flat() {
     let code = "import sys\nchunk = b'x' * (1 << 20)\nout = sys.stdout.buffer\nfor _ in range(1024):\n    out.write(chunk)\nout.write(b'\\nTHE END\\n')\n";

@@ -1,6 +1,8 @@
 //! `runcell serve`, `keys` and `audit` as an operator uses them: the real binary, a real
 //! database file, `kill -9` in the middle of work.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -84,6 +86,16 @@ fn serve(data: &Path) -> Serve {
     }
 }
 
+/// Sends `code` to a session from another thread, ignoring the outcome (the server is about to
+/// be killed under it).
+fn execute_in_background(base: &str, id: &str, code: &str) -> std::thread::JoinHandle<()> {
+    let url = format!("{base}/v1/sessions/{id}/execute");
+    let body = json!({ "code": code });
+    std::thread::spawn(move || {
+        let _ = http().post(url).json(&body).send();
+    })
+}
+
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -121,15 +133,7 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
         acknowledged.push(e["id"].as_str().expect("id").to_owned());
     }
     // Work in flight when the server dies.
-    let inflight = {
-        let url = format!("{}/v1/sessions/{id}/execute", first.base);
-        std::thread::spawn(move || {
-            let _ = http()
-                .post(url)
-                .json(&json!({"code": "import time; time.sleep(30)"}))
-                .send();
-        })
-    };
+    let inflight = execute_in_background(&first.base, &id, "import time; time.sleep(30)");
     std::thread::sleep(Duration::from_millis(500));
     let mut first = first;
     first.kill9();
@@ -306,22 +310,6 @@ fn keys_and_loopback_rules_and_audit_commands() {
     assert_eq!(r.status(), 401);
 }
 
-/// Host processes whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                String::from_utf8_lossy(&c)
-                    .replace('\0', " ")
-                    .contains(needle)
-            })
-        })
-        .collect()
-}
-
 #[test]
 fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     let data = data_dir();
@@ -365,34 +353,26 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
         "not zygote-born: {e}"
     );
     let sleeper = format!("sleep {marker}");
-    assert_eq!(
-        processes_with(&sleeper).len(),
-        1,
+    assert!(
+        common::find_process(&sleeper).is_some(),
         "positive control: the sleeper runs"
     );
 
     // The kernel is busy in a cell (it would notice a closed channel only afterwards).
-    let inflight = {
-        let url = format!("{}/v1/sessions/{id}/execute", srv.base);
-        std::thread::spawn(move || {
-            let _ = http()
-                .post(url)
-                .json(&json!({"code": "import time; time.sleep(60)"}))
-                .send();
-        })
-    };
+    let inflight = execute_in_background(&srv.base, id, "import time; time.sleep(60)");
     std::thread::sleep(Duration::from_millis(500));
     srv.kill9();
     let _ = inflight.join();
     // Nobody is left to enforce limits or collect output: pid 1 sees the control socket hang
     // up and ends the sandbox; the zygote sees its request socket close and exits.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !processes_with(&sleeper).is_empty() || Path::new(&format!("/proc/{zygote_pid}")).exists()
+    while common::find_process(&sleeper).is_some()
+        || Path::new(&format!("/proc/{zygote_pid}")).exists()
     {
         assert!(
             Instant::now() < deadline,
             "left behind: sleeper {:?}, zygote {}",
-            processes_with(&sleeper),
+            common::find_process(&sleeper),
             Path::new(&format!("/proc/{zygote_pid}")).exists()
         );
         std::thread::sleep(Duration::from_millis(50));

@@ -128,3 +128,18 @@ pub fn control_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> (String,
         .unwrap_or_else(|| panic!("control {name} printed nothing: {out:?}"));
     (r, d)
 }
+
+/// A host process whose command line (arguments joined by spaces) contains `needle`, other than
+/// cargo's (whose command line may name the test).
+pub fn find_process(needle: &str) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let cmdline = String::from_utf8_lossy(&c).replace('\0', " ");
+                cmdline.contains(needle) && !cmdline.contains("cargo")
+            })
+        })
+}
