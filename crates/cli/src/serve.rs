@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// Start every Python session cold, without the preloaded zygote.
     #[arg(long)]
     no_zygote: bool,
+    /// Python sessions kept started ahead of demand (forked from the zygote), so creating one
+    /// with the default limits and no environment takes no fork; 0 turns this off.
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
+    warm_sessions: u16,
     /// Turns the web page's chat on: the model API the agent loop talks to (openai: any
     /// Chat Completions endpoint; anthropic: Messages). The key comes from OPENAI_API_KEY or
     /// ANTHROPIC_API_KEY, as for `runcell ask`.
@@ -116,6 +120,8 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             "sessions of a previous run: recovered ones have their files and a fresh kernel"
         );
     }
+    // Only now: a warm session must not take the uid of a workspace being recovered.
+    engine.sessions().start_warm_pool(args.warm_sessions.into());
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

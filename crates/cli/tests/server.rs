@@ -336,6 +336,44 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
         .and_then(|r| r.json())
         .expect("create");
     let id = session["id"].as_str().expect("id");
+    // Warm sessions (`--warm-sessions`, 2 by default) are zygote-born too, and have no row in
+    // the store: the next server must remove their workspaces.
+    let warm_workspaces = || -> Vec<String> {
+        std::fs::read_dir(data.join("workspaces"))
+            .expect("workspaces")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("ses_") && n != id)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h: Value = c
+            .get(format!("{}/healthz", srv.base))
+            .send()
+            .and_then(|r| r.json())
+            .expect("healthz");
+        if h["warm_sessions"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "warm sessions: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let warm = warm_workspaces();
+    assert_eq!(warm.len(), 2, "{warm:?}");
+    let mounted = |name: &str| {
+        std::fs::read_to_string("/proc/mounts")
+            .expect("mounts")
+            .lines()
+            .any(|l| {
+                l.split(' ')
+                    .nth(1)
+                    .is_some_and(|m| m.ends_with(&format!("/{name}")))
+            })
+    };
+    assert!(
+        warm.iter().all(|w| mounted(w)),
+        "control: warm workspaces are mounted"
+    );
     // A process in the sandbox that would outlive a careless supervisor, and a sign that the
     // session is zygote-born (pandas already imported).
     let marker = format!("{}.{}", 40_000 + std::process::id() % 10_000, 17);
@@ -386,4 +424,10 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
         .and_then(|r| r.json())
         .expect("session");
     assert_eq!(s["status"], "ready", "{s}");
+    for w in &warm {
+        assert!(
+            !data.join("workspaces").join(w).exists() && !mounted(w),
+            "the killed server's warm session {w} was left behind"
+        );
+    }
 }

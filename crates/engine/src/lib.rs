@@ -7,6 +7,7 @@ mod core;
 mod files;
 mod model;
 mod oneshot;
+mod pool;
 mod session;
 #[cfg(feature = "test-support")]
 pub mod testing;

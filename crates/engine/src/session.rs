@@ -17,6 +17,7 @@ use crate::model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated,
     UsageInfo,
 };
+use crate::pool::{Warm, WarmPool};
 use crate::{oneshot::diff_files, EngineError};
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
@@ -146,6 +147,8 @@ pub struct SessionManager {
     /// Sessions taken out of the map whose teardown has not finished: `shutdown` waits for
     /// them, so no sandbox or mount outlives it.
     ending: (Mutex<usize>, std::sync::Condvar),
+    /// Sessions started ahead of demand (empty unless [`SessionManager::start_warm_pool`]).
+    pool: WarmPool,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -185,7 +188,109 @@ impl SessionManager {
             sweeper: std::sync::Once::new(),
             me: me.clone(),
             ending: (Mutex::new(0), std::sync::Condvar::new()),
+            pool: WarmPool::default(),
         })
+    }
+
+    /// Keeps `n` Python sessions with the default limits started ahead of demand (forked from
+    /// the zygote once it is ready), so creating one with the defaults and no environment
+    /// needs no fork. A server calls this once it has recovered the sessions of a previous
+    /// run (a warm session must not take a uid a recovered workspace needs back).
+    pub fn start_warm_pool(&self, n: usize) {
+        if self.core.zygote_status() == crate::ZygoteStatus::Off {
+            return;
+        }
+        self.pool.start(n, self.me.clone());
+    }
+
+    /// Warm sessions ready to be handed out now.
+    pub fn warm_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
+    pub(crate) fn warm_pool(&self) -> &WarmPool {
+        &self.pool
+    }
+
+    /// Whether new Python sessions would come from a ready zygote (a warm pool fills only then).
+    pub(crate) fn zygote_ready(&self) -> bool {
+        self.core.zygote().is_some()
+    }
+
+    /// Starts one session with the default limits for the warm pool.
+    pub(crate) fn start_warm(&self) -> Result<Warm, EngineError> {
+        let limits = self.core.resolve_session_limits(&Default::default())?;
+        let id = new_id("ses");
+        let workspace = self.new_workspace(&id, &limits)?;
+        let kernel = self
+            .core
+            .start_kernel(&workspace, Language::Python, &limits, &[])?;
+        Ok(Warm {
+            id,
+            workspace,
+            kernel,
+            limits,
+        })
+    }
+
+    /// A new, empty workspace for session `id`, on a uid of its own.
+    fn new_workspace(
+        &self,
+        id: &str,
+        limits: &SessionLimits,
+    ) -> Result<Arc<Workspace>, EngineError> {
+        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
+            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        let workspace = Workspace::create(
+            &self.core.config.data_dir.join("workspaces").join(id),
+            limits.disk_mb << 20,
+            lease,
+        )
+        .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        Ok(Arc::new(workspace))
+    }
+
+    /// Removes the session workspaces nobody will come back for: no live session has them,
+    /// `known(id)` (the store) does not remember them, and no process holds their uid. A
+    /// server killed with warm sessions, or between starting a session and recording it,
+    /// leaves such workspaces. Returns how many were removed.
+    pub fn sweep_orphan_workspaces(&self, known: &dyn Fn(&str) -> bool) -> usize {
+        let dir = self.core.config.data_dir.join("workspaces");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return 0;
+        };
+        let leases = self.core.config.run_dir.join("uids");
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str().filter(|n| n.starts_with("ses_")) else {
+                continue;
+            };
+            if known(id) || self.map().contains_key(id) {
+                continue;
+            }
+            let path = entry.path();
+            let Some(uid) = Workspace::owner_of(&path) else {
+                continue;
+            };
+            let Ok(lease) = UidLease::acquire_uid(&leases, uid) else {
+                continue; // someone still runs on that uid
+            };
+            match Workspace::adopt(&path, lease) {
+                Ok(ws) => drop(ws), // unmounts and removes it
+                // Not mounted (the server died before mounting it): a plain directory.
+                Err(_) if !is_mount_point(&path) => {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %crate::chain(&e), "left an orphaned workspace that is not runcell's mount");
+                    continue;
+                }
+            }
+            tracing::info!(session = id, "removed an orphaned session workspace");
+            removed += 1;
+        }
+        removed
     }
 
     /// Idle expiry: a sweep every second; it stops with the manager.
@@ -222,17 +327,18 @@ impl SessionManager {
                 )));
             }
         }
-        let id = new_id("ses");
-        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
-        let workspace = Arc::new(
-            Workspace::create(
-                &self.core.config.data_dir.join("workspaces").join(&id),
-                limits.disk_mb << 20,
-                lease,
-            )
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?,
-        );
+        // A warm session fits a request that changes nothing fixed at the fork.
+        let warm = (language == Language::Python && req.env.is_empty())
+            .then(|| self.pool.take(&limits))
+            .flatten();
+        let (id, workspace, kernel) = match warm {
+            Some(w) => (w.id, w.workspace, Some(w.kernel)),
+            None => {
+                let id = new_id("ses");
+                let workspace = self.new_workspace(&id, &limits)?;
+                (id, workspace, None)
+            }
+        };
         let env: Vec<(String, String)> = req.env.into_iter().collect();
         let now = Utc::now();
         let info = SessionInfo {
@@ -246,7 +352,7 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, env)
+        self.launch(info, workspace, env, kernel)
     }
 
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
@@ -272,19 +378,24 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new())
+        self.launch(info, workspace, Vec::new(), None)
     }
 
-    /// Starts the kernel and the worker of a session and registers it.
+    /// Starts the kernel (unless a warm one is given) and the worker of a session and
+    /// registers it.
     fn launch(
         &self,
         info: SessionInfo,
         workspace: Arc<Workspace>,
         env: Vec<(String, String)>,
+        kernel: Option<Kernel>,
     ) -> Result<SessionInfo, EngineError> {
-        let kernel = self
-            .core
-            .start_kernel(&workspace, info.language, &info.limits, &env)?;
+        let kernel = match kernel {
+            Some(k) => k,
+            None => self
+                .core
+                .start_kernel(&workspace, info.language, &info.limits, &env)?,
+        };
         let id = info.id.clone();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
         let entry = Arc::new(Entry {
@@ -503,6 +614,7 @@ impl SessionManager {
 
     /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
     pub fn shutdown(&self) {
+        self.pool.stop();
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             let _ = self.delete(&id);
@@ -512,6 +624,16 @@ impl SessionManager {
             .ending
             .1
             .wait_timeout_while(n, Duration::from_secs(30), |n| *n > 0);
+    }
+}
+
+/// Whether `path` is on another device than its parent (a mount point); true when unsure.
+fn is_mount_point(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &std::path::Path| std::fs::symlink_metadata(p).map(|m| m.dev()).ok();
+    match (dev(path), path.parent().and_then(dev)) {
+        (Some(a), Some(b)) => a != b,
+        _ => true,
     }
 }
 

@@ -282,11 +282,15 @@ scan(b"{head}", bytes.fromhex("{tail_x}")) > 0
         "False",
         "A's secret is in B's memory"
     );
-    // A leaves traces everywhere it can: files, an abstract socket, a loopback listener, a
-    // child process.
+    traces_stay_in_their_session(&engine, &a, &b);
+}
+
+/// A leaves traces everywhere it can (files, an abstract socket, a loopback listener, a child
+/// process) and sees them; B sees none of them.
+fn traces_stay_in_their_session(engine: &runcell_engine::Engine, a: &str, b: &str) {
     exec(
-        &engine,
-        &a,
+        engine,
+        a,
         r#"
 import os, socket, subprocess
 for p in ("/workspace/a.txt", "/tmp/a.txt", "/dev/shm/a.txt"):
@@ -303,8 +307,8 @@ child = subprocess.Popen(["sleep", "60"])
     );
     // Controls: A sees its own traces.
     let seen_by_a = main_text(&exec(
-        &engine,
-        &a,
+        engine,
+        a,
         r#"
 import os, socket
 c = socket.create_connection(("127.0.0.1", 7777)); c.close()
@@ -315,8 +319,8 @@ u = socket.socket(socket.AF_UNIX); u.connect("\0runcell-a"); u.close()
     assert_eq!(seen_by_a, "[True, True, True, 3]");
     // B sees none of them.
     let seen_by_b = main_text(&exec(
-        &engine,
-        &b,
+        engine,
+        b,
         r#"
 import os, socket
 def refused(fn):
@@ -415,4 +419,190 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
     assert!(matches!(engine.zygote_status(), ZygoteStatus::Ready { pid: p, .. } if p == pid));
     let next = create(&engine);
     assert!(preloaded(&engine, &next));
+}
+
+/// The session workspaces on disk: a warm session has its own before anyone asks for it.
+fn workspace_ids(engine: &runcell_engine::Engine) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(engine.config().data_dir.join("workspaces"))
+        .expect("workspaces dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("ses_"))
+        .collect()
+}
+
+fn wait_warm(engine: &runcell_engine::Engine, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while engine.sessions().warm_ready() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} warm sessions after 60 s",
+            engine.sessions().warm_ready()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The children of the engine's zygote: the pid 1s of the sessions it forked.
+fn zygote_children(engine: &runcell_engine::Engine) -> Vec<i32> {
+    let ZygoteStatus::Ready { pid, .. } = engine.zygote_status() else {
+        panic!("not ready");
+    };
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().expect("pid"))
+        .collect()
+}
+
+#[test]
+fn warm_sessions_are_handed_out_once_refilled_and_isolated() {
+    use std::os::unix::fs::MetadataExt;
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    engine.sessions().start_warm_pool(2);
+    wait_warm(&engine, 2);
+    let warm = workspace_ids(&engine);
+    assert_eq!(warm.len(), 2, "{warm:?}");
+    let a = create(&engine);
+    let b = create(&engine);
+    assert!(
+        warm.contains(&a) && warm.contains(&b) && a != b,
+        "two default creates take the two warm sessions: {a} {b} {warm:?}"
+    );
+    assert!(preloaded(&engine, &a) && preloaded(&engine, &b));
+    // Each is handed out once; the pool refills with new sessions.
+    wait_warm(&engine, 2);
+    let now = workspace_ids(&engine);
+    assert_eq!(now.len(), 4, "{now:?}");
+    assert_eq!(now.difference(&warm).count(), 2, "{now:?}");
+    // Separate host uids, workspaces, and everything else.
+    let owner = |id: &str| {
+        std::fs::metadata(engine.config().data_dir.join("workspaces").join(id))
+            .expect("workspace")
+            .uid()
+    };
+    assert_ne!(owner(&a), owner(&b));
+    traces_stay_in_their_session(&engine, &a, &b);
+    // Each was reseeded when it was forked, not when it was handed out, and still differs.
+    let draw = "import random, numpy\n(random.getrandbits(64), int(numpy.random.randint(1 << 62)))";
+    assert_ne!(
+        main_text(&exec(&engine, &a, draw)),
+        main_text(&exec(&engine, &b, draw))
+    );
+}
+
+#[test]
+fn requests_the_warm_sessions_do_not_fit_are_forked() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    engine.sessions().start_warm_pool(1);
+    wait_warm(&engine, 1);
+    let warm = workspace_ids(&engine);
+    let create_with = |req: CreateSession| engine.sessions().create(req).expect("create");
+    // An environment is fixed when the kernel starts: a fork of its own.
+    let with_env = create_with(CreateSession {
+        env: [("RUNCELL_TEST_VAR".to_owned(), "forty-two".to_owned())].into(),
+        ..CreateSession::default()
+    });
+    assert!(!warm.contains(&with_env.id));
+    assert_eq!(
+        main_text(&exec(
+            &engine,
+            &with_env.id,
+            "import os\nos.environ['RUNCELL_TEST_VAR']"
+        )),
+        "'forty-two'"
+    );
+    // So are the sandbox's limits.
+    let bigger = create_with(CreateSession {
+        limits: runcell_engine::LimitsRequest {
+            memory_mb: Some(512),
+            ..Default::default()
+        },
+        ..CreateSession::default()
+    });
+    assert!(!warm.contains(&bigger.id));
+    assert_eq!(bigger.limits.memory_mb, 512);
+    assert_eq!(
+        engine.sessions().warm_ready(),
+        1,
+        "the warm one is untouched"
+    );
+    // Timeouts are the session's own: the warm session fits, with the requested timeouts.
+    let timeouts = create_with(CreateSession {
+        limits: runcell_engine::LimitsRequest {
+            exec_timeout_s: Some(5),
+            idle_timeout_s: Some(60),
+            ..Default::default()
+        },
+        ..CreateSession::default()
+    });
+    assert!(warm.contains(&timeouts.id), "{warm:?} {}", timeouts.id);
+    assert_eq!(
+        (
+            timeouts.limits.exec_timeout_s,
+            timeouts.limits.idle_timeout_s
+        ),
+        (5, 60)
+    );
+    let slow = engine
+        .sessions()
+        .execute(&timeouts.id, "import time\ntime.sleep(30)", None, None)
+        .expect("execute");
+    assert_eq!(slow.status, ExecutionStatus::Timeout, "{slow:?}");
+}
+
+#[test]
+fn a_warm_session_that_died_is_not_handed_out() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    engine.sessions().start_warm_pool(1);
+    wait_warm(&engine, 1);
+    let warm = workspace_ids(&engine);
+    let dead = warm.iter().next().expect("one warm session").clone();
+    let pid1 = zygote_children(&engine);
+    assert_eq!(pid1.len(), 1, "{pid1:?}");
+    // SAFETY: killing the warm session's pid 1 (its whole sandbox goes with it).
+    assert_eq!(unsafe { libc::kill(pid1[0], libc::SIGKILL) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while zygote_children(&engine).contains(&pid1[0]) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let id = create(&engine);
+    assert_ne!(id, dead, "a dead warm session was handed out");
+    assert_eq!(main_text(&exec(&engine, &id, "1 + 1")), "2");
+    // The dead one was discarded with its workspace.
+    assert!(!workspace_ids(&engine).contains(&dead));
+}
+
+#[test]
+fn shutdown_ends_the_warm_sessions() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    engine.sessions().start_warm_pool(2);
+    wait_warm(&engine, 2);
+    assert_eq!(
+        zygote_children(&engine).len(),
+        2,
+        "control: two warm sandboxes"
+    );
+    engine.sessions().shutdown();
+    assert_eq!(engine.sessions().warm_ready(), 0);
+    assert_eq!(
+        workspace_ids(&engine),
+        Default::default(),
+        "workspaces left"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !zygote_children(&engine).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        zygote_children(&engine),
+        Vec::<i32>::new(),
+        "sandboxes left"
+    );
+    // Nothing refills after a shutdown.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(engine.sessions().warm_ready(), 0);
 }

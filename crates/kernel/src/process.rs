@@ -211,6 +211,21 @@ impl Kernel {
         self.running.is_some()
     }
 
+    /// Whether a kernel that has been waiting for its first cell can still take one: alive,
+    /// and silent on its channel (an idle kernel sends nothing; a dead one's channel has hung
+    /// up). [`Kernel::is_alive`] only learns of a death when a cell runs into it.
+    pub fn is_idle(&self) -> bool {
+        if self.running.is_none() {
+            return false;
+        }
+        let mut fds = [PollFd::new(&self.channel, PollFlags::IN)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
     /// Cells run so far.
     pub fn execution_count(&self) -> u64 {
         self.execution_count

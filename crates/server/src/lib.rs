@@ -157,8 +157,8 @@ impl AuditSink for StoreAudit {
 
 /// Sessions a previous server process left behind (killed with -9, say): their kernels died
 /// with it, their workspaces did not. Each one whose workspace is still mounted gets a fresh
-/// kernel (recovered: files intact, variables lost); the others are marked dead. Returns
-/// (recovered, dead).
+/// kernel (recovered: files intact, variables lost); the others are marked dead. Session
+/// workspaces the store has no record of are removed. Returns (recovered, dead).
 pub fn recover_sessions(
     engine: &runcell_engine::Engine,
     store: &Store,
@@ -201,6 +201,16 @@ pub fn recover_sessions(
             }
         }
     }
+    // Workspaces no row names: warm sessions of the killed server, or sessions it started
+    // but never recorded. Nobody can reach them; they only hold disk and memory.
+    let known: std::collections::HashSet<String> = store
+        .sessions_with_status(&["starting", "ready", "busy", "dead", "expired"])?
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    engine
+        .sessions()
+        .sweep_orphan_workspaces(&|id| known.contains(id));
     Ok((recovered, dead))
 }
 

@@ -15,6 +15,9 @@ pub struct Health {
     /// The preloaded zygote Python sessions are forked from (`off`, `starting`, `ready`,
     /// `failed`); without a ready one, sessions start cold.
     pub zygote: runcell_engine::ZygoteStatus,
+    /// Python sessions started ahead of demand and ready to be handed out (`serve
+    /// --warm-sessions`); a create with the default limits and no `env` takes one.
+    pub warm_sessions: usize,
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
@@ -22,6 +25,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
     Json(Health {
         status: "ok",
         zygote: state.engine.zygote_status(),
+        warm_sessions: state.engine.sessions().warm_ready(),
     })
 }
 
