@@ -4,11 +4,13 @@
 #
 # Usage: bench/sessions.sh [DENSITY_SESSIONS=500]      (as root)
 #
-#   1. a fresh `runcell serve` (zygote preloading numpy, pandas, matplotlib): 100 sequential
+#   1. a fresh `runcell serve` (zygote preloading numpy, pandas, matplotlib; 2 warm sessions, the
+#      default), once both are ready: 100 sequential
 #      `POST /v1/sessions`; 30 x (create + a cell importing numpy, pandas, matplotlib.pyplot);
 #      1000 sequential `1+1` on one session; then DENSITY_SESSIONS live sessions that each ran
 #      a pandas + matplotlib cell (MemAvailable drop / sessions, then `1+1` on the first and last);
-#   2. the same (without density) on a server started with --no-zygote;
+#   2. the same (without density) on a server with --warm-sessions 0 (every create forks from
+#      the zygote) and on one started with --no-zygote (every session starts cold);
 #   3. Jupyter: jupyter_client starting ipykernel and running the same imports (10 times), and
 #      1000 `1+1` round trips, in a bench-only venv (created with pip on the first run).
 # Writes bench/results/sessions-<timestamp>.md (and .json). Ratios from the same run matter on
@@ -74,7 +76,11 @@ start_server() {
   server_pid=$!
   for _ in $(seq 1200); do
     h=$(curl -sf "$base/healthz" || true)
-    [[ $h == *'"state":"ready"'* || $h == *'"state":"off"'* ]] && return 0
+    # The default server also fills its warm sessions once the zygote is ready.
+    if [[ $h == *'"state":"off"'* || ( $h == *'"state":"ready"'* &&
+          ( " $* " == *" --warm-sessions 0 "* || $h == *'"warm_sessions":2'* ) ) ]]; then
+      return 0
+    fi
     [[ $h == *'"state":"failed"'* ]] && { say "zygote failed: $h"; exit 1; }
     kill -0 "$server_pid" 2>/dev/null || { tail "$work/$name.log" >&2; exit 1; }
     sleep 0.1
@@ -89,23 +95,31 @@ start_server zygote
 /usr/bin/python3 bench/sessions.py "$base" zygote "$work/zygote.json" --density "$density" \
   ${jupyter_py:+--jupyter "$jupyter_py"} >/dev/null
 stop_server
+say "zygote server without warm sessions (--warm-sessions 0): every create forks"
+start_server forked --warm-sessions 0
+/usr/bin/python3 bench/sessions.py "$base" forked "$work/forked.json" >/dev/null
+stop_server
 say "cold server (--no-zygote)"
 start_server cold --no-zygote
 /usr/bin/python3 bench/sessions.py "$base" cold "$work/cold.json" >/dev/null
 stop_server
 
 out=bench/results/sessions-$stamp
-/usr/bin/python3 - "$work/zygote.json" "$work/cold.json" "$out" <<'EOF'
+/usr/bin/python3 - "$work/zygote.json" "$work/forked.json" "$work/cold.json" "$out" <<'EOF'
 import json, sys
-z, c = (json.load(open(p)) for p in sys.argv[1:3])
-out = sys.argv[3]
-json.dump({"zygote": z, "cold": c}, open(out + ".json", "w"), indent=2)
+z, f, c = (json.load(open(p)) for p in sys.argv[1:4])
+out = sys.argv[4]
+json.dump({"zygote": z, "forked": f, "cold": c}, open(out + ".json", "w"), indent=2)
 rows = [("POST /v1/sessions", "create"), ("create + imports cell", "create_plus_imports"),
         ("`1+1` round trip", "one_plus_one")]
-L = ["| ms | zygote p50 | p95 | p99 | cold p50 | p95 | p99 |", "|:--|--:|--:|--:|--:|--:|--:|"]
+L = ["Columns: the default server (zygote + 2 warm sessions); the zygote with `--warm-sessions 0`"
+     " (every create forks); `--no-zygote` (every session starts cold).", "",
+     "| ms | default p50 | p95 | p99 | forked p50 | p95 | p99 | cold p50 | p95 | p99 |",
+     "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
 for label, k in rows:
-    a, b = z["runcell"][k], c["runcell"][k]
-    L.append(f"| {label} | {a['p50']} | {a['p95']} | {a['p99']} | {b['p50']} | {b['p95']} | {b['p99']} |")
+    a, m, b = z["runcell"][k], f["runcell"][k], c["runcell"][k]
+    L.append(f"| {label} | {a['p50']} | {a['p95']} | {a['p99']} | {m['p50']} | {m['p95']} | {m['p99']}"
+             f" | {b['p50']} | {b['p95']} | {b['p99']} |")
 d = z["runcell"].get("density")
 if d:
     L += ["", f"Density: {d['sessions']} live sessions after a pandas + matplotlib cell each: "

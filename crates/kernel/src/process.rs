@@ -329,13 +329,20 @@ impl Kernel {
 
         match ended {
             Ended::Done(status) => {
-                // Everything the cell printed before `done` is already in the pipes.
-                pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                    on_event(CellEvent::Stdout(d))
-                })?;
-                pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                    on_event(CellEvent::Stderr(d))
-                })?;
+                // Everything the cell printed before `done` is already in the pipes. One
+                // poll says which have any: most cells leave both empty, and reading each
+                // to EAGAIN would be two system calls for nothing.
+                let [o, e, _] = self.poll(Duration::ZERO)?;
+                if o {
+                    pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
+                        on_event(CellEvent::Stdout(d))
+                    })?;
+                }
+                if e {
+                    pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
+                        on_event(CellEvent::Stderr(d))
+                    })?;
+                }
                 out.status = match status {
                     DoneStatus::Ok => CellStatus::Ok,
                     DoneStatus::Error => CellStatus::Error,
@@ -430,6 +437,12 @@ impl Kernel {
         loop {
             match self.channel.read(buf) {
                 Ok(0) => return Ok(true),
+                // A short read took all there was: the next read would only say EAGAIN, and
+                // the caller polls again anyway.
+                Ok(n) if n < buf.len() => {
+                    self.decoder.push(&buf[..n]);
+                    return Ok(false);
+                }
                 Ok(n) => self.decoder.push(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -556,6 +569,9 @@ fn pump(
                 let live = sink.push(&buf[..n]);
                 if !live.is_empty() {
                     emit(live);
+                }
+                if n < buf.len() {
+                    return Ok(()); // drained for now (a short read), no EAGAIN round
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
