@@ -87,26 +87,43 @@ def _flush_std():
 # --------------------------------------------------------------------------
 
 
+# Whether a SIGINT raises KeyboardInterrupt now: only while user code runs (see guarded).
+_interruptible = False
+
+
+def _on_sigint(signum, frame):
+    """SIGINT's handler for the kernel's whole life: KeyboardInterrupt while user code runs,
+    nothing otherwise (the host's interrupts are for running cells; one that arrives after
+    the cell's code has finished is dropped). A flag instead of switching the disposition
+    between the default handler and SIG_IGN around every cell saves four system calls a cell."""
+    if _interruptible:
+        raise KeyboardInterrupt
+
+
+def _own_sigint():
+    """Take SIGINT back from a handler the user's code installed (no system call when it
+    is still ours: Python keeps the handler table itself)."""
+    if _sig.getsignal(SIGINT) is not _on_sigint:
+        _sig.signal(SIGINT, _on_sigint)
+
+
 def _allow_interrupts():
-    _sig.signal(SIGINT, _sig.default_int_handler)
+    global _interruptible
+    _own_sigint()
+    # Unblocked while still not interruptible: a SIGINT left pending by a mask the user's
+    # code set in an earlier cell is delivered, and dropped, here rather than in this cell.
     _sig.pthread_sigmask(_sig.SIG_UNBLOCK, SIGINT_SET)
+    _interruptible = True
 
 
 def _ignore_interrupts():
-    """Make SIGINT a no-op between cells and drop any interrupt still pending.
+    """No KeyboardInterrupt from here on: SIGINT is dropped until the next user code.
 
-    Blocking first closes the window in which a late SIGINT could raise
-    KeyboardInterrupt inside the kernel; installing SIG_IGN discards a signal
-    that arrived while blocked. A KeyboardInterrupt that surfaces here came
-    after the user's code had finished, so it is dropped.
-    """
-    try:
-        _sig.pthread_sigmask(_sig.SIG_BLOCK, SIGINT_SET)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        _sig.signal(SIGINT, _sig.SIG_IGN)
-        _sig.pthread_sigmask(_sig.SIG_UNBLOCK, SIGINT_SET)
+    A KeyboardInterrupt that surfaces before this returns came after the user's code had
+    finished; callers treat it like any interrupt of the cell."""
+    global _interruptible
+    _interruptible = False
+    _own_sigint()
 
 
 def _block_sigint():
@@ -1117,7 +1134,7 @@ def _text_stream(fd, name):
 
 def prepare_process():
     # No KeyboardInterrupt while idle: the host's interrupts are for running cells.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_interrupts()
     os.set_inheritable(CHANNEL_FD, False)  # children (subprocess, os.system) never see the channel
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:

@@ -637,6 +637,34 @@ class ErrorTests(KernelTestCase):
         self.assertIsNone(self.kernel.proc.poll())
         self.assertEqual(self.run_ok("z").text, "3")
 
+    def interrupted_sleep(self):
+        """Interrupts a sleeping cell; returns its outcome."""
+        self.kernel.start("import time\nprint('sleeping', flush=True)\ntime.sleep(10)")
+        self.kernel.wait_for_stdout("sleeping")
+        os.kill(self.kernel.proc.pid, signal.SIGINT)
+        return self.kernel.finish(timeout=5)
+
+    def test_a_sigint_handler_from_user_code_lasts_one_cell(self):
+        # Within its cell the user's handler is in charge (here: it swallows the interrupt).
+        self.run_ok("import signal, time\nseen = []\nsignal.signal(signal.SIGINT, lambda *a: seen.append(1))")
+        self.assertEqual(self.interrupted_sleep().status, "interrupted")
+        self.assertEqual(self.run_ok("seen").text, "[]")
+        # Control: in its own cell it does see the signal.
+        outcome = self.kernel.run(
+            "import os\nsignal.signal(signal.SIGINT, lambda *a: seen.append(1))\n"
+            "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.05)\nseen"
+        )
+        self.assertEqual((outcome.status, outcome.text), ("ok", "[1]"))
+
+    def test_sigint_blocked_by_user_code_is_not_a_later_interrupt(self):
+        # A cell leaves SIGINT blocked; one sent while idle stays pending in the kernel...
+        self.run_ok("import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n1")
+        os.kill(self.kernel.proc.pid, signal.SIGINT)
+        time.sleep(0.1)
+        # ...and must neither interrupt the next cell nor stop interrupts from working.
+        self.assertEqual(self.run_ok("import time\ntime.sleep(0.2)\n'not interrupted'").text, "'not interrupted'")
+        self.assertEqual(self.interrupted_sleep().status, "interrupted")
+
 
 @unittest.skipUnless(has_module("numpy"), "numpy is not installed")
 class NumpyTests(KernelTestCase):
