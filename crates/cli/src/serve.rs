@@ -59,6 +59,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             c.display()
         );
     }
+    match runcell_sandbox::raise_nofile_soft_limit() {
+        Ok(n) => tracing::debug!(limit = n, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit"),
+    }
     // Every layer's state, for the operator: degraded layers are named, missing mandatory
     // layers stop the server.
     for layer in doctor::check() {

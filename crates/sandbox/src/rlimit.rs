@@ -44,3 +44,46 @@ pub(crate) fn apply(limits: &InnerLimits) -> Result<(), RlimitError> {
     }
     Ok(())
 }
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit and returns the new soft
+/// limit. A server holds several descriptors per live session (channel, output pipes, pidfd,
+/// cgroup files, uid lease), so hundreds of sessions outgrow the common soft default of 1024
+/// long before the hard limit; sandboxes set their own limit whatever this one is.
+pub fn raise_nofile_soft_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid rlimit struct; raising soft up to hard needs no privilege.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    }
+    Ok(lim.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_open_files_limit_rises_to_the_hard_one() {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid out-pointer.
+        cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }).expect("getrlimit");
+        let hard = lim.rlim_max;
+        // Control: a soft limit below the hard one, as on a host with the usual 1024.
+        lim.rlim_cur = 256.min(hard);
+        // SAFETY: valid rlimit struct; lowering the soft limit needs no privilege.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }).expect("setrlimit");
+        assert_eq!(raise_nofile_soft_limit().expect("raise"), hard);
+        // SAFETY: valid out-pointer.
+        cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }).expect("getrlimit");
+        assert_eq!(lim.rlim_cur, hard);
+    }
+}
