@@ -7,10 +7,14 @@
 //! holds exactly as for one commit per item; what is saved is a transaction, a WAL write of
 //! the same pages and a wake-up of the writer per item. Under no contention a batch is one
 //! item and the leader is the caller itself: no thread hop is added.
+//!
+//! Each caller waits on a slot of its own, so a finished batch wakes exactly its own callers
+//! and, when more items queued meanwhile, the first of them to lead the next batch. (One
+//! condition variable for all, notified with `notify_all`, woke every waiter per batch, most
+//! of them only to find their batch still pending and go back to sleep.)
 
-use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Result, StoreError};
 
@@ -18,31 +22,90 @@ use crate::error::{Result, StoreError};
 #[derive(Debug)]
 pub(crate) struct GroupCommit<T, R> {
     state: Mutex<State<T, R>>,
-    /// Signalled whenever a batch's results are in.
-    done: Condvar,
 }
 
 #[derive(Debug)]
 struct State<T, R> {
-    next_ticket: u64,
-    /// Items waiting for the next batch, with their tickets, in arrival order.
-    queue: Vec<(u64, T)>,
+    /// Items waiting for the next batch, with their callers' slots, in arrival order.
+    queue: Vec<(T, Arc<Slot<R>>)>,
     /// Whether a leader is committing a batch now.
     committing: bool,
-    /// Results not yet collected by their callers, by ticket.
-    results: HashMap<u64, Result<R>>,
+}
+
+/// Where one caller waits: its result, or the word that it should lead the next batch.
+#[derive(Debug)]
+struct Slot<R> {
+    news: Mutex<News<R>>,
+    ready: Condvar,
+}
+
+#[derive(Debug)]
+enum News<R> {
+    None,
+    Lead,
+    Done(Result<R>),
+}
+
+impl<R> Slot<R> {
+    fn new() -> Self {
+        Slot {
+            news: Mutex::new(News::None),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, News<R>> {
+        self.news.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn done(&self, r: Result<R>) {
+        *self.lock() = News::Done(r);
+        self.ready.notify_one();
+    }
+
+    /// Wakes the caller to lead, unless its result is already there.
+    fn lead(&self) {
+        let mut news = self.lock();
+        if matches!(*news, News::None) {
+            *news = News::Lead;
+            self.ready.notify_one();
+        }
+    }
+
+    /// The result, if it is in.
+    fn take_done(&self) -> Option<Result<R>> {
+        let mut news = self.lock();
+        match std::mem::replace(&mut *news, News::None) {
+            News::Done(r) => Some(r),
+            other => {
+                *news = other;
+                None
+            }
+        }
+    }
+
+    /// Waits until there is news (a result, or the word to lead, which is consumed).
+    fn wait(&self) {
+        let mut news = self.lock();
+        while matches!(*news, News::None) {
+            news = self
+                .ready
+                .wait(news)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if matches!(*news, News::Lead) {
+            *news = News::None;
+        }
+    }
 }
 
 impl<T, R> GroupCommit<T, R> {
     pub(crate) fn new() -> Self {
         GroupCommit {
             state: Mutex::new(State {
-                next_ticket: 0,
                 queue: Vec::new(),
                 committing: false,
-                results: HashMap::new(),
             }),
-            done: Condvar::new(),
         }
     }
 
@@ -54,43 +117,52 @@ impl<T, R> GroupCommit<T, R> {
     /// Queues `item` and returns its result once the batch holding it is committed.
     /// `commit` gets a batch in arrival order and returns one result per item, in order.
     pub(crate) fn submit(&self, item: T, commit: impl Fn(Vec<T>) -> Vec<Result<R>>) -> Result<R> {
-        let mut st = self.lock();
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        st.queue.push((ticket, item));
+        let slot = Arc::new(Slot::new());
+        self.lock().queue.push((item, slot.clone()));
         loop {
-            if let Some(r) = st.results.remove(&ticket) {
+            if let Some(r) = slot.take_done() {
                 return r;
             }
+            let mut st = self.lock();
             if st.committing {
-                st = self.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+                drop(st);
+                slot.wait();
                 continue;
             }
-            // Lead: commit everything queued so far (our item is in it or already done).
+            if !st.queue.iter().any(|(_, s)| Arc::ptr_eq(s, &slot)) {
+                // Another leader took our item and has finished: results are handed out
+                // before `committing` is cleared, so ours is in the slot.
+                continue;
+            }
+            // Lead: commit everything queued so far, our item included.
             st.committing = true;
-            let (tickets, items): (Vec<u64>, Vec<T>) =
+            let (items, slots): (Vec<T>, Vec<Arc<Slot<R>>>) =
                 std::mem::take(&mut st.queue).into_iter().unzip();
             drop(st);
             let n = items.len();
             let results = panic::catch_unwind(AssertUnwindSafe(|| commit(items)))
                 .ok()
                 .filter(|r| r.len() == n);
-            st = self.lock();
-            st.committing = false;
-            match results {
-                Some(results) => st.results.extend(tickets.into_iter().zip(results)),
+            let results: Vec<Result<R>> = match results {
+                Some(results) => results,
                 // A bug in `commit`: every caller of the batch learns it failed (none waits
                 // forever), and whether it was recorded is unknown to them.
-                None => st.results.extend(tickets.into_iter().map(|t| {
-                    (
-                        t,
+                None => (0..n)
+                    .map(|_| {
                         Err(StoreError::Corrupt(
                             "the batch holding this append failed unexpectedly".into(),
-                        )),
-                    )
-                })),
+                        ))
+                    })
+                    .collect(),
+            };
+            for (s, r) in slots.iter().zip(results) {
+                s.done(r);
             }
-            self.done.notify_all();
+            let mut st = self.lock();
+            st.committing = false;
+            if let Some((_, next)) = st.queue.first() {
+                next.lead();
+            }
         }
     }
 }
@@ -131,7 +203,80 @@ mod tests {
             commits < 400,
             "{commits} commits for 400 items: no batching"
         );
-        assert!(group.lock().results.is_empty());
+        assert!(group.lock().queue.is_empty());
+    }
+
+    #[test]
+    fn no_caller_is_left_waiting_under_churn() {
+        // Batches of every size, fast commits, callers arriving while leadership changes
+        // hands: every caller gets its own result, and all of them return.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let group = Arc::new(GroupCommit::<u64, u64>::new());
+            let threads: Vec<_> = (0..16u64)
+                .map(|t| {
+                    let group = group.clone();
+                    std::thread::spawn(move || {
+                        for i in 0..300 {
+                            let item = t * 1_000_000 + i;
+                            let r = group.submit(item, |batch| {
+                                if item % 7 == 0 {
+                                    std::thread::yield_now();
+                                }
+                                batch.into_iter().map(|x| Ok(x + 1)).collect()
+                            });
+                            assert_eq!(r.expect("ok"), item + 1);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("thread");
+            }
+            let _ = tx.send(group.lock().queue.len());
+        });
+        let left = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a caller never returned");
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn an_item_queued_during_a_batch_is_committed_after_it_with_no_newcomer() {
+        let group = Arc::new(GroupCommit::<u32, u32>::new());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let a = {
+            let group = group.clone();
+            std::thread::spawn(move || {
+                group.submit(1, |batch| {
+                    let _ = started_tx.send(());
+                    let _ = release_rx.lock().expect("lock").recv();
+                    batch.into_iter().map(Ok).collect()
+                })
+            })
+        };
+        started_rx.recv().expect("A leads");
+        let (b_tx, b_rx) = std::sync::mpsc::channel();
+        {
+            let group = group.clone();
+            std::thread::spawn(move || {
+                let _ = b_tx
+                    .send(group.submit(2, |batch| batch.into_iter().map(|x| Ok(x * 10)).collect()));
+            });
+        }
+        // B waits behind A's batch.
+        while group.lock().queue.is_empty() {
+            std::thread::yield_now();
+        }
+        release_tx.send(()).expect("release A");
+        assert_eq!(a.join().expect("A").expect("A's result"), 1);
+        // Nobody else arrives: B must lead its own batch once A's is done.
+        let b = b_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("B was never woken to lead");
+        assert_eq!(b.expect("B's result"), 20);
     }
 
     #[test]
