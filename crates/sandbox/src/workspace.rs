@@ -38,6 +38,9 @@ pub struct Workspace {
     path: PathBuf,
     lease: UidLease,
     size_bytes: u64,
+    /// The root directory, opened by the first snapshot and rewound by the next ones (two
+    /// snapshots a cell: reopening it each time was two path walks and two closes).
+    root: std::sync::Mutex<Option<rustix::fs::Dir>>,
 }
 
 impl Workspace {
@@ -82,6 +85,7 @@ impl Workspace {
             path: path.to_owned(),
             lease,
             size_bytes,
+            root: std::sync::Mutex::new(None),
         })
     }
 
@@ -121,6 +125,7 @@ impl Workspace {
             path: path.to_owned(),
             lease,
             size_bytes: st.f_blocks * st.f_bsize as u64,
+            root: std::sync::Mutex::new(None),
         })
     }
 
@@ -264,8 +269,13 @@ impl Workspace {
                 }
             })?;
         }
+        let mut dir = rustix::fs::Dir::new(dir).map_err(|e| WorkspaceError::Io {
+            action: "read",
+            path: PathBuf::from(rel),
+            source: e.into(),
+        })?;
         let mut out = BTreeMap::new();
-        walk(&dir, &parts.join("/"), 0, &mut out);
+        walk(&mut dir, &parts.join("/"), 0, &mut out);
         Ok(out)
     }
 
@@ -307,12 +317,22 @@ impl Workspace {
     /// relative path. Symlinks and special files are skipped, never followed.
     pub fn snapshot(&self) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
         let mut out = BTreeMap::new();
-        let root = open_dir_nofollow(None, &self.path).map_err(|source| WorkspaceError::Io {
-            action: "open",
-            path: self.path.clone(),
-            source,
-        })?;
-        walk(&root, "", 0, &mut out);
+        let mut root = self.root.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *root {
+            Some(dir) => dir.rewind(),
+            None => {
+                let io_err = |source| WorkspaceError::Io {
+                    action: "open",
+                    path: self.path.clone(),
+                    source,
+                };
+                let fd = open_dir_nofollow(None, &self.path).map_err(io_err)?;
+                *root = Some(rustix::fs::Dir::new(fd).map_err(|e| io_err(e.into()))?);
+            }
+        }
+        if let Some(dir) = &mut *root {
+            walk(dir, "", 0, &mut out);
+        }
         Ok(out)
     }
 }
@@ -337,31 +357,55 @@ pub struct FileStat {
 const MAX_DEPTH: usize = 64;
 const MAX_ENTRIES: usize = 100_000;
 
-fn walk(dir: &OwnedFd, prefix: &str, depth: usize, out: &mut BTreeMap<String, FileStat>) {
+/// Reads `dir` from where it stands (a fresh or rewound stream) and everything below it.
+fn walk(
+    dir: &mut rustix::fs::Dir,
+    prefix: &str,
+    depth: usize,
+    out: &mut BTreeMap<String, FileStat>,
+) {
+    use rustix::fs::FileType;
     if depth > MAX_DEPTH {
         return;
     }
-    // Reading the directory through its descriptor's /proc link lists exactly the directory we
-    // opened, whatever happened to its path since.
-    let Ok(entries) = fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+    // Entries come from the descriptor itself (getdents): exactly the directory we opened,
+    // whatever happened to its path since.
+    let Ok(fd) = dir.fd().map(|fd| fd.as_raw_fd()) else {
         return;
     };
-    for entry in entries.flatten() {
+    while let Some(Ok(entry)) = dir.read() {
         if out.len() >= MAX_ENTRIES {
             return;
         }
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
         let rel = if prefix.is_empty() {
             name.to_owned()
         } else {
             format!("{prefix}/{name}")
         };
-        let Ok(stat) = fstatat_nofollow(dir, name) else {
-            continue;
+        // The entry's type saves a stat for directories and whatever is neither (tmpfs
+        // reports it; other file systems may say "unknown", and then the stat decides).
+        let kind = match entry.file_type() {
+            FileType::Unknown => match fstatat_nofollow(fd, name) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                Err(_) => continue,
+            },
+            k => k,
         };
-        match stat.st_mode & libc::S_IFMT {
-            libc::S_IFREG => {
+        match kind {
+            FileType::RegularFile => {
+                let Ok(stat) = fstatat_nofollow(fd, name) else {
+                    continue;
+                };
+                // A file replaced by something else since getdents is not a file.
+                if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+                    continue;
+                }
                 let modified = SystemTime::UNIX_EPOCH
                     + std::time::Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32);
                 out.insert(
@@ -372,9 +416,12 @@ fn walk(dir: &OwnedFd, prefix: &str, depth: usize, out: &mut BTreeMap<String, Fi
                     },
                 );
             }
-            libc::S_IFDIR => {
-                if let Ok(sub) = open_dir_nofollow(Some(dir), Path::new(name)) {
-                    walk(&sub, &rel, depth + 1, out);
+            FileType::Directory => {
+                // O_NOFOLLOW: a directory swapped for a symlink since getdents is not entered.
+                let sub = open_dir_at_nofollow(fd, name)
+                    .and_then(|fd| rustix::fs::Dir::new(fd).map_err(io::Error::from));
+                if let Ok(mut sub) = sub {
+                    walk(&mut sub, &rel, depth + 1, out);
                 }
             }
             _ => {}
@@ -382,20 +429,28 @@ fn walk(dir: &OwnedFd, prefix: &str, depth: usize, out: &mut BTreeMap<String, Fi
     }
 }
 
-fn fstatat_nofollow(dir: &OwnedFd, name: &str) -> io::Result<libc::stat> {
+fn fstatat_nofollow(dir: std::os::fd::RawFd, name: &str) -> io::Result<libc::stat> {
     let c = cname(name);
     // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid descriptor, name and out-pointer.
-    cvt(unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
+    cvt(unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(st)
+}
+
+/// [`open_dir_nofollow`] of `name` in the directory open as `dir`.
+fn open_dir_at_nofollow(dir: std::os::fd::RawFd, name: &str) -> io::Result<OwnedFd> {
+    let c = cname(name);
+    // SAFETY: valid descriptor and name.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir,
             c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     })?;
-    Ok(st)
+    // SAFETY: openat succeeded; the descriptor is ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn open_dir_nofollow(at: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {

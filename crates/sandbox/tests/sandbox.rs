@@ -152,6 +152,40 @@ fn planted_symlinks_are_never_followed_by_the_host() {
 }
 
 #[test]
+fn repeated_snapshots_see_every_change_at_every_depth() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let run = |script: &str| {
+        let out = sandbox()
+            .run(
+                &launch(&ws, &["/bin/sh", "-c", script]),
+                &RunOptions::default(),
+                &mut |_, _| {},
+            )
+            .expect("run");
+        assert_eq!(out.exit, ExitStatus::Code(0), "{out:?}");
+    };
+    let names = |ws: &runcell_sandbox::Workspace| -> Vec<(String, u64)> {
+        let files = ws.snapshot().expect("snapshot");
+        files.into_iter().map(|(k, v)| (k, v.size)).collect()
+    };
+    assert_eq!(names(&ws), Vec::<(String, u64)>::new());
+    run("echo hi > a.txt; mkdir -p d/e; printf 12345 > d/e/deep.txt");
+    assert_eq!(
+        names(&ws),
+        [("a.txt".to_owned(), 3), ("d/e/deep.txt".to_owned(), 5)]
+    );
+    // The second and later snapshots read the same open root again from its start.
+    run("rm a.txt; printf 1234567 > d/e/deep.txt; echo x > b.txt");
+    assert_eq!(
+        names(&ws),
+        [("b.txt".to_owned(), 2), ("d/e/deep.txt".to_owned(), 7)]
+    );
+    run("rm -r d b.txt");
+    assert_eq!(names(&ws), Vec::<(String, u64)>::new());
+}
+
+#[test]
 fn deadline_kills_the_tree_and_reports_timeout() {
     let dir = tempfile::tempdir().expect("tmp");
     let ws = workspace(&dir, 1 << 20);
