@@ -543,7 +543,7 @@ async fn one_shot_health_metrics_and_openapi() {
         (s, v),
         (
             StatusCode::OK,
-            json!({"status": "ok", "zygote": {"state": "off"}})
+            json!({"status": "ok", "zygote": {"state": "off"}, "warm_sessions": 0})
         )
     );
     let metrics = srv
