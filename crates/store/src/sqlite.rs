@@ -216,15 +216,6 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<Au
     let mut heads: Vec<(&str, i64, String)> = Vec::new();
     let mut entries = Vec::with_capacity(batch.len());
     for PendingAppend { rec, created_at } in batch {
-        let taken: bool = tx
-            .prepare_cached("SELECT EXISTS (SELECT 1 FROM executions WHERE execution_id = ?1)")?
-            .query_row([&rec.execution_id], |r| r.get(0))?;
-        if taken {
-            return Err(StoreError::Conflict(format!(
-                "execution {} is already recorded",
-                rec.execution_id
-            )));
-        }
         let head = match heads.iter().position(|h| h.0 == rec.tenant) {
             Some(i) => i,
             None => {
@@ -272,7 +263,19 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<Au
             created_at,
             prev_hash,
             hash
-        ])?;
+        ])
+        // The UNIQUE index on execution_id is the check (no look-up of its own first): the
+        // failed statement leaves nothing behind and the transaction is rolled back on return.
+        .map_err(|e| {
+            if reused_execution_id(&e) {
+                StoreError::Conflict(format!(
+                    "execution {} is already recorded",
+                    rec.execution_id
+                ))
+            } else {
+                e.into()
+            }
+        })?;
         let seq_u = u64::try_from(seq).map_err(|_| StoreError::Corrupt("negative seq".into()))?;
         entries.push(AuditEntry {
             seq: seq_u,
@@ -292,6 +295,34 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<Au
     // Durability::PowerLoss).
     tx.commit()?;
     Ok(entries)
+}
+
+/// Whether `e` is the executions table refusing an execution id it already holds (and not
+/// some other constraint, such as a (tenant, seq) clash from a damaged chain head).
+fn reused_execution_id(e: &rusqlite::Error) -> bool {
+    match e {
+        rusqlite::Error::SqliteFailure(f, msg) => {
+            f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                && msg
+                    .as_deref()
+                    .is_some_and(|m| m.ends_with("executions.execution_id"))
+        }
+        _ => false,
+    }
+}
+
+/// Commits a group-commit batch: one result per item, in order.
+fn commit_appends(conn: &mut Connection, batch: &[PendingAppend]) -> Vec<Result<AuditEntry>> {
+    match append_batch(conn, batch) {
+        Ok(entries) => entries.into_iter().map(Ok).collect(),
+        // Nothing of the batch was kept: each row on its own, so one bad row (a reused id)
+        // fails alone and gets its own error.
+        Err(e) if batch.len() == 1 => vec![Err(e)],
+        Err(_) => batch
+            .iter()
+            .map(|p| append_batch(conn, std::slice::from_ref(p)).map(|mut v| v.remove(0)))
+            .collect(),
+    }
 }
 
 fn ts(r: &Row<'_>, i: usize) -> Result<DateTime<Utc>> {
@@ -787,21 +818,8 @@ impl Backend for SqliteStore {
         };
         // Concurrent appends share one transaction (see `group`): each returns once the
         // commit holding its row is done, so the contract above holds as with one commit each.
-        self.appends.submit(pending, |batch| {
-            let mut conn = self.write();
-            match append_batch(&mut conn, &batch) {
-                Ok(entries) => entries.into_iter().map(Ok).collect(),
-                // Nothing of the batch was kept: each row on its own, so one bad row (a
-                // reused id) fails alone and gets its own error.
-                Err(e) if batch.len() == 1 => vec![Err(e)],
-                Err(_) => batch
-                    .iter()
-                    .map(|p| {
-                        append_batch(&mut conn, std::slice::from_ref(p)).map(|mut v| v.remove(0))
-                    })
-                    .collect(),
-            }
-        })
+        self.appends
+            .submit(pending, |batch| commit_appends(&mut self.write(), &batch))
     }
 
     fn list_executions(
@@ -883,5 +901,93 @@ impl Backend for SqliteStore {
             }
             None => verify_on(&mut self.write(), tenant),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(tenant: &str, id: &str) -> PendingAppend {
+        let created_at = Utc::now();
+        PendingAppend {
+            rec: NewExecution {
+                tenant: tenant.into(),
+                execution_id: id.into(),
+                session_id: None,
+                status: "ok".into(),
+                code: "1+1".into(),
+                execution_json: "{}".into(),
+                created_at,
+            },
+            created_at: time::fmt(created_at),
+        }
+    }
+
+    fn store() -> SqliteStore {
+        SqliteStore::open_in_memory().expect("open")
+    }
+
+    fn ids(s: &SqliteStore, tenant: &str) -> Vec<String> {
+        let (rows, _) = s.list_executions(tenant, None, 100, None).expect("list");
+        rows.into_iter().rev().map(|r| r.execution_id).collect()
+    }
+
+    #[test]
+    fn a_reused_id_in_a_batch_fails_alone() {
+        let s = store();
+        let first = commit_appends(&mut s.write(), &[pending("a", "ex_1")]);
+        assert!(first[0].is_ok(), "{first:?}");
+        let batch = [
+            pending("a", "ex_2"),
+            pending("b", "ex_1"),
+            pending("a", "ex_3"),
+        ];
+        // All or nothing as one transaction...
+        assert!(matches!(
+            append_batch(&mut s.write(), &batch),
+            Err(StoreError::Conflict(_))
+        ));
+        assert_eq!(ids(&s, "a"), ["ex_1"]);
+        // ...and as a group-commit batch each row gets its own result.
+        let results = commit_appends(&mut s.write(), &batch);
+        assert_eq!(results[0].as_ref().expect("ex_2").seq, 2);
+        assert!(
+            matches!(results[1], Err(StoreError::Conflict(_))),
+            "{results:?}"
+        );
+        assert_eq!(results[2].as_ref().expect("ex_3").seq, 3);
+        assert_eq!(ids(&s, "a"), ["ex_1", "ex_2", "ex_3"]);
+        assert!(ids(&s, "b").is_empty());
+    }
+
+    #[test]
+    fn the_same_id_twice_in_one_batch_is_kept_once() {
+        let s = store();
+        let results = commit_appends(
+            &mut s.write(),
+            &[pending("a", "ex_1"), pending("a", "ex_1")],
+        );
+        assert!(results[0].is_ok(), "{results:?}");
+        assert!(
+            matches!(results[1], Err(StoreError::Conflict(_))),
+            "{results:?}"
+        );
+        assert_eq!(ids(&s, "a"), ["ex_1"]);
+    }
+
+    #[test]
+    fn another_constraint_is_not_a_conflict() {
+        let s = store();
+        commit_appends(&mut s.write(), &[pending("a", "ex_1")])
+            .remove(0)
+            .expect("append");
+        // A lost chain head makes the next append reuse seq 1: the (tenant, seq) key refuses
+        // it, which is damage, not a reused execution id.
+        s.write()
+            .execute("DELETE FROM chain_heads", [])
+            .expect("delete head");
+        let r = commit_appends(&mut s.write(), &[pending("a", "ex_2")]).remove(0);
+        assert!(matches!(r, Err(StoreError::Sqlite(_))), "{r:?}");
     }
 }
