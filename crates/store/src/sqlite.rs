@@ -13,6 +13,7 @@ use rusqlite::{
 };
 
 use crate::audit::{chain_hash, ChainFields, StoredRow, TenantWalk, GENESIS_HASH};
+use crate::checkpoint::{Checkpointer, WalLimits};
 use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
@@ -39,8 +40,11 @@ pub enum Durability {
 
 /// SQLite storage: one writer connection (writes are serialised, which SQLite requires
 /// anyway) and one reader connection so reads are not stuck behind writes. Chain
-/// verification uses a connection of its own so it never blocks appends.
+/// verification uses a connection of its own so it never blocks appends, and so do WAL
+/// checkpoints (see `checkpoint`).
 pub struct SqliteStore {
+    /// Stopped first on drop (fields drop in order), before the connections close.
+    _checkpointer: Option<Checkpointer>,
     path: Option<PathBuf>,
     writer: Mutex<Connection>,
     reader: Option<Mutex<Connection>>,
@@ -488,6 +492,14 @@ impl SqliteStore {
 
     /// Like [`SqliteStore::open`] with an explicit durability level.
     pub fn open_with(path: &Path, durability: Durability) -> Result<SqliteStore> {
+        Self::open_tuned(path, durability, WalLimits::default())
+    }
+
+    pub(crate) fn open_tuned(
+        path: &Path,
+        durability: Durability,
+        limits: WalLimits,
+    ) -> Result<SqliteStore> {
         prepare_path(path)?;
         let mut writer = Connection::open_with_flags(path, open_flags())?;
         configure(&writer, durability, true)?;
@@ -495,7 +507,12 @@ impl SqliteStore {
         let reader = Connection::open_with_flags(path, open_flags())?;
         configure(&reader, durability, true)?;
         reader.pragma_update(None, "query_only", true)?;
+        // Its `synchronous` decides how a checkpoint syncs, so it is configured like the rest.
+        let checkpoints = Connection::open_with_flags(path, open_flags())?;
+        configure(&checkpoints, durability, true)?;
+        let checkpointer = Checkpointer::start(path, &mut writer, checkpoints, limits)?;
         Ok(SqliteStore {
+            _checkpointer: Some(checkpointer),
             path: Some(path.to_owned()),
             writer: Mutex::new(writer),
             reader: Some(Mutex::new(reader)),
@@ -510,6 +527,7 @@ impl SqliteStore {
         configure(&conn, Durability::Process, false)?;
         migrate(&mut conn)?;
         Ok(SqliteStore {
+            _checkpointer: None,
             path: None,
             writer: Mutex::new(conn),
             reader: None,
