@@ -23,6 +23,7 @@ import io
 import json
 import linecache
 import os
+import select
 import signal
 import struct
 import sys
@@ -172,6 +173,12 @@ class Channel:
         self.fd = fd
         self._write_lock = threading.Lock()
         self._buffer = bytearray()
+        # Reads wait in poll(), not in read(): a read blocked on a Unix stream socket is woken
+        # by every wake-up of the socket, including the host taking our last reply off it
+        # (which frees send space), and goes back to sleep; poll() is woken only for input.
+        # That spurious wake-up is a context switch per cell.
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
     def recv(self):
         """The next message, or None on a clean EOF between frames."""
@@ -196,6 +203,7 @@ class Channel:
         buf = self._buffer
         while len(buf) < size:
             try:
+                self._poll.poll()
                 chunk = os.read(self.fd, max(size - len(buf), self.READ_SIZE))
             except ConnectionResetError:
                 chunk = b""

@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+mod checkpoint;
 mod error;
 mod group;
 mod sqlite;

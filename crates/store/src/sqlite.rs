@@ -13,6 +13,7 @@ use rusqlite::{
 };
 
 use crate::audit::{chain_hash, ChainFields, StoredRow, TenantWalk, GENESIS_HASH};
+use crate::checkpoint::{Checkpointer, WalLimits};
 use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
@@ -39,8 +40,11 @@ pub enum Durability {
 
 /// SQLite storage: one writer connection (writes are serialised, which SQLite requires
 /// anyway) and one reader connection so reads are not stuck behind writes. Chain
-/// verification uses a connection of its own so it never blocks appends.
+/// verification uses a connection of its own so it never blocks appends, and so do WAL
+/// checkpoints (see `checkpoint`).
 pub struct SqliteStore {
+    /// Stopped first on drop (fields drop in order), before the connections close.
+    _checkpointer: Option<Checkpointer>,
     path: Option<PathBuf>,
     writer: Mutex<Connection>,
     reader: Option<Mutex<Connection>>,
@@ -294,6 +298,20 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<Au
     Ok(entries)
 }
 
+/// Commits a group-commit batch: one result per item, in order.
+fn commit_appends(conn: &mut Connection, batch: &[PendingAppend]) -> Vec<Result<AuditEntry>> {
+    match append_batch(conn, batch) {
+        Ok(entries) => entries.into_iter().map(Ok).collect(),
+        // Nothing of the batch was kept: each row on its own, so one bad row (a reused id)
+        // fails alone and gets its own error.
+        Err(e) if batch.len() == 1 => vec![Err(e)],
+        Err(_) => batch
+            .iter()
+            .map(|p| append_batch(conn, std::slice::from_ref(p)).map(|mut v| v.remove(0)))
+            .collect(),
+    }
+}
+
 fn ts(r: &Row<'_>, i: usize) -> Result<DateTime<Utc>> {
     time::parse(&r.get::<_, String>(i)?)
 }
@@ -457,6 +475,14 @@ impl SqliteStore {
 
     /// Like [`SqliteStore::open`] with an explicit durability level.
     pub fn open_with(path: &Path, durability: Durability) -> Result<SqliteStore> {
+        Self::open_tuned(path, durability, WalLimits::default())
+    }
+
+    pub(crate) fn open_tuned(
+        path: &Path,
+        durability: Durability,
+        limits: WalLimits,
+    ) -> Result<SqliteStore> {
         prepare_path(path)?;
         let mut writer = Connection::open_with_flags(path, open_flags())?;
         configure(&writer, durability, true)?;
@@ -464,7 +490,12 @@ impl SqliteStore {
         let reader = Connection::open_with_flags(path, open_flags())?;
         configure(&reader, durability, true)?;
         reader.pragma_update(None, "query_only", true)?;
+        // Its `synchronous` decides how a checkpoint syncs, so it is configured like the rest.
+        let checkpoints = Connection::open_with_flags(path, open_flags())?;
+        configure(&checkpoints, durability, true)?;
+        let checkpointer = Checkpointer::start(path, &mut writer, checkpoints, limits)?;
         Ok(SqliteStore {
+            _checkpointer: Some(checkpointer),
             path: Some(path.to_owned()),
             writer: Mutex::new(writer),
             reader: Some(Mutex::new(reader)),
@@ -479,6 +510,7 @@ impl SqliteStore {
         configure(&conn, Durability::Process, false)?;
         migrate(&mut conn)?;
         Ok(SqliteStore {
+            _checkpointer: None,
             path: None,
             writer: Mutex::new(conn),
             reader: None,
@@ -787,21 +819,8 @@ impl Backend for SqliteStore {
         };
         // Concurrent appends share one transaction (see `group`): each returns once the
         // commit holding its row is done, so the contract above holds as with one commit each.
-        self.appends.submit(pending, |batch| {
-            let mut conn = self.write();
-            match append_batch(&mut conn, &batch) {
-                Ok(entries) => entries.into_iter().map(Ok).collect(),
-                // Nothing of the batch was kept: each row on its own, so one bad row (a
-                // reused id) fails alone and gets its own error.
-                Err(e) if batch.len() == 1 => vec![Err(e)],
-                Err(_) => batch
-                    .iter()
-                    .map(|p| {
-                        append_batch(&mut conn, std::slice::from_ref(p)).map(|mut v| v.remove(0))
-                    })
-                    .collect(),
-            }
-        })
+        self.appends
+            .submit(pending, |batch| commit_appends(&mut self.write(), &batch))
     }
 
     fn list_executions(
@@ -883,5 +902,95 @@ impl Backend for SqliteStore {
             }
             None => verify_on(&mut self.write(), tenant),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(tenant: &str, id: &str) -> PendingAppend {
+        let created_at = Utc::now();
+        PendingAppend {
+            rec: NewExecution {
+                tenant: tenant.into(),
+                execution_id: id.into(),
+                session_id: None,
+                status: "ok".into(),
+                code: "1+1".into(),
+                execution_json: "{}".into(),
+                created_at,
+            },
+            created_at: time::fmt(created_at),
+        }
+    }
+
+    fn store() -> SqliteStore {
+        SqliteStore::open_in_memory().expect("open")
+    }
+
+    fn ids(s: &SqliteStore, tenant: &str) -> Vec<String> {
+        let (rows, _) = s.list_executions(tenant, None, 100, None).expect("list");
+        rows.into_iter().rev().map(|r| r.execution_id).collect()
+    }
+
+    #[test]
+    fn a_reused_id_in_a_batch_fails_alone() {
+        let s = store();
+        let first = commit_appends(&mut s.write(), &[pending("a", "ex_1")]);
+        assert!(first[0].is_ok(), "{first:?}");
+        let batch = [
+            pending("a", "ex_2"),
+            pending("b", "ex_1"),
+            pending("a", "ex_3"),
+        ];
+        // All or nothing as one transaction...
+        assert!(matches!(
+            append_batch(&mut s.write(), &batch),
+            Err(StoreError::Conflict(_))
+        ));
+        assert_eq!(ids(&s, "a"), ["ex_1"]);
+        // ...and as a group-commit batch each row gets its own result.
+        let results = commit_appends(&mut s.write(), &batch);
+        assert_eq!(results[0].as_ref().expect("ex_2").seq, 2);
+        assert!(
+            matches!(results[1], Err(StoreError::Conflict(_))),
+            "{results:?}"
+        );
+        assert_eq!(results[2].as_ref().expect("ex_3").seq, 3);
+        assert_eq!(ids(&s, "a"), ["ex_1", "ex_2", "ex_3"]);
+        assert!(ids(&s, "b").is_empty());
+    }
+
+    #[test]
+    fn the_same_id_twice_in_one_batch_is_kept_once() {
+        let s = store();
+        let results = commit_appends(
+            &mut s.write(),
+            &[pending("a", "ex_1"), pending("a", "ex_1")],
+        );
+        assert!(results[0].is_ok(), "{results:?}");
+        assert!(
+            matches!(results[1], Err(StoreError::Conflict(_))),
+            "{results:?}"
+        );
+        assert_eq!(ids(&s, "a"), ["ex_1"]);
+    }
+
+    /// Guards the look-up's replacement by the UNIQUE index's error (tried, not measurably
+    /// cheaper): only a reused execution id is a conflict.
+    #[test]
+    fn another_constraint_is_not_a_conflict() {
+        let s = store();
+        commit_appends(&mut s.write(), &[pending("a", "ex_1")])
+            .remove(0)
+            .expect("append");
+        // A lost chain head makes the next append reuse seq 1: the (tenant, seq) key refuses
+        // it, which is damage, not a reused execution id.
+        s.write()
+            .execute("DELETE FROM chain_heads", [])
+            .expect("delete head");
+        let r = commit_appends(&mut s.write(), &[pending("a", "ex_2")]).remove(0);
+        assert!(matches!(r, Err(StoreError::Sqlite(_))), "{r:?}");
     }
 }
