@@ -315,20 +315,25 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     let data = data_dir();
     let c = http();
     let mut srv = serve(&data);
-    // Sessions come from the zygote once it has preloaded.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let zygote_pid = loop {
-        let h: Value = c
-            .get(format!("{}/healthz", srv.base))
-            .send()
-            .and_then(|r| r.json())
-            .expect("healthz");
-        if h["zygote"]["state"] == "ready" {
-            break h["zygote"]["pid"].as_u64().expect("zygote pid") as u32;
+    // /healthz once `ready(h)` holds.
+    let health_when = |what: &str, ready: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let h: Value = c
+                .get(format!("{}/healthz", srv.base))
+                .send()
+                .and_then(|r| r.json())
+                .expect("healthz");
+            if ready(&h) {
+                return h;
+            }
+            assert!(Instant::now() < deadline, "{what}: {h}");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(Instant::now() < deadline, "zygote not ready: {h}");
-        std::thread::sleep(Duration::from_millis(100));
     };
+    // Sessions come from the zygote once it has preloaded.
+    let h = health_when("zygote not ready", &|h| h["zygote"]["state"] == "ready");
+    let zygote_pid = h["zygote"]["pid"].as_u64().expect("zygote pid") as u32;
     let session: Value = c
         .post(format!("{}/v1/sessions", srv.base))
         .json(&json!({}))
@@ -345,19 +350,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
             .filter(|n| n.starts_with("ses_") && n != id)
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let h: Value = c
-            .get(format!("{}/healthz", srv.base))
-            .send()
-            .and_then(|r| r.json())
-            .expect("healthz");
-        if h["warm_sessions"] == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "warm sessions: {h}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    health_when("warm sessions", &|h| h["warm_sessions"] == 2);
     let warm = warm_workspaces();
     assert_eq!(warm.len(), 2, "{warm:?}");
     let mounted = |name: &str| {

@@ -430,6 +430,15 @@ fn workspace_ids(engine: &runcell_engine::Engine) -> std::collections::BTreeSet<
         .collect()
 }
 
+/// A zygote engine keeping `n` warm sessions, once they are ready.
+fn warm_engine(n: usize) -> runcell_engine::testing::TestEngine {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    engine.sessions().start_warm_pool(n);
+    wait_warm(&engine, n);
+    engine
+}
+
 fn wait_warm(engine: &runcell_engine::Engine, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while engine.sessions().warm_ready() < n {
@@ -457,10 +466,7 @@ fn zygote_children(engine: &runcell_engine::Engine) -> Vec<i32> {
 #[test]
 fn warm_sessions_are_handed_out_once_refilled_and_isolated() {
     use std::os::unix::fs::MetadataExt;
-    let engine =
-        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
-    engine.sessions().start_warm_pool(2);
-    wait_warm(&engine, 2);
+    let engine = warm_engine(2);
     let warm = workspace_ids(&engine);
     assert_eq!(warm.len(), 2, "{warm:?}");
     let a = create(&engine);
@@ -493,10 +499,7 @@ fn warm_sessions_are_handed_out_once_refilled_and_isolated() {
 
 #[test]
 fn requests_the_warm_sessions_do_not_fit_are_forked() {
-    let engine =
-        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
-    engine.sessions().start_warm_pool(1);
-    wait_warm(&engine, 1);
+    let engine = warm_engine(1);
     let warm = workspace_ids(&engine);
     let create_with = |req: CreateSession| engine.sessions().create(req).expect("create");
     // An environment is fixed when the kernel starts: a fork of its own.
@@ -554,10 +557,7 @@ fn requests_the_warm_sessions_do_not_fit_are_forked() {
 
 #[test]
 fn a_warm_session_that_died_is_not_handed_out() {
-    let engine =
-        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
-    engine.sessions().start_warm_pool(1);
-    wait_warm(&engine, 1);
+    let engine = warm_engine(1);
     let warm = workspace_ids(&engine);
     let dead = warm.iter().next().expect("one warm session").clone();
     let pid1 = zygote_children(&engine);
@@ -577,10 +577,7 @@ fn a_warm_session_that_died_is_not_handed_out() {
 
 #[test]
 fn shutdown_ends_the_warm_sessions() {
-    let engine =
-        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
-    engine.sessions().start_warm_pool(2);
-    wait_warm(&engine, 2);
+    let engine = warm_engine(2);
     assert_eq!(
         zygote_children(&engine).len(),
         2,

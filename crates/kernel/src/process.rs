@@ -306,16 +306,7 @@ impl Kernel {
                 .min(now + Duration::from_millis(100));
             let [out_ready, err_ready, chan_ready] =
                 self.poll(wake.saturating_duration_since(now))?;
-            if out_ready {
-                pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                    on_event(CellEvent::Stdout(d))
-                })?;
-            }
-            if err_ready {
-                pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                    on_event(CellEvent::Stderr(d))
-                })?;
-            }
+            self.pump_ready([out_ready, err_ready], out, buf, on_event)?;
             if chan_ready {
                 let closed = self.read_channel(buf)?;
                 if let Some(done) = self.take_messages(out, on_event)? {
@@ -333,16 +324,7 @@ impl Kernel {
                 // poll says which have any: most cells leave both empty, and reading each
                 // to EAGAIN would be two system calls for nothing.
                 let [o, e, _] = self.poll(Duration::ZERO)?;
-                if o {
-                    pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                        on_event(CellEvent::Stdout(d))
-                    })?;
-                }
-                if e {
-                    pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                        on_event(CellEvent::Stderr(d))
-                    })?;
-                }
+                self.pump_ready([o, e], out, buf, on_event)?;
                 out.status = match status {
                     DoneStatus::Ok => CellStatus::Ok,
                     DoneStatus::Error => CellStatus::Error,
@@ -356,6 +338,28 @@ impl Kernel {
             }
             Ended::Kill(reason) => self.bury(Some(reason), cpu0, out, buf, on_event)?,
             Ended::Died => self.bury(None, cpu0, out, buf, on_event)?,
+        }
+        Ok(())
+    }
+
+    /// Reads the output pipes that `ready` ([stdout, stderr]) says have data into the cell's
+    /// capped outputs, streaming their live part.
+    fn pump_ready(
+        &mut self,
+        [stdout, stderr]: [bool; 2],
+        out: &mut CellOutcome,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> io::Result<()> {
+        if stdout {
+            pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
+                on_event(CellEvent::Stdout(d))
+            })?;
+        }
+        if stderr {
+            pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
+                on_event(CellEvent::Stderr(d))
+            })?;
         }
         Ok(())
     }
@@ -378,16 +382,7 @@ impl Kernel {
         let until = Instant::now() + DRAIN_AFTER_DEATH;
         while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < until {
             let [o, e, _] = self.poll(Duration::from_millis(50))?;
-            if o {
-                pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                    on_event(CellEvent::Stdout(d))
-                })?;
-            }
-            if e {
-                pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                    on_event(CellEvent::Stderr(d))
-                })?;
-            }
+            self.pump_ready([o, e], out, buf, on_event)?;
         }
         if Instant::now() >= until {
             // Something still holds the pipes; the sandbox goes now.
