@@ -56,8 +56,10 @@ for r in $(seq "$rounds"); do
     # The kernels: the zygote's children are the sessions' pid 1s, whose child is the kernel.
     zygote=$(curl -sf "$base/healthz" | json_field '["zygote"]["pid"]')
     kernels=()
-    for p1 in $(cat /proc/"$zygote"/task/*/children); do
-      kernels+=($(cat /proc/"$p1"/task/*/children))
+    read -r -a pid1s <<<"$(cat /proc/"$zygote"/task/*/children)"
+    for p1 in "${pid1s[@]}"; do
+      read -r -a kernel <<<"$(cat /proc/"$p1"/task/*/children)"
+      kernels+=("${kernel[@]}")
     done
     (( ${#kernels[@]} == sessions )) || { echo "found ${#kernels[@]} kernels, expected $sessions" >&2; exit 1; }
     k0=$(ticks "${kernels[@]}") s0=$(ticks "$server_pid") m0=$(machine_ticks) x0=$(switches)
