@@ -30,6 +30,18 @@ fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| (*x).to_owned()).collect()
 }
 
+/// Spawns `cmd` with `code` written to its stdin, which is then closed (`runcell run -`).
+fn spawn_with_program(cmd: &mut std::process::Command, code: &str) -> std::process::Child {
+    let mut child = cmd.stdin(Stdio::piped()).spawn().expect("spawn runcell");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(code.as_bytes())
+        .expect("write the program");
+    child
+}
+
 #[test]
 fn syscall_and_kernel_surface_probes_fail_exactly_inside() {
     // Relative: /workspace inside, the control's scratch directory on the host.
@@ -354,18 +366,10 @@ fn processes_environment_and_signals_stay_inside() {
     cmd.env(secret, "hunter2-secret");
     let code = probe_program(&probes);
     let out = {
-        let mut child = cmd
-            .args(["run", "--json", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(code.as_bytes())
-            .expect("write");
+        let child = spawn_with_program(
+            cmd.args(["run", "--json", "-"]).stdout(Stdio::piped()),
+            &code,
+        );
         child.wait_with_output().expect("wait")
     };
     let exec: Value = serde_json::from_slice(&out.stdout).expect("execution");
@@ -534,19 +538,13 @@ fn a_killed_runcell_run_takes_its_sandbox_along() {
     let code = format!(
         "import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    os.execv('/bin/sleep', ['sleep', '{marker}'])\ntime.sleep(60)\n"
     );
-    let mut child = runcell()
-        .args(["run", "--lang", "python", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("runcell run");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(code.as_bytes())
-        .expect("program");
+    let mut child = spawn_with_program(
+        runcell()
+            .args(["run", "--lang", "python", "-"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        &code,
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while find_process(&marker).is_none() {
         assert!(
@@ -574,19 +572,13 @@ fn a_killed_runcell_run_takes_its_sandbox_along() {
 #[test]
 fn gigabyte_output_flood_is_truncated_and_memory_stays_flat() {
     let code = "import sys\nchunk = b'x' * (1 << 20)\nout = sys.stdout.buffer\nfor _ in range(1024):\n    out.write(chunk)\nout.write(b'\\nTHE END\\n')\n";
-    let mut child = runcell()
-        .args(["run", "--json", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(code.as_bytes())
-        .expect("write");
+    let mut child = spawn_with_program(
+        runcell()
+            .args(["run", "--json", "-"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        code,
+    );
     let pid = child.id();
     let mut stdout = child.stdout.take().expect("stdout");
     let reader = std::thread::spawn(move || {

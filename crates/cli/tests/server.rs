@@ -96,6 +96,20 @@ fn execute_in_background(base: &str, id: &str, code: &str) -> std::thread::JoinH
     })
 }
 
+/// GET `url` as JSON; `what` names it in a failure.
+fn get_json(c: &reqwest::blocking::Client, url: String, what: &str) -> Value {
+    c.get(url).send().and_then(|r| r.json()).expect(what)
+}
+
+/// POST `body` to `url` and read the JSON reply; `what` names it in a failure.
+fn post_json(c: &reqwest::blocking::Client, url: String, body: &Value, what: &str) -> Value {
+    c.post(url)
+        .json(body)
+        .send()
+        .and_then(|r| r.json())
+        .expect(what)
+}
+
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -108,12 +122,12 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     let data = data_dir();
     let c = http();
     let first = serve(&data);
-    let session: Value = c
-        .post(format!("{}/v1/sessions", first.base))
-        .json(&json!({"metadata": {"test": "crash"}}))
-        .send()
-        .and_then(|r| r.json())
-        .expect("create");
+    let session: Value = post_json(
+        &c,
+        format!("{}/v1/sessions", first.base),
+        &json!({"metadata": {"test": "crash"}}),
+        "create",
+    );
     let id = session["id"].as_str().expect("id").to_owned();
     let put = c
         .put(format!("{}/v1/sessions/{id}/files/upload.txt", first.base))
@@ -123,12 +137,12 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     assert_eq!(put.status(), 201);
     let mut acknowledged = Vec::new();
     for i in 0..5 {
-        let e: Value = c
-            .post(format!("{}/v1/sessions/{id}/execute", first.base))
-            .json(&json!({"code": format!("x = {i}\nopen('cell{i}.txt', 'w').write('{i}')")}))
-            .send()
-            .and_then(|r| r.json())
-            .expect("execute");
+        let e: Value = post_json(
+            &c,
+            format!("{}/v1/sessions/{id}/execute", first.base),
+            &json!({"code": format!("x = {i}\nopen('cell{i}.txt', 'w').write('{i}')")}),
+            "execute",
+        );
         assert_eq!(e["status"], "ok", "{e}");
         acknowledged.push(e["id"].as_str().expect("id").to_owned());
     }
@@ -140,11 +154,11 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     let _ = inflight.join();
 
     let second = serve(&data);
-    let list: Value = c
-        .get(format!("{}/v1/executions?limit=100", second.base))
-        .send()
-        .and_then(|r| r.json())
-        .expect("executions");
+    let list: Value = get_json(
+        &c,
+        format!("{}/v1/executions?limit=100", second.base),
+        "executions",
+    );
     let listed: Vec<&str> = list["executions"]
         .as_array()
         .expect("list")
@@ -157,18 +171,10 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
             "acknowledged {id} was lost: {listed:?}"
         );
     }
-    let verify: Value = c
-        .get(format!("{}/v1/audit/verify", second.base))
-        .send()
-        .and_then(|r| r.json())
-        .expect("verify");
+    let verify: Value = get_json(&c, format!("{}/v1/audit/verify", second.base), "verify");
     assert_eq!(verify["ok"], true, "{verify}");
     // The session is not missing: it was recovered with its files, and a fresh kernel.
-    let s: Value = c
-        .get(format!("{}/v1/sessions/{id}", second.base))
-        .send()
-        .and_then(|r| r.json())
-        .expect("session");
+    let s: Value = get_json(&c, format!("{}/v1/sessions/{id}", second.base), "session");
     assert_eq!(s["status"], "ready", "{s}");
     assert_eq!(s["metadata"]["test"], "crash");
     let body = c
@@ -177,12 +183,12 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
         .and_then(|r| r.text())
         .expect("download");
     assert_eq!(body, "uploaded before the crash");
-    let e: Value = c
-        .post(format!("{}/v1/sessions/{id}/execute", second.base))
-        .json(&json!({"code": "import os\nprint(sorted(f for f in os.listdir() if f.startswith('cell')))\nx"}))
-        .send()
-        .and_then(|r| r.json())
-        .expect("execute");
+    let e: Value = post_json(
+        &c,
+        format!("{}/v1/sessions/{id}/execute", second.base),
+        &json!({"code": "import os\nprint(sorted(f for f in os.listdir() if f.startswith('cell')))\nx"}),
+        "execute",
+    );
     assert!(
         e["stdout"]
             .as_str()
@@ -319,11 +325,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     let health_when = |what: &str, ready: &dyn Fn(&Value) -> bool| -> Value {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let h: Value = c
-                .get(format!("{}/healthz", srv.base))
-                .send()
-                .and_then(|r| r.json())
-                .expect("healthz");
+            let h: Value = get_json(&c, format!("{}/healthz", srv.base), "healthz");
             if ready(&h) {
                 return h;
             }
@@ -334,12 +336,12 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     // Sessions come from the zygote once it has preloaded.
     let h = health_when("zygote not ready", &|h| h["zygote"]["state"] == "ready");
     let zygote_pid = h["zygote"]["pid"].as_u64().expect("zygote pid") as u32;
-    let session: Value = c
-        .post(format!("{}/v1/sessions", srv.base))
-        .json(&json!({}))
-        .send()
-        .and_then(|r| r.json())
-        .expect("create");
+    let session: Value = post_json(
+        &c,
+        format!("{}/v1/sessions", srv.base),
+        &json!({}),
+        "create",
+    );
     let id = session["id"].as_str().expect("id");
     // Warm sessions (`--warm-sessions`, 2 by default) are zygote-born too, and have no row in
     // the store: the next server must remove their workspaces.
@@ -370,14 +372,14 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     // A process in the sandbox that would outlive a careless supervisor, and a sign that the
     // session is zygote-born (pandas already imported).
     let marker = format!("{}.{}", 40_000 + std::process::id() % 10_000, 17);
-    let e: Value = c
-        .post(format!("{}/v1/sessions/{id}/execute", srv.base))
-        .json(&json!({"code": format!(
+    let e = post_json(
+        &c,
+        format!("{}/v1/sessions/{id}/execute", srv.base),
+        &json!({"code": format!(
             "import subprocess, sys\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n'pandas' in sys.modules"
-        )}))
-        .send()
-        .and_then(|r| r.json())
-        .expect("execute");
+        )}),
+        "execute",
+    );
     assert_eq!(e["status"], "ok", "{e}");
     assert!(
         e["results"].to_string().contains("True"),
@@ -411,11 +413,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     // What an operator does next: a new server recovers the session (and unmounts its workspace
     // when it stops).
     let again = serve(&data);
-    let s: Value = c
-        .get(format!("{}/v1/sessions/{id}", again.base))
-        .send()
-        .and_then(|r| r.json())
-        .expect("session");
+    let s: Value = get_json(&c, format!("{}/v1/sessions/{id}", again.base), "session");
     assert_eq!(s["status"], "ready", "{s}");
     for w in &warm {
         assert!(
