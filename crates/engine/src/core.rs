@@ -74,6 +74,23 @@ impl SessionLimits {
 /// that was not recorded.
 pub trait AuditSink: Send + Sync {
     fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String>;
+
+    /// Records several executions, in order, sharing one commit where the store can; one
+    /// result per item, in order. Sessions' executions come this way, from one writer thread.
+    fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), String>> {
+        items
+            .iter()
+            .map(|i| self.record(i.owner, i.execution, i.code))
+            .collect()
+    }
+}
+
+/// One execution for [`AuditSink::record_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct AuditItem<'a> {
+    pub owner: &'a str,
+    pub execution: &'a Execution,
+    pub code: &'a str,
 }
 
 /// Host paths and the sandbox factory an engine runs with.
@@ -113,6 +130,10 @@ pub(crate) struct Core {
     kernel_dir: std::sync::Mutex<Option<PathBuf>>,
     pub(crate) zygote: crate::zygote::ZygoteSlot,
     audit: Option<Arc<dyn AuditSink>>,
+    /// Records sessions' executions off their workers (see `audit`); with `audit`.
+    auditor: Option<crate::audit::Auditor>,
+    /// Session cells running now (the audit writer waits for them a little).
+    pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Core {
@@ -140,12 +161,19 @@ impl Core {
         if sweep_stale_one_shots(&config) > 0 {
             sweep_stale_cgroups(&sandbox, &config);
         }
+        let cells_running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let auditor = audit
+            .clone()
+            .map(|a| crate::audit::Auditor::start(a, cells_running.clone()))
+            .transpose()?;
         Ok(Core {
             zygote: crate::zygote::ZygoteSlot::new(),
             config,
             sandbox,
             kernel_dir: std::sync::Mutex::new(None),
             audit,
+            auditor,
+            cells_running,
         })
     }
 
@@ -161,6 +189,21 @@ impl Core {
                 .record(owner, execution, code)
                 .map_err(|e| EngineError::Internal(format!("cannot record the execution: {e}"))),
             None => Ok(()),
+        }
+    }
+
+    /// Like [`Core::audit`] without waiting: `then` gets the execution back once it is
+    /// recorded (at once when nothing records).
+    pub(crate) fn audit_then(
+        &self,
+        owner: String,
+        execution: Execution,
+        code: String,
+        then: crate::audit::Recorded,
+    ) {
+        match &self.auditor {
+            Some(a) => a.record(owner, execution, code, then),
+            None => then(Ok(execution)),
         }
     }
 

@@ -2,6 +2,7 @@
 //! domain words. Knows nothing of HTTP; runs code only through `runcell-sandbox`.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod commands;
 mod core;
 mod files;
@@ -17,7 +18,8 @@ mod zygote;
 use std::path::PathBuf;
 
 pub use crate::core::{
-    AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT, SANDBOX_PYTHON,
+    AuditItem, AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT,
+    SANDBOX_PYTHON,
 };
 pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};

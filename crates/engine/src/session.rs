@@ -2,6 +2,7 @@
 //! in arrival order by the session's own worker thread, idle sessions expire.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
@@ -86,9 +87,9 @@ impl CancelToken {
     }
 }
 
-/// Receives the outcome of a submitted execution, on the session's worker thread (so it must
-/// be quick: hand the result over, e.g. through a channel). Dropped uncalled if the session
-/// ends first.
+/// Receives the outcome of a submitted execution, on the session's worker thread or the audit
+/// writer's (so it must be quick: hand the result over, e.g. through a channel). Dropped
+/// uncalled if the session ends before running the execution.
 pub type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
 
 enum Job {
@@ -691,9 +692,18 @@ impl Worker {
                         continue;
                     }
                     self.entry.lock().running = Some(cancel.clone());
+                    self.core.cells_running.fetch_add(1, Ordering::Relaxed);
                     let result = self.execute(&code, timeout, events);
+                    self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
                     self.entry.lock().running = None;
-                    reply(result);
+                    match result {
+                        // Recorded by the audit writer, which replies; meanwhile this worker
+                        // goes on with the session's next job.
+                        Ok((execution, owner)) => {
+                            self.core.audit_then(owner, execution, code, reply)
+                        }
+                        Err(e) => reply(Err(e)),
+                    }
                 }
                 Job::Restart { reply } => {
                     if let Some(k) = self.kernel.take() {
@@ -737,12 +747,13 @@ impl Worker {
             .ok_or(EngineError::Sandbox("no kernel".into()))
     }
 
+    /// Runs one cell; returns its execution, not yet recorded, and the session's owner.
     fn execute(
         &mut self,
         code: &str,
         timeout: Duration,
         mut events: Option<EventSink>,
-    ) -> Result<Execution, EngineError> {
+    ) -> Result<(Execution, String), EngineError> {
         let id = new_ordered_id("ex");
         let (session_id, owner, limits, language) = {
             let s = self.entry.lock();
@@ -867,8 +878,7 @@ impl Worker {
             started_at,
             finished_at,
         };
-        self.core.audit(&owner, &execution, code)?;
-        Ok(execution)
+        Ok((execution, owner))
     }
 }
 

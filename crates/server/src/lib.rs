@@ -134,25 +134,56 @@ pub struct StoreAudit(pub Store);
 
 impl AuditSink for StoreAudit {
     fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String> {
-        let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
-        let status = serde_json::to_value(execution.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
+        let rec = new_execution(owner, execution, code)?;
         self.0
-            .append_execution(&NewExecution {
-                tenant: tenant.to_owned(),
-                execution_id: execution.id.clone(),
-                session_id: execution.session_id.clone(),
-                status,
-                code: code.to_owned(),
-                execution_json: json,
-                created_at: execution.finished_at,
-            })
+            .append_execution(&rec)
             .map_err(|e| runcell_engine::error_chain(&e))?;
         Ok(())
     }
+
+    fn record_batch(&self, items: &[runcell_engine::AuditItem<'_>]) -> Vec<Result<(), String>> {
+        let mut results: Vec<Option<Result<(), String>>> = Vec::with_capacity(items.len());
+        let mut recs = Vec::with_capacity(items.len());
+        for i in items {
+            match new_execution(i.owner, i.execution, i.code) {
+                Ok(r) => {
+                    recs.push(r);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let mut appended = self.0.append_executions(&recs).into_iter();
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| match appended.next() {
+                    Some(Ok(_)) => Ok(()),
+                    Some(Err(e)) => Err(runcell_engine::error_chain(&e)),
+                    None => Err("the store gave no answer for this execution".into()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The store's record of an execution.
+fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
+    let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
+    let status = serde_json::to_value(execution.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
+    Ok(NewExecution {
+        tenant: tenant.to_owned(),
+        execution_id: execution.id.clone(),
+        session_id: execution.session_id.clone(),
+        status,
+        code: code.to_owned(),
+        execution_json: json,
+        created_at: execution.finished_at,
+    })
 }
 
 /// Sessions a previous server process left behind (killed with -9, say): their kernels died

@@ -240,6 +240,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The commit is durable (see the crate docs) when this returns. `Conflict` if the
     /// execution id was already used (by any tenant).
     fn append_execution(&self, rec: &NewExecution) -> Result<AuditEntry>;
+    /// Appends several executions, in order, sharing one commit where the backend can: one
+    /// result per record, in order, each as [`Backend::append_execution`] would give it (a bad
+    /// record fails alone; the others are still appended). Every `Ok` is durable when this
+    /// returns.
+    fn append_executions(&self, recs: &[NewExecution]) -> Vec<Result<AuditEntry>> {
+        recs.iter().map(|r| self.append_execution(r)).collect()
+    }
     /// The tenant's executions newest first, optionally of one session, at most `limit`
     /// (1..=1000), strictly older than the execution `before` if given. The second value is
     /// the cursor for the next page (`None` on the last page). An unknown cursor is `Invalid`.

@@ -1,5 +1,6 @@
 //! The SQLite backend.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -51,7 +52,7 @@ pub struct SqliteStore {
     /// Bumped by every key change made through this store (see `Backend::keys_generation`).
     keys_generation: std::sync::atomic::AtomicU64,
     /// Concurrent execution appends, committed together.
-    appends: GroupCommit<PendingAppend, AuditEntry>,
+    appends: GroupCommit<PendingAppend<'static>, AuditEntry>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -205,14 +206,29 @@ fn first<T>(
 
 /// An execution waiting in the group commit, with its timestamp already formatted.
 #[derive(Debug)]
-struct PendingAppend {
-    rec: NewExecution,
+struct PendingAppend<'a> {
+    rec: Cow<'a, NewExecution>,
     created_at: String,
+}
+
+/// Checks one record and formats its timestamp for the chain.
+fn pending_append(rec: &NewExecution) -> Result<PendingAppend<'_>> {
+    validate::name("tenant", &rec.tenant)?;
+    validate::id("execution id", &rec.execution_id)?;
+    if let Some(s) = &rec.session_id {
+        validate::id("session id", s)?;
+    }
+    validate::word("status", &rec.status)?;
+    validate::json("execution_json", &rec.execution_json)?;
+    Ok(PendingAppend {
+        created_at: time::fmt(rec.created_at),
+        rec: Cow::Borrowed(rec),
+    })
 }
 
 /// Appends `batch` (in order) to the tenants' chains in one IMMEDIATE transaction and
 /// commits; all or nothing. `Conflict` if an execution id is already recorded.
-fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<AuditEntry>> {
+fn append_batch(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Result<Vec<AuditEntry>> {
     // IMMEDIATE takes the write lock up front, so no other writer (another process on the
     // same file included) can read the same head and fork the chain.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -299,7 +315,7 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend]) -> Result<Vec<Au
 }
 
 /// Commits a group-commit batch: one result per item, in order.
-fn commit_appends(conn: &mut Connection, batch: &[PendingAppend]) -> Vec<Result<AuditEntry>> {
+fn commit_appends(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Vec<Result<AuditEntry>> {
     match append_batch(conn, batch) {
         Ok(entries) => entries.into_iter().map(Ok).collect(),
         // Nothing of the batch was kept: each row on its own, so one bad row (a reused id)
@@ -806,21 +822,45 @@ impl Backend for SqliteStore {
     }
 
     fn append_execution(&self, rec: &NewExecution) -> Result<AuditEntry> {
-        validate::name("tenant", &rec.tenant)?;
-        validate::id("execution id", &rec.execution_id)?;
-        if let Some(s) = &rec.session_id {
-            validate::id("session id", s)?;
-        }
-        validate::word("status", &rec.status)?;
-        validate::json("execution_json", &rec.execution_json)?;
+        // Owned: the group commit's leader may be another thread.
         let pending = PendingAppend {
-            created_at: time::fmt(rec.created_at),
-            rec: rec.clone(),
+            rec: Cow::Owned(rec.clone()),
+            ..pending_append(rec)?
         };
         // Concurrent appends share one transaction (see `group`): each returns once the
         // commit holding its row is done, so the contract above holds as with one commit each.
         self.appends
             .submit(pending, |batch| commit_appends(&mut self.write(), &batch))
+    }
+
+    fn append_executions(&self, recs: &[NewExecution]) -> Vec<Result<AuditEntry>> {
+        // The valid records share one transaction (on the writer connection, which the group
+        // commit's leaders take too); the invalid ones get their error without touching it.
+        let mut results: Vec<Option<Result<AuditEntry>>> = Vec::with_capacity(recs.len());
+        let mut batch = Vec::with_capacity(recs.len());
+        for rec in recs {
+            match pending_append(rec) {
+                Ok(p) => {
+                    batch.push(p);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let mut committed = if batch.is_empty() {
+            Vec::new()
+        } else {
+            commit_appends(&mut self.write(), &batch)
+        }
+        .into_iter();
+        results
+            .into_iter()
+            .map(|r| {
+                r.or_else(|| committed.next()).unwrap_or_else(|| {
+                    Err(StoreError::Corrupt("a batch append lost a result".into()))
+                })
+            })
+            .collect()
     }
 
     fn list_executions(
@@ -909,10 +949,10 @@ impl Backend for SqliteStore {
 mod tests {
     use super::*;
 
-    fn pending(tenant: &str, id: &str) -> PendingAppend {
+    fn pending(tenant: &str, id: &str) -> PendingAppend<'static> {
         let created_at = Utc::now();
         PendingAppend {
-            rec: NewExecution {
+            rec: Cow::Owned(NewExecution {
                 tenant: tenant.into(),
                 execution_id: id.into(),
                 session_id: None,
@@ -920,7 +960,7 @@ mod tests {
                 code: "1+1".into(),
                 execution_json: "{}".into(),
                 created_at,
-            },
+            }),
             created_at: time::fmt(created_at),
         }
     }

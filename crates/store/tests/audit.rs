@@ -404,3 +404,43 @@ fn group_committed_appends_keep_every_chain_whole() {
     assert!(r.ok, "{r:?}");
     assert_eq!(r.checked, got.len() as u64);
 }
+
+/// A batch shares one commit, yet each record keeps its own outcome: a reused id and an
+/// invalid record fail alone, the rest are chained in order after what was there.
+#[test]
+fn batch_append_fails_bad_records_alone() {
+    let db = temp_db();
+    let s = open(&db.path);
+    append_n(&s, 2);
+    let mut bad = exec("t", "ex_bad", None, 5);
+    bad.status = "not a word".into();
+    let results = s.append_executions(&[
+        exec("t", "ex_3", Some("ses_1"), 3),
+        exec("t", "ex_1", None, 9), // already recorded
+        bad,
+        exec("u", "ex_u1", None, 1),
+        exec("t", "ex_4", Some("ses_1"), 4),
+    ]);
+    let seqs: Vec<Option<u64>> = results
+        .iter()
+        .map(|r| r.as_ref().ok().map(|e| e.seq))
+        .collect();
+    assert_eq!(seqs, [Some(3), None, None, Some(1), Some(4)]);
+    assert!(
+        matches!(results[1], Err(runcell_store::StoreError::Conflict(_))),
+        "{:?}",
+        results[1]
+    );
+    assert!(
+        matches!(results[2], Err(runcell_store::StoreError::Invalid(_))),
+        "{:?}",
+        results[2]
+    );
+    let (rows, _) = s.list_executions("t", None, 10, None).expect("list");
+    let ids: Vec<&str> = rows.iter().map(|r| r.execution_id.as_str()).collect();
+    assert_eq!(ids, ["ex_4", "ex_3", "ex_2", "ex_1"]);
+    let r = s.verify_chain(None).expect("verify");
+    assert!(r.ok && r.checked == 5, "{r:?}");
+    // Nothing to commit is no error.
+    assert!(s.append_executions(&[]).is_empty());
+}
