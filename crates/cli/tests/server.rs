@@ -110,6 +110,18 @@ fn post_json(c: &reqwest::blocking::Client, url: String, body: &Value, what: &st
         .expect(what)
 }
 
+/// A process's scheduling policy (0 SCHED_OTHER, 3 SCHED_BATCH), from `/proc/PID/stat`.
+fn sched_policy(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = stat.rsplit_once(')').expect("comm").1;
+    // Field 41 of stat; fields 3.. follow the command name.
+    after_comm
+        .split_whitespace()
+        .nth(41 - 3)
+        .and_then(|f| f.parse().ok())
+        .expect("policy")
+}
+
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -376,14 +388,31 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
         &c,
         format!("{}/v1/sessions/{id}/execute", srv.base),
         &json!({"code": format!(
-            "import subprocess, sys\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n'pandas' in sys.modules"
+            "import os, subprocess, sys\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n('pandas' in sys.modules, os.sched_getscheduler(0) == os.SCHED_BATCH)"
         )}),
         "execute",
     );
     assert_eq!(e["status"], "ok", "{e}");
+    // Zygote-born, and under the server's SCHED_BATCH (`serve --scheduling`, inherited by
+    // every thread and process it starts).
     assert!(
-        e["results"].to_string().contains("True"),
-        "not zygote-born: {e}"
+        e["results"].to_string().contains("(True, True)"),
+        "not zygote-born or not SCHED_BATCH: {e}"
+    );
+    assert_eq!(
+        sched_policy(std::process::id()),
+        0,
+        "control: tests run under SCHED_OTHER"
+    );
+    assert_eq!(
+        sched_policy(srv.child.id()),
+        3,
+        "the server runs under SCHED_BATCH"
+    );
+    assert_eq!(
+        sched_policy(zygote_pid),
+        3,
+        "the zygote runs under SCHED_BATCH"
     );
     let sleeper = format!("sleep {marker}");
     assert!(
