@@ -143,6 +143,22 @@ fn state_counts_tracebacks_and_results_behave_like_jupyter() {
     assert_eq!(main_text(&d), "41");
 }
 
+/// A cell's CPU is its own: counted from its start, whatever the session used before.
+#[test]
+fn cpu_usage_is_per_cell() {
+    let engine = common::engine();
+    let id = create(&engine, LimitsRequest::default());
+    let spin =
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4:\n    pass";
+    let busy = exec(&engine, &id, spin);
+    assert_eq!(busy.status, ExecutionStatus::Ok, "{busy:?}");
+    assert!((300..2000).contains(&busy.usage.cpu_ms), "{:?}", busy.usage);
+    // After 400 ms of CPU in the session, a sleeping cell reports almost none.
+    let idle = exec(&engine, &id, "import time\ntime.sleep(0.3)");
+    assert!(idle.usage.cpu_ms < 100, "{:?}", idle.usage);
+    assert!(idle.usage.peak_memory_bytes > 0, "{:?}", idle.usage);
+}
+
 #[test]
 fn a_deadline_interrupts_and_keeps_state() {
     let engine = common::engine();

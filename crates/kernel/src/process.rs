@@ -243,7 +243,7 @@ impl Kernel {
         let cpu0 = {
             let running = self.running.as_ref().ok_or(KernelError::Gone)?;
             running.reset_peak();
-            running.usage_now().0
+            running.cpu_now()
         };
         let frame = runcell_protocol::encode(&HostMessage::Execute {
             id: id.to_owned(),

@@ -511,6 +511,11 @@ impl Running {
         (Duration::from_nanos(cpu_ns), peak)
     }
 
+    /// The CPU time used so far, alone (one read fewer than [`Running::usage_now`]).
+    pub fn cpu_now(&self) -> Duration {
+        Duration::from_nanos(self.cgroup.as_ref().map(Cgroup::cpu_ns).unwrap_or_default())
+    }
+
     /// Whether the memory cgroup's OOM killer has fired since the start.
     pub fn oom_killed(&self) -> bool {
         self.cgroup

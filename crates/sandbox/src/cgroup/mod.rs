@@ -496,6 +496,17 @@ impl Cgroup {
         })
     }
 
+    /// CPU time used so far, in nanoseconds: one read (a cell's start needs no peak).
+    pub fn cpu_ns(&self) -> u64 {
+        self.with_files(|f| {
+            f.cpu
+                .as_ref()
+                .and_then(UsageFile::read)
+                .unwrap_or(0)
+                .saturating_mul(f.cpu_scale)
+        })
+    }
+
     /// Forks refused because the pids limit was reached (polled while a cell runs): one read.
     pub fn pids_limit_hits(&self) -> u64 {
         self.with_files(|f| {
