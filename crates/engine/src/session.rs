@@ -1,5 +1,12 @@
 //! Stateful sessions: one sandboxed kernel and one workspace each, executions run one at a time
-//! in arrival order by the session's own worker thread, idle sessions expire.
+//! in arrival order, idle sessions expire.
+//!
+//! A session's kernel sits behind a fair lock ([`Entry::runner`]); whoever holds it runs a
+//! cell. Synchronous and streaming callers queue a job for the session's worker thread, which
+//! takes the lock and blocks in `poll` while the cell runs. The HTTP API's plain executions
+//! take the lock on their own task instead ([`SessionManager::execute_async`]) and wait for the
+//! kernel on the tokio reactor: no thread hand-over per execution, which under load was two
+//! context switches of the ~5 an execution cost.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -121,8 +128,14 @@ struct Entry {
     jobs: Mutex<Option<SyncSender<Job>>>,
     /// Joined on delete, so that when delete returns the sandbox and workspace are gone.
     worker: Mutex<Option<thread::JoinHandle<()>>>,
-    /// Shared with the worker: host-side file operations need no trip through the queue.
+    /// Shared with the runner: host-side file operations need no trip through the queue.
     workspace: Arc<Workspace>,
+    /// The kernel; whoever runs a cell holds this lock: the worker thread for queued jobs, an
+    /// HTTP task for [`SessionManager::execute_async`]. Fair, so cells run in the order their
+    /// callers began to wait.
+    runner: Arc<tokio::sync::Mutex<Runner>>,
+    /// [`SessionManager::execute_async`] callers waiting for the runner.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Entry {
@@ -409,13 +422,17 @@ impl SessionManager {
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
             workspace: workspace.clone(),
+            runner: Arc::new(tokio::sync::Mutex::new(Runner {
+                core: self.core.clone(),
+                workspace,
+                kernel: Some(kernel),
+                env,
+            })),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         });
         let worker = Worker {
             core: self.core.clone(),
             entry: entry.clone(),
-            workspace,
-            kernel: Some(kernel),
-            env,
         };
         let handle = thread::Builder::new()
             .name(format!("session-{id}"))
@@ -492,23 +509,7 @@ impl SessionManager {
         reply: Reply,
     ) -> Result<(), EngineError> {
         let entry = self.entry(id)?;
-        let timeout = {
-            let s = entry.lock();
-            if matches!(s.info.status, SessionStatus::Expired | SessionStatus::Dead) {
-                return Err(EngineError::NotFound(format!("session {id} has ended")));
-            }
-            let max = Duration::from_secs(s.info.limits.exec_timeout_s);
-            match timeout {
-                Some(t) if t.is_zero() || t > crate::MAX_TIMEOUT => {
-                    return Err(EngineError::InvalidRequest(format!(
-                        "timeout_s must be between 1 and {}",
-                        crate::MAX_TIMEOUT.as_secs()
-                    )))
-                }
-                Some(t) => t,
-                None => max,
-            }
-        };
+        let timeout = resolve_timeout(&entry, id, timeout)?;
         match entry.send(Job::Execute {
             code: code.to_owned(),
             timeout,
@@ -524,6 +525,67 @@ impl SessionManager {
                 Err(EngineError::NotFound(format!("session {id} has ended")))
             }
         }
+    }
+
+    /// Runs `code` on the calling task once the executions queued before it are done, without
+    /// a thread hop: the task speaks to the kernel itself. Checks the request now (an ended
+    /// session, a bad timeout, a full queue are errors at once); the returned future runs it.
+    /// Run that future to completion (spawn it): dropping it while its cell runs would leave
+    /// the cell's reply for the next one. [`SessionManager::cancel`] with `cancel` calls it off.
+    pub fn execute_async(
+        &self,
+        id: &str,
+        code: String,
+        timeout: Option<Duration>,
+        cancel: CancelToken,
+    ) -> Result<
+        impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
+        EngineError,
+    > {
+        let entry = self.entry(id)?;
+        let timeout = resolve_timeout(&entry, id, timeout)?;
+        if entry.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE_DEPTH {
+            entry.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::SessionBusy(format!(
+                "session {id} already has {QUEUE_DEPTH} executions waiting"
+            )));
+        }
+        let waiting = Waiting(entry.clone());
+        let core = self.core.clone();
+        let id = id.to_owned();
+        Ok(async move {
+            let ended =
+                || EngineError::NotFound(format!("session {id} ended during the execution"));
+            let mut runner = entry.runner.clone().lock_owned().await;
+            drop(waiting);
+            if cancel.is_cancelled() {
+                return Err(EngineError::Cancelled);
+            }
+            if entry.lock().deleted {
+                return Err(ended());
+            }
+            entry.lock().running = Some(cancel.clone());
+            core.cells_running.fetch_add(1, Ordering::Relaxed);
+            let result = runner.execute_async(&entry, &code, timeout).await;
+            core.cells_running.fetch_sub(1, Ordering::Relaxed);
+            entry.lock().running = None;
+            // The next cell may start while this one is recorded.
+            drop(runner);
+            drop(entry);
+            let (execution, owner) = result?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            core.audit_then(
+                owner,
+                execution,
+                code,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            rx.await.map_err(|_| {
+                EngineError::Internal("the audit writer dropped the execution".into())
+            })?
+        })
     }
 
     /// Calls off one request: a queued one is skipped, a running one is interrupted; someone
@@ -628,6 +690,37 @@ impl SessionManager {
     }
 }
 
+/// A request's timeout (the session's own by default), or why the request cannot run.
+fn resolve_timeout(
+    entry: &Entry,
+    id: &str,
+    timeout: Option<Duration>,
+) -> Result<Duration, EngineError> {
+    let s = entry.lock();
+    if matches!(s.info.status, SessionStatus::Expired | SessionStatus::Dead) {
+        return Err(EngineError::NotFound(format!("session {id} has ended")));
+    }
+    match timeout {
+        Some(t) if t.is_zero() || t > crate::MAX_TIMEOUT => {
+            Err(EngineError::InvalidRequest(format!(
+                "timeout_s must be between 1 and {}",
+                crate::MAX_TIMEOUT.as_secs()
+            )))
+        }
+        Some(t) => Ok(t),
+        None => Ok(Duration::from_secs(s.info.limits.exec_timeout_s)),
+    }
+}
+
+/// Counts an [`SessionManager::execute_async`] caller as waiting until dropped.
+struct Waiting(Arc<Entry>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Whether `path` is on another device than its parent (a mount point); true when unsure.
 fn is_mount_point(path: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -664,17 +757,15 @@ fn end(entry: Arc<Entry>) {
     }
 }
 
-/// The thread that owns one session's kernel and workspace.
+/// The thread that runs a session's queued jobs (executions submitted by synchronous or
+/// streaming callers, restarts) and ends the session's kernel when the session ends.
 struct Worker {
     core: Arc<Core>,
     entry: Arc<Entry>,
-    workspace: Arc<Workspace>,
-    kernel: Option<Kernel>,
-    env: Vec<(String, String)>,
 }
 
 impl Worker {
-    fn run(mut self, jobs: Receiver<Job>) {
+    fn run(self, jobs: Receiver<Job>) {
         while let Ok(job) = jobs.recv() {
             if self.entry.lock().deleted {
                 break;
@@ -691,14 +782,19 @@ impl Worker {
                         reply(Err(EngineError::Cancelled));
                         continue;
                     }
+                    let mut runner = self.entry.runner.blocking_lock();
+                    if self.entry.lock().deleted {
+                        break;
+                    }
                     self.entry.lock().running = Some(cancel.clone());
                     self.core.cells_running.fetch_add(1, Ordering::Relaxed);
-                    let result = self.execute(&code, timeout, events);
+                    let result = runner.execute(&self.entry, &code, timeout, events);
                     self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
                     self.entry.lock().running = None;
+                    drop(runner);
                     match result {
-                        // Recorded by the audit writer, which replies; meanwhile this worker
-                        // goes on with the session's next job.
+                        // Recorded by the audit writer, which replies; meanwhile the session
+                        // goes on with its next cell.
                         Ok((execution, owner)) => {
                             self.core.audit_then(owner, execution, code, reply)
                         }
@@ -706,29 +802,54 @@ impl Worker {
                     }
                 }
                 Job::Restart { reply } => {
-                    if let Some(k) = self.kernel.take() {
+                    let mut runner = self.entry.runner.blocking_lock();
+                    if let Some(k) = runner.kernel.take() {
                         k.shutdown();
                     }
-                    let _ = reply.send(self.ensure_kernel().map(|_| ()));
+                    let _ = reply.send(runner.ensure_kernel(&self.entry).map(|_| ()));
                 }
             }
         }
-        if let Some(k) = self.kernel.take() {
+        // After a cell an HTTP task may be running (its kernel was killed with the session).
+        let kernel = self.entry.runner.blocking_lock().kernel.take();
+        if let Some(k) = kernel {
             k.shutdown();
         }
-        // The workspace unmounts and disappears with `self`.
+        // The workspace unmounts and disappears with the entry's last holder.
     }
+}
 
-    fn ensure_kernel(&mut self) -> Result<&mut Kernel, EngineError> {
+/// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see
+/// [`Entry::runner`]).
+struct Runner {
+    core: Arc<Core>,
+    workspace: Arc<Workspace>,
+    kernel: Option<Kernel>,
+    env: Vec<(String, String)>,
+}
+
+/// What a cell's start noted, for its Execution.
+struct CellStart {
+    id: String,
+    session_id: String,
+    owner: String,
+    limits: SessionLimits,
+    language: Language,
+    before: BTreeMap<String, runcell_sandbox::FileStat>,
+    started_at: DateTime<Utc>,
+}
+
+impl Runner {
+    fn ensure_kernel(&mut self, entry: &Entry) -> Result<&mut Kernel, EngineError> {
         if self.kernel.as_ref().is_none_or(|k| !k.is_alive()) {
             let (limits, language) = {
-                let s = self.entry.lock();
+                let s = entry.lock();
                 (s.info.limits, s.info.language)
             };
             let kernel = self
                 .core
                 .start_kernel(&self.workspace, language, &limits, &self.env);
-            let mut s = self.entry.lock();
+            let mut s = entry.lock();
             match kernel {
                 Ok(k) => {
                     s.handle = Some(k.handle());
@@ -747,16 +868,13 @@ impl Worker {
             .ok_or(EngineError::Sandbox("no kernel".into()))
     }
 
-    /// Runs one cell; returns its execution, not yet recorded, and the session's owner.
-    fn execute(
-        &mut self,
-        code: &str,
-        timeout: Duration,
-        mut events: Option<EventSink>,
-    ) -> Result<(Execution, String), EngineError> {
+    /// Marks the session busy and notes what the Execution needs from before the cell.
+    fn start_cell(&self, entry: &Entry) -> CellStart {
         let id = new_ordered_id("ex");
         let (session_id, owner, limits, language) = {
-            let s = self.entry.lock();
+            let mut s = entry.lock();
+            s.info.status = SessionStatus::Busy;
+            s.info.last_active_at = Utc::now();
             (
                 s.info.id.clone(),
                 s.info.owner.clone(),
@@ -764,18 +882,36 @@ impl Worker {
                 s.info.language,
             )
         };
-        {
-            let mut s = self.entry.lock();
-            s.info.status = SessionStatus::Busy;
-            s.info.last_active_at = Utc::now();
+        CellStart {
+            id,
+            session_id,
+            owner,
+            limits,
+            language,
+            before: self.workspace.snapshot().unwrap_or_default(),
+            started_at: Utc::now(),
         }
-        let before = self.workspace.snapshot().unwrap_or_default();
-        let started_at = Utc::now();
-        let opts = CellOptions {
+    }
+
+    fn cell_options(&self, timeout: Duration) -> CellOptions {
+        CellOptions {
             timeout,
             ..self.core.cell_options()
-        };
-        let kernel = self.ensure_kernel()?;
+        }
+    }
+
+    /// Runs one cell on this thread; returns its execution, not yet recorded, and the
+    /// session's owner.
+    fn execute(
+        &mut self,
+        entry: &Entry,
+        code: &str,
+        timeout: Duration,
+        mut events: Option<EventSink>,
+    ) -> Result<(Execution, String), EngineError> {
+        let start = self.start_cell(entry);
+        let opts = self.cell_options(timeout);
+        let kernel = self.ensure_kernel(entry)?;
         let mut on_event = |e: CellEvent<'_>| {
             let Some(sink) = events.as_mut() else { return };
             match e {
@@ -795,12 +931,56 @@ impl Worker {
                 })),
             }
         };
-        let outcome = kernel.execute(&id, code, &opts, &mut on_event);
+        let outcome = kernel.execute(&start.id, code, &opts, &mut on_event);
+        self.finish_cell(entry, start, outcome, timeout)
+    }
+
+    /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
+    /// (no events). Starting a kernel (after a death) blocks, in `block_in_place`.
+    async fn execute_async(
+        &mut self,
+        entry: &Entry,
+        code: &str,
+        timeout: Duration,
+    ) -> Result<(Execution, String), EngineError> {
+        let start = self.start_cell(entry);
+        let opts = self.cell_options(timeout);
+        if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
+            runcell_kernel::blocking(|| self.ensure_kernel(entry).map(|_| ()))?;
+        }
+        let kernel = self
+            .kernel
+            .as_mut()
+            .ok_or(EngineError::Sandbox("no kernel".into()))?;
+        let outcome = kernel.execute_async(&start.id, code, &opts).await;
+        let restarts = !matches!(
+            &outcome,
+            Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
+        );
+        if restarts {
+            runcell_kernel::blocking(|| self.finish_cell(entry, start, outcome, timeout))
+        } else {
+            self.finish_cell(entry, start, outcome, timeout)
+        }
+    }
+
+    /// Builds the Execution of a finished cell; a kernel that died is restarted first (unless
+    /// the session is being deleted), so the next cell finds it ready.
+    fn finish_cell(
+        &mut self,
+        entry: &Entry,
+        start: CellStart,
+        outcome: Result<runcell_kernel::CellOutcome, runcell_kernel::KernelError>,
+        timeout: Duration,
+    ) -> Result<(Execution, String), EngineError> {
+        let limits = start.limits;
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
                 self.kernel = None;
-                let _ = self.ensure_kernel();
+                if !entry.lock().deleted {
+                    let _ = self.ensure_kernel(entry);
+                }
                 return Err(EngineError::Sandbox(crate::chain(&e)));
             }
         };
@@ -833,13 +1013,13 @@ impl Worker {
                 killed_by = k;
                 // The session restarts at once, so the next cell finds it ready.
                 self.kernel = None;
-                let restarted = self.ensure_kernel().is_ok();
+                let restarted = !entry.lock().deleted && self.ensure_kernel(entry).is_ok();
                 error = Some(died_error(k, exit, &limits, timeout, restarted));
                 ExecutionStatus::Killed
             }
         };
         {
-            let mut s = self.entry.lock();
+            let mut s = entry.lock();
             if s.info.status == SessionStatus::Busy {
                 s.info.status = SessionStatus::Ready;
             }
@@ -848,9 +1028,9 @@ impl Worker {
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
         let execution = Execution {
-            id,
-            session_id: Some(session_id),
-            language,
+            id: start.id,
+            session_id: Some(start.session_id),
+            language: start.language,
             execution_count: outcome.execution_count,
             status,
             stdout: outcome.stdout.render(),
@@ -868,17 +1048,17 @@ impl Worker {
                 })
                 .collect(),
             error,
-            files: diff_files(&before, &after),
+            files: diff_files(&start.before, &after),
             usage: UsageInfo {
                 wall_ms: outcome.wall.as_millis() as u64,
                 cpu_ms: outcome.cpu.as_millis() as u64,
                 peak_memory_bytes: outcome.peak_memory_bytes,
                 killed_by: killed_by.map(Into::into),
             },
-            started_at,
+            started_at: start.started_at,
             finished_at,
         };
-        Ok((execution, owner))
+        Ok((execution, start.owner))
     }
 }
 

@@ -7,7 +7,7 @@ mod process;
 pub mod runtime;
 
 pub use process::{
-    CellError, CellEvent, CellOptions, CellOutcome, CellStatus, Kernel, KernelError,
+    blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, Kernel, KernelError,
 };
 
 /// The in-sandbox Python kernel, embedded so the binary is all a host needs.

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,8 @@ use runcell_sandbox::{
     CappedOutput, ExitStatus, KillReason, Launch, Running, RunningHandle, Sandbox, SandboxError,
 };
 use rustix::event::{PollFd, PollFlags, Timespec};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -116,6 +118,8 @@ pub struct Kernel {
     version: String,
     /// Read buffer for the cell's output and messages, kept between cells.
     buf: Vec<u8>,
+    /// The descriptors registered with the tokio reactor, once a cell ran asynchronously.
+    async_io: Option<AsyncIo>,
 }
 
 /// Size of [`Kernel`]'s read buffer.
@@ -193,6 +197,7 @@ impl Kernel {
             execution_count: 0,
             version,
             buf: Vec::new(),
+            async_io: None,
         })
     }
 
@@ -239,6 +244,58 @@ impl Kernel {
         opts: &CellOptions,
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<CellOutcome, KernelError> {
+        let (started, cpu0, frame) = self.begin(id, code)?;
+        self.send(&frame)?;
+        let mut out = self.new_outcome(opts);
+        // Reused across cells: zeroing 64 KiB per cell showed in profiles.
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(READ_BUF, 0);
+        let result = self.run(&mut out, opts, started, cpu0, &mut buf, on_event);
+        self.buf = buf;
+        result?;
+        out.wall = started.elapsed();
+        Ok(out)
+    }
+
+    /// [`Kernel::execute`] for async callers, without events: waits for the kernel on the
+    /// tokio reactor instead of blocking a thread in `poll`, so an HTTP task can run a cell
+    /// itself, with no thread in between. Must run inside a tokio runtime. The rare slow paths
+    /// (a kernel being killed or dying, whose sandbox is waited for) block; on a
+    /// multi-threaded runtime they run in `block_in_place`.
+    pub async fn execute_async(
+        &mut self,
+        id: &str,
+        code: &str,
+        opts: &CellOptions,
+    ) -> Result<CellOutcome, KernelError> {
+        let (started, cpu0, frame) = self.begin(id, code)?;
+        // Registered once per kernel; taken out for the cell so its readiness guards can live
+        // alongside `&mut self`.
+        let io = match self.async_io.take() {
+            Some(io) => io,
+            None => AsyncIo::new(&self.channel, &self.stdout, &self.stderr)?,
+        };
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(READ_BUF, 0);
+        let mut out = self.new_outcome(opts);
+        let result = match self.send_async(&io, &frame).await {
+            Ok(()) => {
+                self.run_async(&io, &mut out, opts, started, cpu0, &mut buf)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        self.buf = buf;
+        if self.running.is_some() {
+            self.async_io = Some(io);
+        }
+        result?;
+        out.wall = started.elapsed();
+        Ok(out)
+    }
+
+    /// A cell's start: a new peak-memory window, the CPU counter, and the frame to send.
+    fn begin(&mut self, id: &str, code: &str) -> Result<(Instant, Duration, Vec<u8>), KernelError> {
         let started = Instant::now();
         let cpu0 = {
             let running = self.running.as_ref().ok_or(KernelError::Gone)?;
@@ -249,9 +306,11 @@ impl Kernel {
             id: id.to_owned(),
             code: code.to_owned(),
         })?;
-        self.send(&frame)?;
+        Ok((started, cpu0, frame))
+    }
 
-        let mut out = CellOutcome {
+    fn new_outcome(&self, opts: &CellOptions) -> CellOutcome {
+        CellOutcome {
             status: CellStatus::Ok,
             execution_count: self.execution_count + 1,
             stdout: CappedOutput::new(opts.output_cap),
@@ -261,15 +320,7 @@ impl Kernel {
             wall: Duration::ZERO,
             cpu: Duration::ZERO,
             peak_memory_bytes: 0,
-        };
-        // Reused across cells: zeroing 64 KiB per cell showed in profiles.
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.resize(READ_BUF, 0);
-        let result = self.run(&mut out, opts, started, cpu0, &mut buf, on_event);
-        self.buf = buf;
-        result?;
-        out.wall = started.elapsed();
-        Ok(out)
+        }
     }
 
     /// The body of [`Kernel::execute`] once the cell is sent.
@@ -282,42 +333,136 @@ impl Kernel {
         buf: &mut [u8],
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<(), KernelError> {
-        let deadline = started + opts.timeout;
-        let mut interrupted_at: Option<Instant> = None;
+        let mut clock = CellClock::new(started, opts);
         let ended = loop {
-            let now = Instant::now();
-            if interrupted_at.is_none() && now >= deadline {
-                // The deadline: KeyboardInterrupt inside the cell, state kept.
-                self.handle.interrupt();
-                interrupted_at = Some(now);
-            }
-            if interrupted_at.is_some_and(|t| now >= t + opts.grace) {
-                break Ended::Kill(KillReason::Timeout);
-            }
-            let running = self.running.as_ref().ok_or(KernelError::Gone)?;
-            if running.pids_limit_hit() {
-                break Ended::Kill(KillReason::Pids);
-            }
-            if out.stdout.total() + out.stderr.total() > opts.output_kill_bytes {
-                break Ended::Kill(KillReason::Output);
-            }
-            let wake = interrupted_at
-                .map_or(deadline, |t| t + opts.grace)
-                .min(now + Duration::from_millis(100));
+            let wake = match self.check(&mut clock, out, opts)? {
+                Ok(wake) => wake,
+                Err(ended) => break ended,
+            };
             let [out_ready, err_ready, chan_ready] =
-                self.poll(wake.saturating_duration_since(now))?;
+                self.poll(wake.saturating_duration_since(Instant::now()))?;
             self.pump_ready([out_ready, err_ready], out, buf, on_event)?;
             if chan_ready {
-                let closed = self.read_channel(buf)?;
-                if let Some(done) = self.take_messages(out, on_event)? {
-                    break Ended::Done(done);
-                }
-                if closed {
-                    break Ended::Died;
+                if let Some(ended) = self.take_channel(out, buf, on_event)? {
+                    break ended;
                 }
             }
         };
+        self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)
+    }
 
+    /// The body of [`Kernel::execute_async`] once the cell is sent.
+    async fn run_async(
+        &mut self,
+        io: &AsyncIo,
+        out: &mut CellOutcome,
+        opts: &CellOptions,
+        started: Instant,
+        cpu0: Duration,
+        buf: &mut [u8],
+    ) -> Result<(), KernelError> {
+        let on_event = &mut |_: CellEvent<'_>| {};
+        let mut clock = CellClock::new(started, opts);
+        let ended = loop {
+            let wake = match self.check(&mut clock, out, opts)? {
+                Ok(wake) => wake,
+                Err(ended) => break ended,
+            };
+            let timer = tokio::time::sleep_until(wake.into());
+            // A pipe at end-of-file stays readable: wait on it only while it is open.
+            let (out_open, err_open) = (self.stdout.is_some(), self.stderr.is_some());
+            // The channel first: a cell's output is in its pipes before its `done` is on the
+            // channel, and what is left in them is read after `done` below, as in `run`.
+            tokio::select! {
+                biased;
+                guard = io.channel.readable() => {
+                    let mut guard = guard?;
+                    let ended = self.take_channel(out, buf, on_event)?;
+                    // A read that returned is a short one (all there was) or end-of-file.
+                    guard.clear_ready();
+                    if let Some(ended) = ended {
+                        break ended;
+                    }
+                }
+                guard = readable(io.stdout.as_ref().filter(|_| out_open)) => {
+                    let mut guard = guard?;
+                    if pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| on_event(CellEvent::Stdout(d)))? {
+                        guard.clear_ready();
+                    }
+                }
+                guard = readable(io.stderr.as_ref().filter(|_| err_open)) => {
+                    let mut guard = guard?;
+                    if pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| on_event(CellEvent::Stderr(d)))? {
+                        guard.clear_ready();
+                    }
+                }
+                () = timer => {}
+            }
+        };
+        if matches!(ended, Ended::Done(_)) {
+            self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)
+        } else {
+            // Waiting for a dying sandbox blocks.
+            blocking(|| self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event))
+        }
+    }
+
+    /// The checks made before every wait: the deadline (interrupt), the grace after it (kill),
+    /// the pids and output bounds. `Ok(when to wake up at the latest)` or `Err(how it ends)`.
+    fn check(
+        &self,
+        clock: &mut CellClock,
+        out: &CellOutcome,
+        opts: &CellOptions,
+    ) -> Result<Result<Instant, Ended>, KernelError> {
+        let now = Instant::now();
+        if clock.interrupted_at.is_none() && now >= clock.deadline {
+            // The deadline: KeyboardInterrupt inside the cell, state kept.
+            self.handle.interrupt();
+            clock.interrupted_at = Some(now);
+        }
+        if clock.interrupted_at.is_some_and(|t| now >= t + opts.grace) {
+            return Ok(Err(Ended::Kill(KillReason::Timeout)));
+        }
+        let running = self.running.as_ref().ok_or(KernelError::Gone)?;
+        if running.pids_limit_hit() {
+            return Ok(Err(Ended::Kill(KillReason::Pids)));
+        }
+        if out.stdout.total() + out.stderr.total() > opts.output_kill_bytes {
+            return Ok(Err(Ended::Kill(KillReason::Output)));
+        }
+        Ok(Ok(clock
+            .interrupted_at
+            .map_or(clock.deadline, |t| t + opts.grace)
+            .min(now + Duration::from_millis(100))))
+    }
+
+    /// Reads the channel and applies its messages: `Some` once the cell is done or the kernel
+    /// hung up.
+    fn take_channel(
+        &mut self,
+        out: &mut CellOutcome,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> Result<Option<Ended>, KernelError> {
+        let closed = self.read_channel(buf)?;
+        if let Some(done) = self.take_messages(out, on_event)? {
+            return Ok(Some(Ended::Done(done)));
+        }
+        Ok(closed.then_some(Ended::Died))
+    }
+
+    /// Finishes a cell that ended as `ended`: the rest of its output and its usage, or the
+    /// kernel's burial.
+    fn end_cell(
+        &mut self,
+        ended: Ended,
+        interrupted_at: Option<Instant>,
+        cpu0: Duration,
+        out: &mut CellOutcome,
+        buf: &mut [u8],
+        on_event: &mut dyn FnMut(CellEvent<'_>),
+    ) -> Result<(), KernelError> {
         match ended {
             Ended::Done(status) => {
                 // Everything the cell printed before `done` is already in the pipes. One
@@ -418,6 +563,23 @@ impl Kernel {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let mut fds = [PollFd::new(&self.channel, PollFlags::OUT)];
                     rustix::event::poll(&mut fds, None).map_err(io::Error::from)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(KernelError::Gone),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Kernel::send`] waiting on the reactor when the channel is full (a big cell).
+    async fn send_async(&mut self, io: &AsyncIo, frame: &[u8]) -> Result<(), KernelError> {
+        let mut data = frame;
+        while !data.is_empty() {
+            match self.channel.write(data) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    io.channel.writable().await?.clear_ready();
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(KernelError::Gone),
@@ -547,18 +709,20 @@ enum Ended {
 
 /// Reads what a non-blocking pipe has now into `sink`, streaming the live part. Bounded, so a
 /// program that floods its output cannot keep the caller from checking its deadlines.
+///
+/// Returns whether the pipe was left empty (or closed); false when the bound stopped it.
 fn pump(
     stream: &mut Option<File>,
     sink: &mut CappedOutput,
     buf: &mut [u8],
     emit: &mut dyn FnMut(&[u8]),
-) -> io::Result<()> {
-    let Some(f) = stream else { return Ok(()) };
+) -> io::Result<bool> {
+    let Some(f) = stream else { return Ok(true) };
     for _ in 0..32 {
         match f.read(buf) {
             Ok(0) => {
                 *stream = None;
-                return Ok(());
+                return Ok(true);
             }
             Ok(n) => {
                 let live = sink.push(&buf[..n]);
@@ -566,13 +730,91 @@ fn pump(
                     emit(live);
                 }
                 if n < buf.len() {
-                    return Ok(()); // drained for now (a short read), no EAGAIN round
+                    return Ok(true); // drained for now (a short read), no EAGAIN round
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(false)
+}
+
+/// Where a cell is in its time: the deadline, and when it was interrupted at it.
+struct CellClock {
+    deadline: Instant,
+    interrupted_at: Option<Instant>,
+}
+
+impl CellClock {
+    fn new(started: Instant, opts: &CellOptions) -> Self {
+        CellClock {
+            deadline: started + opts.timeout,
+            interrupted_at: None,
+        }
+    }
+}
+
+/// A kernel's channel and output pipes registered with the tokio reactor, for
+/// [`Kernel::execute_async`]. Each holds a duplicate of the kernel's descriptor, so closing the
+/// kernel's own (a pipe at end-of-file) never leaves a registration on a number that another
+/// file may get next; the registrations go when this is dropped.
+#[derive(Debug)]
+struct AsyncIo {
+    channel: AsyncFd<OwnedFd>,
+    stdout: Option<AsyncFd<OwnedFd>>,
+    stderr: Option<AsyncFd<OwnedFd>>,
+}
+
+impl AsyncIo {
+    // `AsyncFd::with_interest` is deprecated because a descriptor closed by someone else
+    // while registered would leave a stale registration; each descriptor here is a duplicate
+    // this struct alone owns, closed only after it is deregistered (`AsyncFd`'s drop).
+    // `AsyncFd::register_with_interest`, its replacement, is `unsafe` for the same reason,
+    // which this crate forbids.
+    #[allow(deprecated)]
+    fn new(
+        channel: &UnixStream,
+        stdout: &Option<File>,
+        stderr: &Option<File>,
+    ) -> io::Result<AsyncIo> {
+        let register = |fd: BorrowedFd<'_>| {
+            AsyncFd::with_interest(
+                fd.try_clone_to_owned()?,
+                Interest::READABLE | Interest::WRITABLE,
+            )
+        };
+        let pipe = |f: &Option<File>| -> io::Result<Option<AsyncFd<OwnedFd>>> {
+            f.as_ref()
+                .map(|f| {
+                    AsyncFd::with_interest(f.as_fd().try_clone_to_owned()?, Interest::READABLE)
+                })
+                .transpose()
+        };
+        Ok(AsyncIo {
+            channel: register(channel.as_fd())?,
+            stdout: pipe(stdout)?,
+            stderr: pipe(stderr)?,
+        })
+    }
+}
+
+/// Readiness of an output pipe, or never once it is closed.
+async fn readable(
+    fd: Option<&AsyncFd<OwnedFd>>,
+) -> io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs blocking work from async code: in `block_in_place` on a multi-threaded runtime (the
+/// other tasks of this thread move elsewhere meanwhile), inline otherwise.
+pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }

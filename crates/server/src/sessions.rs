@@ -322,23 +322,14 @@ pub async fn execute(
         token: token.clone(),
         armed: true,
     };
-    // Queued without a blocking thread: the session's worker replies through the channel.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    state.engine.sessions().submit(
-        &id,
-        &req.code,
-        timeout,
-        None,
-        token,
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    )?;
-    let result = rx.await.map_err(|_| {
-        ApiError::from(runcell_engine::EngineError::NotFound(format!(
-            "session {id} ended during the execution"
-        )))
-    });
+    // This task speaks to the kernel itself (no thread in between), in a task of its own:
+    // a client that goes away drops this handler, and the guard interrupts the cell, but the
+    // cell must still be seen to its end before the session's next one.
+    let run = state
+        .engine
+        .sessions()
+        .execute_async(&id, req.code, timeout, token)?;
+    let result = tokio::spawn(run).await.map_err(ApiError::internal);
     guard.armed = false;
     let execution = result??;
     state.metrics.observe_execution(&execution);
