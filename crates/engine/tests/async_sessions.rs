@@ -6,25 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use runcell_engine::{
-    CancelToken, CreateSession, EngineError, Execution, ExecutionStatus, KilledBy,
-};
-
-fn create(engine: &runcell_engine::Engine) -> String {
-    engine
-        .sessions()
-        .create(CreateSession::default())
-        .expect("create session")
-        .id
-}
-
-fn main_text(e: &Execution) -> String {
-    e.results
-        .iter()
-        .find(|r| r.is_main_result)
-        .and_then(|r| r.data.get("text/plain").cloned())
-        .unwrap_or_default()
-}
+use common::{create, main_text};
+use runcell_engine::{CancelToken, EngineError, Execution, ExecutionStatus, KilledBy};
 
 /// Spawns `code` as the HTTP API does: a task of its own that runs to its end.
 fn spawn(

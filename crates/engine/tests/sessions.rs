@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use common::main_text;
 use runcell_engine::{
     CreateSession, EngineError, Execution, ExecutionStatus, KilledBy, LimitsRequest,
 };
@@ -27,14 +28,6 @@ fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
         .sessions()
         .execute(id, code, None, None)
         .expect("execute")
-}
-
-fn main_text(e: &Execution) -> String {
-    e.results
-        .iter()
-        .find(|r| r.is_main_result)
-        .and_then(|r| r.data.get("text/plain").cloned())
-        .unwrap_or_default()
 }
 
 #[test]

@@ -6,17 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::create;
 use runcell_engine::{CreateSession, Execution, ExecutionStatus, ZygoteStatus};
 
 const PROBES: &str = include_str!("../../cli/tests/fixtures/probes.py");
-
-fn create(engine: &runcell_engine::Engine) -> String {
-    engine
-        .sessions()
-        .create(CreateSession::default())
-        .expect("create session")
-        .id
-}
 
 fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
     let e = engine
@@ -29,12 +22,7 @@ fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
 
 /// The main result's text, on one line (the kernel pretty-prints long values over several).
 fn main_text(e: &Execution) -> String {
-    e.results
-        .iter()
-        .find(|r| r.is_main_result)
-        .and_then(|r| r.data.get("text/plain").cloned())
-        .unwrap_or_default()
-        .replace('\n', "")
+    common::main_text(e).replace('\n', "")
 }
 
 fn preloaded(engine: &runcell_engine::Engine, id: &str) -> bool {
