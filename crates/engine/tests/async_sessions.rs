@@ -48,7 +48,7 @@ async fn cells_run_in_order_with_output_errors_and_files() {
     let blocker = spawn(
         &engine,
         &id,
-        "import time\ntime.sleep(1)",
+        "import time\ntime.sleep(2)",
         None,
         CancelToken::new(),
     );
@@ -62,7 +62,8 @@ async fn cells_run_in_order_with_output_errors_and_files() {
             None,
             CancelToken::new(),
         ));
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        // Each begins to wait before the next is spawned (the blocker runs 2 s).
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let sync = {
         let (engine, id) = (engine.clone(), id.clone());
