@@ -204,6 +204,8 @@ mod tests {
         batches: Mutex<Vec<usize>>,
         shut: Mutex<bool>,
         opened: Condvar,
+        /// Batches that reached the sink (recorded or held at the shut door).
+        entered: AtomicUsize,
     }
 
     impl Sink {
@@ -219,6 +221,7 @@ mod tests {
         }
 
         fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), String>> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
             let mut shut = self.shut.lock().expect("lock");
             while *shut {
                 shut = self.opened.wait(shut).expect("wait");
@@ -278,8 +281,10 @@ mod tests {
         *sink.shut.lock().expect("lock") = true;
         let a = Auditor::start(sink.clone(), Arc::default()).expect("start");
         let first = record(&a, "ex_1", "1");
-        // The writer is now stuck in the shut sink with ex_1; these queue behind it.
-        thread::sleep(Duration::from_millis(50));
+        // Once the writer is stuck in the shut sink with ex_1, these queue behind it.
+        while sink.entered.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
         let rest: Vec<_> = (2..=5)
             .map(|i| record(&a, &format!("ex_{i}"), "1"))
             .collect();
@@ -344,16 +349,17 @@ mod tests {
         let started = Instant::now();
         record(&a, "ex_1", "1").recv().expect("reply").expect("ok");
         assert!(started.elapsed() >= LINGER, "control: the first one waits");
-        // Waiting each time would take at least 19 LINGERs.
+        // Waiting each time would take at least 199 LINGERs; without waiting, each record is
+        // a round trip to the writer thread (tens of microseconds).
         let started = Instant::now();
-        for i in 2..=20 {
+        for i in 2..=200 {
             record(&a, &format!("ex_{i}"), "1")
                 .recv()
                 .expect("reply")
                 .expect("ok");
         }
-        assert!(started.elapsed() < LINGER * 10, "{:?}", started.elapsed());
-        assert_eq!(sink.batches.lock().expect("lock").len(), 20);
+        assert!(started.elapsed() < LINGER * 199, "{:?}", started.elapsed());
+        assert_eq!(sink.batches.lock().expect("lock").len(), 200);
     }
 
     #[test]
