@@ -278,7 +278,7 @@ impl Kernel {
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(READ_BUF, 0);
         let mut out = self.new_outcome(opts);
-        let result = match self.send_async(&io, &frame).await {
+        let result = match self.send_async(&frame).await {
             Ok(()) => {
                 self.run_async(&io, &mut out, opts, started, cpu0, &mut buf)
                     .await
@@ -573,13 +573,20 @@ impl Kernel {
     }
 
     /// [`Kernel::send`] waiting on the reactor when the channel is full (a big cell).
-    async fn send_async(&mut self, io: &AsyncIo, frame: &[u8]) -> Result<(), KernelError> {
+    async fn send_async(&mut self, frame: &[u8]) -> Result<(), KernelError> {
         let mut data = frame;
+        let mut writable = None;
         while !data.is_empty() {
             match self.channel.write(data) {
                 Ok(n) => data = &data[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    io.channel.writable().await?.clear_ready();
+                    let fd = match &mut writable {
+                        Some(fd) => fd,
+                        None => {
+                            writable.insert(register(self.channel.as_fd(), Interest::WRITABLE)?)
+                        }
+                    };
+                    fd.writable().await?.clear_ready();
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(KernelError::Gone),
@@ -768,36 +775,36 @@ struct AsyncIo {
 }
 
 impl AsyncIo {
-    // `AsyncFd::with_interest` is deprecated because a descriptor closed by someone else
-    // while registered would leave a stale registration; each descriptor here is a duplicate
-    // this struct alone owns, closed only after it is deregistered (`AsyncFd`'s drop).
-    // `AsyncFd::register_with_interest`, its replacement, is `unsafe` for the same reason,
-    // which this crate forbids.
-    #[allow(deprecated)]
     fn new(
         channel: &UnixStream,
         stdout: &Option<File>,
         stderr: &Option<File>,
     ) -> io::Result<AsyncIo> {
-        let register = |fd: BorrowedFd<'_>| {
-            AsyncFd::with_interest(
-                fd.try_clone_to_owned()?,
-                Interest::READABLE | Interest::WRITABLE,
-            )
-        };
         let pipe = |f: &Option<File>| -> io::Result<Option<AsyncFd<OwnedFd>>> {
             f.as_ref()
-                .map(|f| {
-                    AsyncFd::with_interest(f.as_fd().try_clone_to_owned()?, Interest::READABLE)
-                })
+                .map(|f| register(f.as_fd(), Interest::READABLE))
                 .transpose()
         };
+        // Readable only: with writable interest too, every cell's frame taken off the socket
+        // by the kernel would be an event for the reactor (a wake-up of an idle runtime
+        // thread, for nothing). A full socket is rare; `send_async` registers for it then.
         Ok(AsyncIo {
-            channel: register(channel.as_fd())?,
+            channel: register(channel.as_fd(), Interest::READABLE)?,
             stdout: pipe(stdout)?,
             stderr: pipe(stderr)?,
         })
     }
+}
+
+/// Registers a duplicate of `fd` with the tokio reactor.
+///
+/// `AsyncFd::with_interest` is deprecated because a descriptor closed by someone else while
+/// registered would leave a stale registration; the duplicate here is owned by the `AsyncFd`
+/// alone and closed only after it is deregistered (its drop). `register_with_interest`, the
+/// replacement, is `unsafe` for the same reason, which this crate forbids.
+#[allow(deprecated)]
+fn register(fd: BorrowedFd<'_>, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+    AsyncFd::with_interest(fd.try_clone_to_owned()?, interest)
 }
 
 /// Readiness of an output pipe, or never once it is closed.
