@@ -150,12 +150,18 @@ done | curl_seq -X POST "${json[@]}" -d '{}' >"$work/create.raw"
 create_bad=$(split_times "$work/create.raw" "$work/create.ms" 201)
 for i in $(seq "$create_n"); do
   id=$(session_id <"$work/created/$i.json" || true)
-  if [[ -n $id ]]; then printf 'url = "%s/v1/sessions/%s"\noutput = "/dev/null"\n' "$base" "$id"; fi
+  if [[ -n $id ]]; then
+    echo "$id" >>"$work/deleted.ids"
+    printf 'url = "%s/v1/sessions/%s"\noutput = "/dev/null"\n' "$base" "$id"
+  fi
 done | curl_seq -X DELETE >"$work/delete.raw"
 delete_bad=$(split_times "$work/delete.raw" "$work/delete.ms" 204)
 sleep 1
-# What the deleted sessions left behind (both should be 0).
-leaked_mounts=$(awk -v w="$data/workspaces/" 'index($2, w) == 1' /proc/mounts | wc -l)
+# What the deleted sessions left behind (both should be 0). Only their workspaces count: the
+# server's warm sessions (`--warm-sessions`) are mounted too, and rightly so.
+touch "$work/deleted.ids"
+leaked_mounts=$(awk -v w="$data/workspaces/" 'NR == FNR { gone[w $1] = 1; next } ($2 in gone)' \
+  "$work/deleted.ids" /proc/mounts | wc -l)
 leaked_zombies=$({ ps --ppid "$server_pid" -o stat= || true; } | awk '$1 ~ /^Z/' | wc -l)
 
 # --- The load's sessions. ---
