@@ -58,6 +58,13 @@ enum Command {
     Audit(keys::AuditCommand),
 }
 
+/// mimalloc for the server's own allocations: under load glibc's allocator (with its
+/// `malloc_consolidate` passes) was ~8 µs of each execution's CPU; mimalloc gave 2-8% more
+/// executions per second (docs/benchmarks.md). Python in the sandboxes keeps its own allocator:
+/// libpython calls the C library's `malloc`, not this one.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // When started as the sandbox init helper this never returns. It must come before anything
     // else: the helper has to stay a plain single-threaded process.
