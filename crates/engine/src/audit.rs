@@ -20,10 +20,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::core::{AuditItem, AuditSink};
+use crate::session::Reply;
 use crate::{EngineError, Execution};
-
-/// Called with the recorded execution, or the reason it is not recorded.
-pub(crate) type Recorded = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
 
 /// Finished executions waiting for the writer at most; a worker that finds the queue full
 /// waits, so a store slower than the sessions slows them down instead of piling up memory.
@@ -39,7 +37,7 @@ struct Pending {
     owner: String,
     code: String,
     execution: Execution,
-    then: Recorded,
+    then: Reply,
 }
 
 /// The writer thread and the queue to it. Dropping it records what is queued, then joins.
@@ -65,7 +63,7 @@ impl Auditor {
     }
 
     /// Queues `execution` for recording; `then` gets it back once it is recorded.
-    pub(crate) fn record(&self, owner: String, execution: Execution, code: String, then: Recorded) {
+    pub(crate) fn record(&self, owner: String, execution: Execution, code: String, then: Reply) {
         let Some(queue) = &self.queue else {
             return then(Err(writer_gone()));
         };

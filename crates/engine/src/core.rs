@@ -199,7 +199,7 @@ impl Core {
         owner: String,
         execution: Execution,
         code: String,
-        then: crate::audit::Recorded,
+        then: crate::session::Reply,
     ) {
         match &self.auditor {
             Some(a) => a.record(owner, execution, code, then),

@@ -94,10 +94,10 @@ impl CancelToken {
     }
 }
 
-/// Receives the outcome of a submitted execution, on the session's worker thread or the audit
+/// Receives the outcome of a queued execution, on the session's worker thread or the audit
 /// writer's (so it must be quick: hand the result over, e.g. through a channel). Dropped
 /// uncalled if the session ends before running the execution.
-pub type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
+pub(crate) type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
 
 enum Job {
     Execute {
@@ -497,9 +497,9 @@ impl SessionManager {
         })?
     }
 
-    /// Queues `code` behind the session's other executions without waiting for it: `reply`
-    /// gets the outcome. For async callers, which must not block a thread on each execution.
-    pub fn submit(
+    /// Queues `code` for the session's worker thread without waiting for it: `reply` gets the
+    /// outcome. (Async callers use [`SessionManager::execute_async`], which needs no thread.)
+    fn submit(
         &self,
         id: &str,
         code: &str,
@@ -554,21 +554,19 @@ impl SessionManager {
         let core = self.core.clone();
         let id = id.to_owned();
         Ok(async move {
-            let ended =
-                || EngineError::NotFound(format!("session {id} ended during the execution"));
             let mut runner = entry.runner.clone().lock_owned().await;
             drop(waiting);
             if cancel.is_cancelled() {
                 return Err(EngineError::Cancelled);
             }
             if entry.lock().deleted {
-                return Err(ended());
+                return Err(EngineError::NotFound(format!(
+                    "session {id} ended during the execution"
+                )));
             }
-            entry.lock().running = Some(cancel.clone());
-            core.cells_running.fetch_add(1, Ordering::Relaxed);
+            let running = CellRunning::start(&entry, &core, &cancel);
             let result = runner.execute_async(&entry, &code, timeout).await;
-            core.cells_running.fetch_sub(1, Ordering::Relaxed);
-            entry.lock().running = None;
+            drop(running);
             // The next cell may start while this one is recorded.
             drop(runner);
             drop(entry);
@@ -712,6 +710,28 @@ fn resolve_timeout(
     }
 }
 
+/// A cell running, until dropped: its token is the one [`SessionManager::cancel`] interrupts,
+/// and the audit writer counts it among the cells it may wait for.
+struct CellRunning<'a> {
+    entry: &'a Entry,
+    core: &'a Core,
+}
+
+impl<'a> CellRunning<'a> {
+    fn start(entry: &'a Entry, core: &'a Core, cancel: &CancelToken) -> Self {
+        entry.lock().running = Some(cancel.clone());
+        core.cells_running.fetch_add(1, Ordering::Relaxed);
+        CellRunning { entry, core }
+    }
+}
+
+impl Drop for CellRunning<'_> {
+    fn drop(&mut self) {
+        self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
+        self.entry.lock().running = None;
+    }
+}
+
 /// Counts an [`SessionManager::execute_async`] caller as waiting until dropped.
 struct Waiting(Arc<Entry>);
 
@@ -786,11 +806,9 @@ impl Worker {
                     if self.entry.lock().deleted {
                         break;
                     }
-                    self.entry.lock().running = Some(cancel.clone());
-                    self.core.cells_running.fetch_add(1, Ordering::Relaxed);
+                    let running = CellRunning::start(&self.entry, &self.core, &cancel);
                     let result = runner.execute(&self.entry, &code, timeout, events);
-                    self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
-                    self.entry.lock().running = None;
+                    drop(running);
                     drop(runner);
                     match result {
                         // Recorded by the audit writer, which replies; meanwhile the session

@@ -31,6 +31,20 @@ async fn run(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution
         .expect("execute")
 }
 
+/// [`run`] with a timeout of `seconds`.
+async fn run_for(engine: &runcell_engine::Engine, id: &str, code: &str, seconds: u64) -> Execution {
+    spawn(
+        engine,
+        id,
+        code,
+        Some(Duration::from_secs(seconds)),
+        CancelToken::new(),
+    )
+    .await
+    .expect("task")
+    .expect("execute")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cells_run_in_order_with_output_errors_and_files() {
     let engine = common::engine();
@@ -138,29 +152,17 @@ async fn deadlines_kills_and_restarts() {
     let id = create(&engine);
     run(&engine, &id, "x = 1").await;
     // The deadline interrupts; the state is kept.
-    let e = spawn(
-        &engine,
-        &id,
-        "import time\ntime.sleep(60)",
-        Some(Duration::from_secs(1)),
-        CancelToken::new(),
-    )
-    .await
-    .expect("task")
-    .expect("execute");
+    let e = run_for(&engine, &id, "import time\ntime.sleep(60)", 1).await;
     assert_eq!(e.status, ExecutionStatus::Timeout, "{e:?}");
     assert_eq!(main_text(&run(&engine, &id, "x").await), "1");
     // A cell that ignores the interrupt is killed, and the session restarts at once.
-    let e = spawn(
+    let e = run_for(
         &engine,
         &id,
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)",
-        Some(Duration::from_secs(1)),
-        CancelToken::new(),
+        1,
     )
-    .await
-    .expect("task")
-    .expect("execute");
+    .await;
     assert_eq!(e.status, ExecutionStatus::Killed, "{e:?}");
     assert_eq!(e.usage.killed_by, Some(KilledBy::Timeout));
     // A kernel that exits by itself: the same.

@@ -28,7 +28,7 @@ pub mod zygote;
 pub use init::{init_main, run_if_init};
 pub use output::CappedOutput;
 pub use rlimit::raise_nofile_soft_limit;
-pub use sched::{batch_scheduling, set_batch_scheduling};
+pub use sched::set_batch_scheduling;
 pub use spec::{Bind, HOSTNAME, INIT_ARG, SANDBOX_UID, SANDBOX_USER, WORKSPACE};
 pub use supervisor::{
     find_init_exe, ExitStatus, Finished, KillReason, Launch, Limits, RunOptions, RunOutcome,

@@ -32,16 +32,16 @@ pub fn set_batch_scheduling(batch: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether the calling thread runs under `SCHED_BATCH`.
-pub fn batch_scheduling() -> io::Result<bool> {
-    // SAFETY: no pointers; pid 0 is the calling thread.
-    let policy = cvt(unsafe { libc::sched_getscheduler(0) })?;
-    Ok(policy == libc::SCHED_BATCH)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the calling thread runs under `SCHED_BATCH`.
+    fn batch_scheduling() -> io::Result<bool> {
+        // SAFETY: no pointers; pid 0 is the calling thread.
+        let policy = cvt(unsafe { libc::sched_getscheduler(0) })?;
+        Ok(policy == libc::SCHED_BATCH)
+    }
 
     #[test]
     fn batch_is_set_inherited_and_undone() {
