@@ -55,6 +55,16 @@ pub struct ServeArgs {
     /// `normal` (the default policy: lower latency when sessions keep the CPUs busy).
     #[arg(long, value_enum, default_value_t = Scheduling::Batch, value_name = "POLICY")]
     scheduling: Scheduling,
+    /// Host names the server also answers to (comma-separated, repeatable), e.g. the public
+    /// name a reverse proxy forwards: `NAME` on any port, `NAME:PORT` on that port. Without
+    /// it, a request naming any host but localhost or the listener's address, with the
+    /// listener's port, is refused (403: DNS rebinding).
+    #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
+    allowed_hosts: Vec<runcell_server::AllowedHost>,
+    /// Serves /metrics on this address, without a key, and not on --listen (where, once keys
+    /// exist, it otherwise needs one).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -151,18 +161,41 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let metrics_listener = match args.metrics_listen {
+            Some(at) => {
+                let l = tokio::net::TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("cannot listen on {at} for metrics"))?;
+                tracing::info!(addr = %l.local_addr()?, "metrics on their own listener");
+                Some(l)
+            }
+            None => None,
+        };
         if has_keys {
             tracing::info!(%addr, "runcell listening; API keys required");
         } else {
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
         eprintln!("runcell serving on http://{addr}");
-        let mut state = runcell_server::state(engine.clone(), store, addr.ip().is_loopback());
+        let mut state = runcell_server::state(engine.clone(), store, addr)
+            .with_allowed_hosts(args.allowed_hosts);
         if let Some(chat) = chat {
             state = state.with_chat(chat);
         }
+        let metrics = match metrics_listener {
+            Some(l) => {
+                let app = runcell_server::metrics_app(&state, l.local_addr()?);
+                state = state.without_metrics();
+                // Ends with the main listener: scrapes in flight need no draining.
+                Some(tokio::spawn(runcell_server::serve(l, app, std::future::pending())))
+            }
+            None => None,
+        };
         let router = runcell_server::app(state);
         runcell_server::serve(listener, router, shutdown_signal()).await?;
+        if let Some(m) = metrics {
+            m.abort();
+        }
         tracing::info!("shutting down: ending sessions");
         tokio::task::spawn_blocking(move || engine.sessions().shutdown()).await?;
         anyhow::Ok(())

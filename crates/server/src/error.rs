@@ -13,6 +13,9 @@ use serde::Serialize;
 pub enum ErrorCode {
     InvalidRequest,
     Unauthorized,
+    /// The request's `Host` is not one of the server's names, or a state-changing request
+    /// came from another origin (DNS rebinding, cross-site forms).
+    Forbidden,
     NotFound,
     SessionBusy,
     LimitExceeded,
@@ -25,6 +28,7 @@ impl ErrorCode {
         match self {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::SessionBusy => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::LimitExceeded | ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -72,6 +76,10 @@ impl ApiError {
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Unauthorized, message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Forbidden, message)
     }
 
     pub fn too_large(message: impl Into<String>) -> Self {

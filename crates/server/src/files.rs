@@ -140,22 +140,55 @@ pub async fn get_file(
     let p = path.clone();
     let data = blocking(move || engine.read_file(&id, &p)).await?;
     let mime = runcell_engine::mime_of(&path);
-    let name = path
-        .rsplit('/')
-        .next()
-        .unwrap_or("file")
-        .replace(['"', '\\'], "_");
+    let name = path.rsplit('/').next().unwrap_or("file");
     Ok((
         [
             (header::CONTENT_TYPE, mime),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{name}\""),
-            ),
+            (header::CONTENT_DISPOSITION, content_disposition(name)),
+            // The bytes are the session's, written by whatever code ran there: a browser
+            // must neither guess a more active type for them nor run them as a page of this
+            // origin (an HTML file opened from a link would otherwise script the API).
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+            (header::CONTENT_SECURITY_POLICY, "sandbox".to_owned()),
         ],
         data,
     )
         .into_response())
+}
+
+/// `attachment` with the file's name for any name code can create (RFC 6266): a quoted ASCII
+/// fallback for old clients, with every character that is not printable ASCII, and the quote
+/// and backslash the quoting would need escaped, replaced by `_`; and the exact name as
+/// UTF-8 in `filename*` (RFC 8187), percent-encoded outside `attr-char`. The result is
+/// always a valid header value (a newline in a name made the header, and the reply, fail).
+fn content_disposition(name: &str) -> String {
+    use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+    // RFC 8187 attr-char: ALPHA / DIGIT / "!" / "#" / "$" / "&" / "+" / "-" / "." / "^" /
+    // "_" / "`" / "|" / "~"; everything else is percent-encoded.
+    const NOT_ATTR_CHAR: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'!')
+        .remove(b'#')
+        .remove(b'$')
+        .remove(b'&')
+        .remove(b'+')
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'^')
+        .remove(b'_')
+        .remove(b'`')
+        .remove(b'|')
+        .remove(b'~');
+    let fallback: String = name
+        .chars()
+        .map(|c| match c {
+            // `%` too: some clients percent-decode the plain parameter.
+            '"' | '\\' | '%' => '_',
+            c if c.is_ascii_graphic() || c == ' ' => c,
+            _ => '_',
+        })
+        .collect();
+    let encoded = utf8_percent_encode(name, NOT_ATTR_CHAR);
+    format!("attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}")
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", tag = "files",

@@ -7,6 +7,7 @@ mod error;
 mod executions;
 mod extract;
 mod files;
+mod hosts;
 pub mod mcp;
 mod metrics;
 mod misc;
@@ -16,6 +17,7 @@ mod state;
 mod web;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
@@ -30,6 +32,7 @@ use utoipa_axum::routes;
 
 pub use chat::ChatConfig;
 pub use error::{ApiError, ErrorCode};
+pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use state::{AppState, OPEN_TENANT};
 
@@ -101,9 +104,71 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         )
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outside every route (the page and its assets too: a rebound page reads them) and
+        // before any body is read.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hosts::guard,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state);
+    let mut api = api;
+    document_forbidden(&mut api);
     (router, api)
+}
+
+/// `/metrics` alone, for its own listener (`serve --metrics-listen`) bound to `listen`: for a
+/// scraper, without a key, behind the same `Host` check (with that listener's port).
+pub fn metrics_app(state: &AppState, listen: SocketAddr) -> Router {
+    let mut state = state.clone();
+    state.hosts = Arc::new(state.hosts.rebound(listen));
+    Router::new()
+        .route("/metrics", get(misc::metrics_text))
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            hosts::guard,
+        ))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Every operation may be refused with 403 `forbidden` by the `Host`/`Origin` check, which
+/// sits in front of all of them rather than in each handler's declaration.
+fn document_forbidden(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let response = ResponseBuilder::new()
+        .description(
+            "forbidden: the request's Host is not one of this server's names, or a \
+             state-changing request came from a page of another origin",
+        )
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    for item in api.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.responses
+                .responses
+                .entry("403".to_owned())
+                .or_insert_with(|| response.clone().into());
+        }
+    }
 }
 
 /// `app(state) -> Router`: the whole HTTP surface.
@@ -326,14 +391,18 @@ pub(crate) async fn record_upload(
     .map_err(store_error)
 }
 
-/// Builds the shared state; `loopback` says whether the listener is loopback-only.
-pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> AppState {
+/// Builds the shared state of a server listening on `listen` (the bound address, with the
+/// real port when 0 was asked for): it answers to that address and the loopback names on its
+/// port, and serves openly without keys only when it is loopback.
+pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -> AppState {
     AppState {
         engine,
         store,
         metrics: Arc::new(Metrics::default()),
-        loopback,
+        loopback: listen.ip().is_loopback(),
         auth: Arc::default(),
         chat: None,
+        hosts: Arc::new(HostPolicy::new(listen)),
+        metrics_elsewhere: false,
     }
 }

@@ -473,13 +473,12 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
         state.store.clone(),
         state.metrics.clone(),
     );
-    let mut config =
-        StreamableHttpServerConfig::default().with_max_request_body_bytes(crate::MAX_BODY_BYTES);
-    if !state.loopback {
-        // Beyond loopback every request carries an API key; the Host check (against DNS
-        // rebinding of a local, open server) would only refuse the server's real names.
-        config = config.disable_allowed_hosts();
-    }
+    // The router's own Host/Origin check (`hosts.rs`) sits in front of `/mcp` like every
+    // route, with the listener's port and the operator's `--allowed-hosts`; rmcp's default
+    // list (loopback names on any port) would refuse those names and add nothing.
+    let config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(crate::MAX_BODY_BYTES)
+        .disable_allowed_hosts();
     let service = StreamableHttpService::new(
         move || {
             Ok(McpHandler::new(

@@ -1,37 +1,73 @@
 //! `/healthz` and `/metrics`.
 
 use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::state::AppState;
+use crate::error::{ApiError, ErrorBody, ErrorCode};
+use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
     pub status: &'static str,
     /// The preloaded zygote Python sessions are forked from (`off`, `starting`, `ready`,
-    /// `failed`); without a ready one, sessions start cold.
-    pub zygote: runcell_engine::ZygoteStatus,
+    /// `failed`); without a ready one, sessions start cold. Only with a valid key once keys
+    /// exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zygote: Option<runcell_engine::ZygoteStatus>,
     /// Python sessions started ahead of demand and ready to be handed out (`serve
-    /// --warm-sessions`); a create with the default limits and no `env` takes one.
-    pub warm_sessions: usize,
+    /// --warm-sessions`); a create with the default limits and no `env` takes one. Only with
+    /// a valid key once keys exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_sessions: Option<usize>,
 }
 
+/// For a probe, never refused: once keys exist, a caller without a valid one learns only that
+/// the server is up (the zygote's pid and preloaded modules, the pool's size, are for the
+/// operator).
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
-pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
+pub async fn healthz(
+    State(state): State<AppState>,
+    tenant: Result<Tenant, ApiError>,
+) -> Json<Health> {
+    if tenant.is_err() {
+        return Json(Health {
+            status: "ok",
+            zygote: None,
+            warm_sessions: None,
+        });
+    }
     Json(Health {
         status: "ok",
-        zygote: state.engine.zygote_status(),
-        warm_sessions: state.engine.sessions().warm_ready(),
+        zygote: Some(state.engine.zygote_status()),
+        warm_sessions: Some(state.engine.sessions().warm_ready()),
     })
 }
 
+/// Once keys exist, any valid key reads the metrics (they count every tenant's sessions and
+/// executions, naming none); `--metrics-listen` moves them to a listener of their own.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, content_type = "text/plain", body = String, description = "Prometheus text exposition")))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    responses((status = 200, content_type = "text/plain", body = String, description = "Prometheus text exposition"),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody, description = "served by the metrics listener (`serve --metrics-listen`)")))]
+pub async fn metrics(
+    State(state): State<AppState>,
+    tenant: Result<Tenant, ApiError>,
+) -> Result<Response, ApiError> {
+    if state.metrics_elsewhere {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            "metrics are served on their own listener (serve --metrics-listen)",
+        ));
+    }
+    tenant?;
+    Ok(metrics_text(State(state)).await)
+}
+
+/// The Prometheus text exposition, with the live sessions counted now.
+pub(crate) async fn metrics_text(State(state): State<AppState>) -> Response {
     let engine = state.engine.clone();
     let statuses = tokio::task::spawn_blocking(move || {
         engine
@@ -44,10 +80,12 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     .await
     .unwrap_or_default();
     (
+        StatusCode::OK,
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         state.metrics.render(&statuses),
     )
+        .into_response()
 }

@@ -9,6 +9,7 @@ use runcell_store::Store;
 
 use crate::chat::ChatConfig;
 use crate::error::ApiError;
+use crate::hosts::{AllowedHost, HostPolicy};
 use crate::metrics::Metrics;
 
 /// The tenant requests belong to when the server runs without API keys (loopback only).
@@ -26,12 +27,30 @@ pub struct AppState {
     pub auth: Arc<AuthCache>,
     /// The model behind `/v1/chat`; none unless the operator configured one.
     pub chat: Option<Arc<ChatConfig>>,
+    /// The names this server answers to (`Host`, `Origin`): its listener's, and the
+    /// operator's `--allowed-hosts`.
+    pub hosts: Arc<HostPolicy>,
+    /// Whether `/metrics` is served by its own listener (`--metrics-listen`), not this one.
+    pub metrics_elsewhere: bool,
 }
 
 impl AppState {
     /// Turns the chat on, against `config`'s model.
     pub fn with_chat(mut self, config: ChatConfig) -> Self {
         self.chat = Some(Arc::new(config));
+        self
+    }
+
+    /// Answers to `hosts` too (`serve --allowed-hosts`): a reverse proxy's public names.
+    pub fn with_allowed_hosts(mut self, hosts: impl IntoIterator<Item = AllowedHost>) -> Self {
+        Arc::make_mut(&mut self.hosts).allow(hosts);
+        self
+    }
+
+    /// Leaves `/metrics` to its own listener ([`crate::metrics_app`], `serve
+    /// --metrics-listen`): this one answers it with 404.
+    pub fn without_metrics(mut self) -> Self {
+        self.metrics_elsewhere = true;
         self
     }
 }

@@ -27,6 +27,17 @@ pub async fn start() -> Server {
 
 /// [`start`], with the chat (`/v1/chat`) talking to `chat`'s model when given.
 pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server {
+    start_with(move |state| match chat {
+        Some(chat) => state.with_chat(chat),
+        None => state,
+    })
+    .await
+}
+
+/// [`start`], with the state changed by `configure` (allowed hosts, say) before serving.
+pub async fn start_with(
+    configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
+) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let config =
         tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
@@ -35,15 +46,14 @@ pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
     let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
     let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
-    let mut state = runcell_server::state(engine.clone(), store.clone(), true);
-    if let Some(chat) = chat {
-        state = state.with_chat(chat);
-    }
-    let router = runcell_server::app(state);
+    // Bound first: the server answers to its real port only.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let addr = listener.local_addr().expect("addr");
+    let state = configure(runcell_server::state(engine.clone(), store.clone(), addr));
+    let router = runcell_server::app(state);
+    let base = format!("http://{addr}");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(runcell_server::serve(listener, router, async move {
         let _ = rx.await;
