@@ -60,9 +60,15 @@ fn free_port() -> u16 {
 }
 
 fn serve(data: &Path) -> Serve {
+    serve_with(data, &[])
+}
+
+/// [`serve`] with more flags.
+fn serve_with(data: &Path, flags: &[&str]) -> Serve {
     let port = free_port();
     let mut child = runcell(data)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(flags)
         .stderr(Stdio::piped())
         .spawn()
         .expect("serve");
@@ -450,4 +456,61 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
             "the killed server's warm session {w} was left behind"
         );
     }
+}
+
+#[test]
+fn allowed_hosts_and_the_metrics_listener_flags() {
+    let data = data_dir();
+    let metrics_port = free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let srv = serve_with(
+        &data,
+        &[
+            "--no-zygote",
+            "--warm-sessions",
+            "0",
+            "--allowed-hosts",
+            "proxy.example,alt.example:8443",
+            "--allowed-hosts",
+            "third.example",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let c = http();
+    let status = |url: String, host: Option<&str>| {
+        let mut req = c.get(url);
+        if let Some(h) = host {
+            req = req.header("host", h);
+        }
+        req.send().expect("send").status().as_u16()
+    };
+    let sessions = format!("{}/v1/sessions", srv.base);
+    assert_eq!(status(sessions.clone(), None), 200);
+    for host in ["proxy.example", "alt.example:8443", "third.example:1234"] {
+        assert_eq!(status(sessions.clone(), Some(host)), 200, "{host}");
+    }
+    for host in ["evil.example", "alt.example:8444"] {
+        assert_eq!(status(sessions.clone(), Some(host)), 403, "{host}");
+    }
+    // Metrics moved: not on the main listener, on their own without a key.
+    assert_eq!(status(format!("{}/metrics", srv.base), None), 404);
+    let text = c
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    assert!(text.contains("runcell_sessions"), "{text}");
+    assert_eq!(status(format!("http://{metrics}/v1/sessions"), None), 404);
+
+    let out = runcell(&data)
+        .args(["serve", "--allowed-hosts", "a b"])
+        .output()
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--allowed-hosts") && err.contains("a b"),
+        "{err}"
+    );
 }

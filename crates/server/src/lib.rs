@@ -84,6 +84,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(misc::healthz))
         .routes(routes!(misc::metrics))
         .split_for_parts();
+    let mut api = api;
+    document_forbidden(&mut api);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
@@ -112,8 +114,6 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state);
-    let mut api = api;
-    document_forbidden(&mut api);
     (router, api)
 }
 

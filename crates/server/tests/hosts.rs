@@ -173,6 +173,26 @@ async fn a_foreign_host_is_refused_on_every_route_and_the_servers_own_names_are_
     .await
     .expect("raw");
     assert_eq!((missing, present), (403, 200));
+
+    // The OpenAPI document says so for every operation.
+    let doc: Value = srv
+        .http
+        .get(srv.url("/openapi.json"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("ops") {
+            assert_eq!(
+                op["responses"]["403"]["content"]["application/json"]["schema"]["$ref"],
+                "#/components/schemas/ErrorBody",
+                "{method} {path}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
