@@ -162,7 +162,11 @@ impl HostPolicy {
     /// The names the server answers to, for a refusal's message.
     fn describe(&self) -> String {
         let port = self.listen.port();
-        let mut names = vec![format!("localhost:{port}"), format!("127.0.0.1:{port}")];
+        let mut names = vec![
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ];
         let ip = self.listen.ip();
         if ip.is_unspecified() {
             names.push(format!("any IP address of this machine with port {port}"));
