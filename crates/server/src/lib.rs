@@ -2,6 +2,7 @@
 //! web page. The only crate that speaks HTTP; it decides every status code in `error.rs`.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 mod chat;
 mod error;
 mod executions;
@@ -77,6 +78,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::verify))
+        .routes(routes!(audit::checkpoint))
+        .routes(routes!(audit::public_key))
         .routes(routes!(chat::chat_info, chat::chat))
         .routes(routes!(misc::healthz))
         .routes(routes!(misc::metrics))
@@ -335,5 +338,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> Ap
         loopback,
         auth: Arc::default(),
         chat: None,
+        audit_signer: None,
     }
 }

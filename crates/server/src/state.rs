@@ -26,12 +26,23 @@ pub struct AppState {
     pub auth: Arc<AuthCache>,
     /// The model behind `/v1/chat`; none unless the operator configured one.
     pub chat: Option<Arc<ChatConfig>>,
+    /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
+    pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
 }
 
 impl AppState {
     /// Turns the chat on, against `config`'s model.
     pub fn with_chat(mut self, config: ChatConfig) -> Self {
         self.chat = Some(Arc::new(config));
+        self
+    }
+
+    /// Serves signed audit checkpoints with this key.
+    pub fn with_audit_signer(
+        mut self,
+        signer: Arc<runcell_store::audit::signed::AuditSigner>,
+    ) -> Self {
+        self.audit_signer = Some(signer);
         self
     }
 }
