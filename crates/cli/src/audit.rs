@@ -83,8 +83,9 @@ fn parse_public_key(arg: &str) -> anyhow::Result<AuditPublicKey> {
     if let Some(pk) = AuditPublicKey::from_hex(arg) {
         return Ok(pk);
     }
-    let text = std::fs::read_to_string(arg)
-        .with_context(|| format!("--public-key {arg:?} is neither 64 hex characters nor a readable file"))?;
+    let text = std::fs::read_to_string(arg).with_context(|| {
+        format!("--public-key {arg:?} is neither 64 hex characters nor a readable file")
+    })?;
     let text = text.trim();
     let hex = if text.starts_with('{') {
         let v: serde_json::Value =
@@ -154,7 +155,10 @@ pub fn verify(
         for (line, cp) in read_checkpoints(file)? {
             if let Err(why) = pk.verify(&cp) {
                 let reason = format!("checkpoint {}:{line} rejected: {why}", file.display());
-                println!("{}", serde_json::json!({"ok": false, "checked": 0, "checkpoints": checkpoints, "error": reason}));
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": false, "checked": 0, "checkpoints": checkpoints, "error": reason})
+                );
                 eprintln!("audit verification failed: {reason}");
                 return Ok(ExitCode::from(1));
             }
@@ -173,7 +177,11 @@ pub fn verify(
             eprintln!(
                 "audit chain broken for tenant {} at {}: {}",
                 b.tenant,
-                if b.execution_id.is_empty() { "-" } else { &b.execution_id },
+                if b.execution_id.is_empty() {
+                    "-"
+                } else {
+                    &b.execution_id
+                },
                 b.reason
             );
         }

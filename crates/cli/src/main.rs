@@ -30,11 +30,21 @@ struct Cli {
     data_dir: Option<PathBuf>,
     /// The audit chain's secret key (default: DIR/keys/audit-chain.key, created if missing).
     /// Every command on one data dir must use the same.
-    #[arg(long, global = true, env = "RUNCELL_AUDIT_KEY_FILE", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_AUDIT_KEY_FILE",
+        value_name = "FILE"
+    )]
     audit_key_file: Option<PathBuf>,
     /// The key audit checkpoints are signed with (default: DIR/keys/audit-signing.key,
     /// created if missing).
-    #[arg(long, global = true, env = "RUNCELL_AUDIT_SIGNING_KEY_FILE", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_AUDIT_SIGNING_KEY_FILE",
+        value_name = "FILE"
+    )]
     audit_signing_key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,

@@ -53,7 +53,10 @@ fn signer(state: &AppState) -> ApiResult<Arc<AuditSigner>> {
 
 /// The checkpoint statement, as the file and the endpoint give it.
 #[derive(Debug, Serialize, ToSchema)]
-#[allow(dead_code, reason = "the OpenAPI shape of runcell_store's Checkpoint, which is what is served")]
+#[allow(
+    dead_code,
+    reason = "the OpenAPI shape of runcell_store's Checkpoint, which is what is served"
+)]
 pub struct CheckpointDoc {
     /// `runcell.audit.checkpoint`.
     #[serde(rename = "type")]
@@ -72,7 +75,10 @@ pub struct CheckpointDoc {
 
 #[utoipa::path(get, path = "/v1/audit/public-key", tag = "executions",
     responses((status = 200, body = PublicKey), (status = 404, body = ErrorBody)))]
-pub async fn public_key(State(state): State<AppState>, _tenant: Tenant) -> ApiResult<Json<PublicKey>> {
+pub async fn public_key(
+    State(state): State<AppState>,
+    _tenant: Tenant,
+) -> ApiResult<Json<PublicKey>> {
     let pk = signer(&state)?.public_key();
     Ok(Json(PublicKey {
         algorithm: "ed25519",

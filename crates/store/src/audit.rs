@@ -210,7 +210,11 @@ impl<'k> TenantWalk<'k> {
     /// Before the first row: the legacy anchor, if any, must carry a valid MAC.
     pub fn start(&mut self) -> Result<(), Broken> {
         // A checkpoint of count 0 fixes nothing but the tenant's existence.
-        while self.expect.get(self.next_expect).is_some_and(|e| e.count <= 0) {
+        while self
+            .expect
+            .get(self.next_expect)
+            .is_some_and(|e| e.count <= 0)
+        {
             self.next_expect += 1;
         }
         match &self.legacy {
@@ -285,7 +289,11 @@ impl<'k> TenantWalk<'k> {
             }
             Some(_) => {}
         }
-        while let Some(e) = self.expect.get(self.next_expect).filter(|e| e.count == f.seq) {
+        while let Some(e) = self
+            .expect
+            .get(self.next_expect)
+            .filter(|e| e.count == f.seq)
+        {
             if r.hash != e.head {
                 return Err(self.broken(
                     id,

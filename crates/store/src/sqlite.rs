@@ -621,7 +621,12 @@ fn settle_chain_key(conn: &mut Connection, key_file: &Path) -> Result<ChainKey> 
                 tx.execute(
                     "INSERT OR REPLACE INTO audit_legacy (tenant, seq, hash, mac)
                      VALUES (?1, ?2, ?3, ?4)",
-                    params![h.tenant, seq, h.head, legacy_mac(&key, &h.tenant, seq, &h.head)],
+                    params![
+                        h.tenant,
+                        seq,
+                        h.head,
+                        legacy_mac(&key, &h.tenant, seq, &h.head)
+                    ],
                 )?;
             }
             record_keying(&tx, &key)?;

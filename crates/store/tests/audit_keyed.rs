@@ -62,7 +62,11 @@ fn attacker(path: &Path) -> rusqlite::Connection {
 
 /// Recomputes every row of `tenant`'s chain from genesis with `hash` and moves its head to
 /// the last row: the rewrite that passed `verify` when the chain was unkeyed.
-fn recompute(c: &rusqlite::Connection, tenant: &str, hash: &dyn Fn(&str, &ChainFields<'_>) -> String) {
+fn recompute(
+    c: &rusqlite::Connection,
+    tenant: &str,
+    hash: &dyn Fn(&str, &ChainFields<'_>) -> String,
+) {
     let rows: Vec<(i64, String, Option<String>, String, String, String, String)> = c
         .prepare(
             "SELECT seq, execution_id, session_id, status, code, execution_json, created_at
@@ -70,7 +74,15 @@ fn recompute(c: &rusqlite::Connection, tenant: &str, hash: &dyn Fn(&str, &ChainF
         )
         .and_then(|mut s| {
             s.query_map([tenant], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
             })?
             .collect()
         })
@@ -136,7 +148,10 @@ fn verify_with(s: &Store, cps: &[&Checkpoint]) -> VerifyReport {
 fn the_unkeyed_recompute_attack_no_longer_passes() {
     let copy = real_db_copy();
     let s = open(&copy.path);
-    assert!(s.verify_chain(None).expect("verify").ok, "the copy verifies");
+    assert!(
+        s.verify_chain(None).expect("verify").ok,
+        "the copy verifies"
+    );
     drop(s);
     let c = attacker(&copy.path);
     edit_code(&c, "ex_3");
@@ -146,7 +161,10 @@ fn the_unkeyed_recompute_attack_no_longer_passes() {
     let r = s.verify_chain(None).expect("verify");
     let (tenant, id, reason) = broken(&r);
     assert_eq!((tenant.as_str(), id.as_str()), ("t", "ex_1"));
-    assert!(reason.contains("recomputed without the chain key"), "{reason}");
+    assert!(
+        reason.contains("recomputed without the chain key"),
+        "{reason}"
+    );
     // The other tenant is untouched and alone still verifies.
     assert!(s.verify_chain(Some("u")).expect("u").ok);
 }
@@ -158,7 +176,8 @@ fn a_stolen_key_rewrite_passes_verify_but_not_a_checkpoint_taken_before() {
     let s = open(&copy.path);
     let before = checkpoint(&s, &signer);
     // The log goes on after the checkpoint.
-    s.append_execution(&exec("t", "ex_6", None, 6)).expect("append");
+    s.append_execution(&exec("t", "ex_6", None, 6))
+        .expect("append");
     drop(s);
     let key = stolen_chain_key(&copy.path);
     let c = attacker(&copy.path);
@@ -185,8 +204,10 @@ fn an_unmodified_log_extends_its_checkpoints() {
     let signer = AuditSigner::ephemeral().expect("signer");
     let s = open(&copy.path);
     let first = checkpoint(&s, &signer);
-    s.append_execution(&exec("t", "ex_6", None, 6)).expect("append");
-    s.append_execution(&exec("new", "nx_1", None, 1)).expect("append");
+    s.append_execution(&exec("t", "ex_6", None, 6))
+        .expect("append");
+    s.append_execution(&exec("new", "nx_1", None, 1))
+        .expect("append");
     let second = checkpoint(&s, &signer);
     signer.public_key().verify(&first).expect("signed");
     let r = verify_with(&s, &[&first, &second]);
@@ -199,7 +220,9 @@ fn an_unmodified_log_extends_its_checkpoints() {
     );
     assert_eq!(mine.tenants.len(), 1);
     assert_eq!(mine.tenants[0].count, 2);
-    let r = s.verify_extends(Some("u"), &mine.expected()).expect("verify");
+    let r = s
+        .verify_extends(Some("u"), &mine.expected())
+        .expect("verify");
     assert!(r.ok && r.checked == 2, "{r:?}");
 }
 
@@ -243,11 +266,17 @@ fn a_truncated_chain_is_detected_with_a_checkpoint_only() {
     .expect("move head");
     drop(c);
     let s = open(&copy.path);
-    assert!(s.verify_chain(None).expect("verify").ok, "every row left is genuine");
+    assert!(
+        s.verify_chain(None).expect("verify").ok,
+        "every row left is genuine"
+    );
     let r = verify_with(&s, &[&cp]);
     let (tenant, id, reason) = broken(&r);
     assert_eq!((tenant.as_str(), id.as_str()), ("t", "ex_3"));
-    assert!(reason.contains("the chain has 3 records but the checkpoint"), "{reason}");
+    assert!(
+        reason.contains("the chain has 3 records but the checkpoint"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -315,7 +344,10 @@ fn legacy_db(n: i64) -> TempDb {
 }
 
 fn key_file(db: &Path) -> PathBuf {
-    db.parent().expect("dir").join("keys").join("audit-chain.key")
+    db.parent()
+        .expect("dir")
+        .join("keys")
+        .join("audit-chain.key")
 }
 
 #[test]
@@ -326,9 +358,13 @@ fn records_from_before_the_key_still_verify_and_are_protected_from_then_on() {
         let s = open(&db.path);
         // The key was created (0600) and the three SHA-256 records anchored.
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(key_file(&db.path)).expect("key").permissions().mode();
+        let mode = std::fs::metadata(key_file(&db.path))
+            .expect("key")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
-        s.append_execution(&exec("t", "ex_new", None, 9)).expect("append");
+        s.append_execution(&exec("t", "ex_new", None, 9))
+            .expect("append");
         let r = s.verify_chain(None).expect("verify");
         assert!(r.ok && r.checked == 4, "{r:?}");
     }
@@ -347,13 +383,17 @@ fn records_from_before_the_key_still_verify_and_are_protected_from_then_on() {
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .expect("ids");
     assert_eq!(rows.len(), 4);
-    c.execute("DELETE FROM executions WHERE seq = 4", []).expect("drop 4");
+    c.execute("DELETE FROM executions WHERE seq = 4", [])
+        .expect("drop 4");
     recompute(&c, "t", &chain_hash);
     drop(c);
     let s = open(&copy.path);
     let (_, id, reason) = broken(&s.verify_chain(None).expect("verify"));
     assert_eq!(id, "old_3");
-    assert!(reason.contains("before the chain key were rewritten"), "{reason}");
+    assert!(
+        reason.contains("before the chain key were rewritten"),
+        "{reason}"
+    );
     drop(s);
 
     // Removing the anchor makes every record count as keyed: the old ones fail.
@@ -364,7 +404,10 @@ fn records_from_before_the_key_still_verify_and_are_protected_from_then_on() {
     let s = open(&copy.path);
     let (_, id, reason) = broken(&s.verify_chain(None).expect("verify"));
     assert_eq!(id, "old_1");
-    assert!(reason.contains("recomputed without the chain key"), "{reason}");
+    assert!(
+        reason.contains("recomputed without the chain key"),
+        "{reason}"
+    );
     drop(s);
 
     // Moving the anchor (to bless a rewritten record 4 as legacy) breaks its MAC.
@@ -386,7 +429,10 @@ fn a_key_made_by_hand_for_an_old_database_blesses_nothing() {
     let s = open(&db.path);
     let (_, id, reason) = broken(&s.verify_chain(None).expect("verify"));
     assert_eq!(id, "old_1");
-    assert!(reason.contains("recomputed without the chain key"), "{reason}");
+    assert!(
+        reason.contains("recomputed without the chain key"),
+        "{reason}"
+    );
 }
 
 #[test]

@@ -276,10 +276,20 @@ mod tests {
         c.time = "2027-01-01T00:00:00.000000000Z".into();
         assert!(pk.verify(&c).is_err());
         let mut c = cp.clone();
-        c.signature.replace_range(0..2, if &c.signature[..2] == "00" { "01" } else { "00" });
+        c.signature.replace_range(
+            0..2,
+            if &c.signature[..2] == "00" {
+                "01"
+            } else {
+                "00"
+            },
+        );
         assert!(pk.verify(&c).expect_err("sig").contains("altered"));
         let other = AuditSigner::ephemeral().expect("key").public_key();
-        assert!(other.verify(&cp).expect_err("other").contains("another key"));
+        assert!(other
+            .verify(&cp)
+            .expect_err("other")
+            .contains("another key"));
         assert_eq!(AuditPublicKey::from_hex(&pk.to_hex()), Some(pk));
     }
 }
