@@ -67,7 +67,8 @@ fn recompute(
     tenant: &str,
     hash: &dyn Fn(&str, &ChainFields<'_>) -> String,
 ) {
-    let rows: Vec<(i64, String, Option<String>, String, String, String, String)> = c
+    type Row = (i64, String, Option<String>, String, String, String, String);
+    let rows: Vec<Row> = c
         .prepare(
             "SELECT seq, execution_id, session_id, status, code, execution_json, created_at
              FROM executions WHERE tenant = ?1 ORDER BY seq",
