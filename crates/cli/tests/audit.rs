@@ -29,6 +29,8 @@ fn runcell(data: &Path) -> Command {
 struct Serve {
     child: Child,
     base: String,
+    /// Its stderr lines that log an audit checkpoint.
+    logged: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Serve {
@@ -63,10 +65,19 @@ fn serve(data: &Path, extra: &[&str]) -> Serve {
         }
         assert!(Instant::now() < deadline, "serve did not start");
     }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = logged.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("audit checkpoint") {
+                keep.lock().expect("lock").push(line);
+            }
+        }
+    });
     Serve {
         child,
         base: format!("http://127.0.0.1:{port}"),
+        logged,
     }
 }
 
@@ -274,8 +285,31 @@ fn signed_checkpoints_catch_what_a_stolen_chain_key_can_rewrite() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let logged = srv.logged.clone();
     drop(srv);
     let emitted = checkpoints_in(&cp_file);
+    // Each one is also a log line on stderr, and a file of those lines verifies as well.
+    // (Logged before it is appended to the file; the reader thread may still be behind.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while logged.lock().expect("lock").len() < emitted.len() {
+        assert!(Instant::now() < deadline, "checkpoints were not logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logged = logged.lock().expect("lock").clone();
+    assert_eq!(logged.len(), emitted.len(), "{logged:?}");
+    let log_file = data.join("stderr-checkpoints.log");
+    std::fs::write(&log_file, logged.join("\n")).expect("write");
+    let (code, report, _) = verify(
+        &data,
+        &[
+            "--checkpoint",
+            log_file.to_str().expect("path"),
+            "--public-key",
+            &pk_hex,
+        ],
+    );
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["checkpoints"], emitted.len());
     assert!(emitted.len() >= 2, "{emitted:?}");
     assert!(
         emitted[0].tenants.is_empty(),

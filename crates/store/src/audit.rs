@@ -381,6 +381,26 @@ mod tests {
     }
 
     #[test]
+    fn the_keyed_hash_depends_on_the_key_and_differs_from_the_unkeyed_one() {
+        let f = fields(None, "x");
+        let k1 = ChainKey::from_bytes([1; 32]);
+        let k2 = ChainKey::from_bytes([2; 32]);
+        let h1 = chain_mac(&k1, GENESIS_HASH, &f);
+        assert_eq!(h1.len(), 64);
+        assert_eq!(h1, chain_mac(&k1, GENESIS_HASH, &f));
+        assert_ne!(h1, chain_mac(&k2, GENESIS_HASH, &f));
+        assert_ne!(h1, chain_hash(GENESIS_HASH, &f));
+        assert_ne!(
+            legacy_mac(&k1, "t", 3, GENESIS_HASH),
+            legacy_mac(&k1, "t", 4, GENESIS_HASH)
+        );
+        assert!(
+            !format!("{k1:?}").contains(&k1.to_hex()),
+            "Debug never shows the key"
+        );
+    }
+
+    #[test]
     fn encoding_is_unambiguous() {
         let a = chain_hash(GENESIS_HASH, &fields(None, "x"));
         let b = chain_hash(GENESIS_HASH, &fields(Some(""), "x"));
