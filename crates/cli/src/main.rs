@@ -146,6 +146,8 @@ fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
     let text = format!("{e:#}");
     if text.contains("cannot run code on this host") {
         Some("run `runcell doctor` to see which isolation layer is missing and why")
+    } else if text.contains("the audit chain of this database is keyed with key") {
+        Some("pass the chain key file it was keyed with: --audit-key-file FILE (or RUNCELL_AUDIT_KEY_FILE); see docs/operations.md, \"Key files\"")
     } else if text.contains("invalid request") {
         Some("see `runcell run --help` for the accepted values")
     } else {

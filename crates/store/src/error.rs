@@ -60,13 +60,13 @@ pub enum StoreError {
         source: Option<std::io::Error>,
     },
     /// The database's chain is keyed with another key than the one given.
-    #[error("the audit chain of this database is keyed with key {expected}, not with {path} (key {found}); pass the right --audit-key-file")]
+    #[error("the audit chain of this database is keyed with key {expected}, but {path} {found}")]
     WrongChainKey {
         /// The key file given.
         path: PathBuf,
         /// The key id the database records.
         expected: String,
-        /// The id of the key given (`none` if the file does not exist).
+        /// What the file holds instead: `holds key ID` or `does not exist`.
         found: String,
     },
     /// The operating system's random number generator failed.

@@ -590,7 +590,7 @@ fn settle_chain_key(conn: &mut Connection, key_file: &Path) -> Result<ChainKey> 
                 return Err(StoreError::WrongChainKey {
                     path: key_file.to_owned(),
                     expected: id,
-                    found: key.id(),
+                    found: format!("holds key {}", key.id()),
                 });
             }
             key
@@ -601,7 +601,7 @@ fn settle_chain_key(conn: &mut Connection, key_file: &Path) -> Result<ChainKey> 
                 return Err(StoreError::WrongChainKey {
                     path: key_file.to_owned(),
                     expected: id,
-                    found: "none: the file does not exist".into(),
+                    found: "does not exist".into(),
                 });
             }
             // A key made by an open that crashed after committing, before putting it in place.
