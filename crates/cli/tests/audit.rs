@@ -497,7 +497,19 @@ fn a_key_holder_gets_its_own_tenants_checkpoint() {
         .last()
         .expect("key")
         .to_owned();
-    let srv = serve(&data, &[]);
+    // Checkpoints by time only: one at start, one within a second of a recorded execution.
+    let cp_file = data.join("timed.jsonl");
+    let srv = serve(
+        &data,
+        &[
+            "--audit-checkpoint-every",
+            "0",
+            "--audit-checkpoint-interval-s",
+            "1",
+            "--audit-checkpoint-file",
+            cp_file.to_str().expect("path"),
+        ],
+    );
     let c = http();
     let e: Value = c
         .post(format!("{}/v1/execute", srv.base))
@@ -507,6 +519,24 @@ fn a_key_holder_gets_its_own_tenants_checkpoint() {
         .and_then(|r| r.json())
         .expect("execute");
     assert_eq!(e["status"], "ok", "{e}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let emitted = checkpoints_in(&cp_file);
+        if let Some(last) = emitted.last().filter(|c| !c.tenants.is_empty()) {
+            // The server's own checkpoints cover every tenant.
+            assert_eq!(serde_json::to_value(last.scope).expect("scope"), "all");
+            assert_eq!(
+                (last.tenants[0].tenant.as_str(), last.tenants[0].count),
+                ("team-a", 1)
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no timed checkpoint: {emitted:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let unauth = c
         .get(format!("{}/v1/audit/checkpoint", srv.base))
         .send()
