@@ -50,8 +50,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     let files = input_files(&args.files)?;
     let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;
 
-    let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
-        .context("cannot open the database")?;
+    let store = crate::audit::open_store(data_dir)?;
     let engine = crate::audited_engine(data_dir, &store, None)?;
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.

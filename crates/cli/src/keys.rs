@@ -1,7 +1,7 @@
-//! `runcell keys create|list|revoke` and `runcell audit list|show|verify`: operator commands
-//! on the database, no server needed.
+//! `runcell keys create|list|revoke` and `runcell audit list|show|verify|checkpoint|public-key`:
+//! operator commands on the database, no server needed.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -44,11 +44,28 @@ pub enum AuditCommand {
     Verify {
         #[arg(long)]
         tenant: Option<String>,
+        /// Also prove the log still extends every signed checkpoint in FILE (one JSON per
+        /// line, as `serve --audit-checkpoint-file` and `audit checkpoint` write them).
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// The published Ed25519 public key the checkpoints must be signed with: 64 hex
+        /// characters, or a file holding them or the JSON of `audit public-key` (default: this
+        /// data dir's own signing key).
+        #[arg(long, value_name = "FILE|HEX", requires = "checkpoint")]
+        public_key: Option<String>,
     },
+    /// Print a signed checkpoint of every tenant's chain (or one tenant's), one JSON line, to
+    /// keep somewhere the database's editors cannot reach.
+    Checkpoint {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Print the Ed25519 public key checkpoints are signed with, to publish.
+    PublicKey,
 }
 
 fn open(data_dir: &Path) -> anyhow::Result<Store> {
-    Store::open(&data_dir.join("runcell.db")).context("cannot open the database")
+    crate::audit::open_store(data_dir)
 }
 
 pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
@@ -90,13 +107,13 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub fn audit(data_dir: &Path, cmd: AuditCommand) -> anyhow::Result<ExitCode> {
-    let store = open(data_dir)?;
     match cmd {
         AuditCommand::List {
             tenant,
             session,
             limit,
         } => {
+            let store = open(data_dir)?;
             let (rows, _) = store.list_executions(&tenant, session.as_deref(), limit, None)?;
             for r in rows {
                 let first_line = r.code.lines().next().unwrap_or("");
@@ -112,6 +129,7 @@ pub fn audit(data_dir: &Path, cmd: AuditCommand) -> anyhow::Result<ExitCode> {
             }
         }
         AuditCommand::Show { id, tenant } => {
+            let store = open(data_dir)?;
             let row = store
                 .get_execution(&tenant, &id)?
                 .with_context(|| format!("no execution {id} for tenant {tenant}"))?;
@@ -120,19 +138,22 @@ pub fn audit(data_dir: &Path, cmd: AuditCommand) -> anyhow::Result<ExitCode> {
             v["audit"] = serde_json::json!({"seq": row.seq, "hash": row.hash});
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
-        AuditCommand::Verify { tenant } => {
-            let report = store.verify_chain(tenant.as_deref())?;
-            println!("{}", serde_json::to_string(&report)?);
-            if !report.ok {
-                if let Some(b) = &report.first_broken {
-                    eprintln!(
-                        "audit chain broken for tenant {} at {}: {}",
-                        b.tenant, b.execution_id, b.reason
-                    );
-                }
-                return Ok(ExitCode::from(1));
-            }
+        AuditCommand::Verify {
+            tenant,
+            checkpoint,
+            public_key,
+        } => {
+            return crate::audit::verify(
+                data_dir,
+                tenant.as_deref(),
+                checkpoint.as_deref(),
+                public_key.as_deref(),
+            )
         }
+        AuditCommand::Checkpoint { tenant } => {
+            return crate::audit::checkpoint(data_dir, tenant.as_deref())
+        }
+        AuditCommand::PublicKey => return crate::audit::public_key(data_dir),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,7 @@
 
 mod args;
 mod ask;
+mod audit;
 mod doctor;
 mod keys;
 mod mcp;
@@ -27,6 +28,24 @@ struct Cli {
     /// Where runcell keeps its state (workspaces, database, runtimes).
     #[arg(long, global = true, env = "RUNCELL_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// The audit chain's secret key (default: DIR/keys/audit-chain.key, created if missing).
+    /// Every command on one data dir must use the same.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_AUDIT_KEY_FILE",
+        value_name = "FILE"
+    )]
+    audit_key_file: Option<PathBuf>,
+    /// The key audit checkpoints are signed with (default: DIR/keys/audit-signing.key,
+    /// created if missing).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNCELL_AUDIT_SIGNING_KEY_FILE",
+        value_name = "FILE"
+    )]
+    audit_signing_key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -73,6 +92,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
+    audit::set_key_files(audit::KeyFiles {
+        chain: cli.audit_key_file,
+        signing: cli.audit_signing_key_file,
+    });
     let result = match cli.command {
         Command::Serve(args) => serve::serve(&data_dir, args),
         Command::Run(args) => run::run(&data_dir, args),
@@ -123,6 +146,8 @@ fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
     let text = format!("{e:#}");
     if text.contains("cannot run code on this host") {
         Some("run `runcell doctor` to see which isolation layer is missing and why")
+    } else if text.contains("the audit chain of this database is keyed with key") {
+        Some("pass the chain key file it was keyed with: --audit-key-file FILE (or RUNCELL_AUDIT_KEY_FILE); see docs/operations.md, \"Key files\"")
     } else if text.contains("invalid request") {
         Some("see `runcell run --help` for the accepted values")
     } else {

@@ -65,6 +65,17 @@ pub struct ServeArgs {
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
+    /// Take a signed audit checkpoint after every N executions recorded; 0 turns this off.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    audit_checkpoint_every: u64,
+    /// Take a signed audit checkpoint at most this many seconds after the last one when
+    /// executions were recorded since; 0 turns this off.
+    #[arg(long, default_value_t = 600, value_name = "S")]
+    audit_checkpoint_interval_s: u64,
+    /// Append every checkpoint the server takes to FILE, one JSON per line (each is also
+    /// logged); keep it, or ship it, where the database's editors cannot reach.
+    #[arg(long, value_name = "FILE")]
+    audit_checkpoint_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,8 +120,14 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             ),
         }
     }
-    let store = runcell_store::Store::open(&data_dir.join("runcell.db"))
-        .context("cannot open the database")?;
+    let store = crate::audit::open_store(data_dir)?;
+    let signer = std::sync::Arc::new(crate::audit::signer(data_dir)?);
+    let checkpoints = runcell_server::audit::CheckpointPolicy {
+        every: args.audit_checkpoint_every,
+        interval: (args.audit_checkpoint_interval_s > 0)
+            .then(|| std::time::Duration::from_secs(args.audit_checkpoint_interval_s)),
+        file: args.audit_checkpoint_file.clone(),
+    };
     let has_keys = store.has_active_keys()?;
     if !has_keys && !args.listen.ip().is_loopback() {
         bail!(
@@ -177,8 +194,10 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
         eprintln!("runcell serving on http://{addr}");
+        runcell_server::audit::spawn_checkpoints(store.clone(), signer.clone(), checkpoints);
         let mut state = runcell_server::state(engine.clone(), store, addr)
-            .with_allowed_hosts(args.allowed_hosts);
+            .with_allowed_hosts(args.allowed_hosts)
+            .with_audit_signer(signer);
         if let Some(chat) = chat {
             state = state.with_chat(chat);
         }

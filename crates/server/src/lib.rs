@@ -2,6 +2,7 @@
 //! web page. The only crate that speaks HTTP; it decides every status code in `error.rs`.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 mod chat;
 mod error;
 mod executions;
@@ -80,6 +81,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::verify))
+        .routes(routes!(audit::checkpoint))
+        .routes(routes!(audit::public_key))
         .routes(routes!(chat::chat_info, chat::chat))
         .routes(routes!(misc::healthz))
         .routes(routes!(misc::metrics))
@@ -404,5 +407,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         chat: None,
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
+        audit_signer: None,
     }
 }

@@ -32,6 +32,8 @@ pub struct AppState {
     pub hosts: Arc<HostPolicy>,
     /// Whether `/metrics` is served by its own listener (`--metrics-listen`), not this one.
     pub metrics_elsewhere: bool,
+    /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
+    pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
 }
 
 impl AppState {
@@ -51,6 +53,15 @@ impl AppState {
     /// --metrics-listen`): this one answers it with 404.
     pub fn without_metrics(mut self) -> Self {
         self.metrics_elsewhere = true;
+        self
+    }
+
+    /// Serves signed audit checkpoints with this key.
+    pub fn with_audit_signer(
+        mut self,
+        signer: Arc<runcell_store::audit::signed::AuditSigner>,
+    ) -> Self {
+        self.audit_signer = Some(signer);
         self
     }
 }

@@ -48,6 +48,27 @@ pub enum StoreError {
     /// A stored value could not be read back (unparseable timestamp, negative size, ...).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// An audit key file is missing, unreadable or malformed.
+    #[error("audit key file {path}: {problem}")]
+    AuditKey {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong, e.g. `cannot read`.
+        problem: String,
+        /// The I/O error, if there was one.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The database's chain is keyed with another key than the one given.
+    #[error("the audit chain of this database is keyed with key {expected}, but {path} {found}")]
+    WrongChainKey {
+        /// The key file given.
+        path: PathBuf,
+        /// The key id the database records.
+        expected: String,
+        /// What the file holds instead: `holds key ID` or `does not exist`.
+        found: String,
+    },
     /// The operating system's random number generator failed.
     #[error("random number generator failed")]
     Random(#[source] getrandom::Error),

@@ -13,8 +13,9 @@
 //! needs `synchronous=FULL` (an fsync per commit): open with [`Durability::PowerLoss`].
 //!
 //! # The audit chain
-//! [`Backend::append_execution`] adds each execution to a per-tenant hash chain; see [`audit`]
-//! for the exact hashed encoding and [`Backend::verify_chain`] for what verification detects.
+//! [`Backend::append_execution`] adds each execution to a per-tenant chain of HMACs keyed with
+//! a secret kept outside the database; see [`audit`] for the exact encoding, the key files and
+//! signed checkpoints, and [`Backend::verify_chain`] for what verification detects.
 //!
 //! # Records
 //! The store does not depend on the engine: executions are stored as JSON text
@@ -170,6 +171,28 @@ pub struct Broken {
     pub reason: String,
 }
 
+/// Where a tenant's chain stands: record `count` (its seq) has hash `head`. What a checkpoint
+/// states per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainHead {
+    /// The tenant.
+    pub tenant: String,
+    /// Records in its chain (the last one's seq); 0 for none.
+    pub count: u64,
+    /// The last record's hash ([`audit::GENESIS_HASH`] for none).
+    pub head: String,
+}
+
+/// A chain position a verification must find, with a name for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// The position.
+    pub head: ChainHead,
+    /// Where it comes from, e.g. `checkpoint of 2026-01-01T00:00:00Z`.
+    pub source: String,
+}
+
 /// Storage operations. Implemented by [`SqliteStore`]; a PostgreSQL backend would implement
 /// it too. All methods validate their input and return [`StoreError::Invalid`] rather than
 /// panic.
@@ -261,7 +284,21 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn get_execution(&self, tenant: &str, id: &str) -> Result<Option<ExecutionRow>>;
     /// Re-walks one tenant's chain (or every tenant's, in name order) and reports the first
     /// edited, deleted or out-of-band row, from one consistent snapshot.
-    fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport>;
+    fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport> {
+        self.verify_extends(tenant, &[])
+    }
+    /// Like [`Backend::verify_chain`], and also checks that each position in `expected` (of
+    /// the tenant walked, or of any tenant) is still in its chain: record `count` exists and has
+    /// hash `head`. A tenant expected but gone entirely is reported too.
+    fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport>;
+    /// Every tenant's chain head (or one tenant's: count 0 if it has none), by tenant name,
+    /// from one snapshot: what a checkpoint signs.
+    fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>>;
+    /// Executions appended through this handle since it was opened (a cheap counter for
+    /// deciding when to take a checkpoint).
+    fn appended_count(&self) -> u64 {
+        0
+    }
 }
 
 /// A shared handle to a storage backend: `Clone + Send + Sync`, and derefs to
@@ -270,7 +307,9 @@ pub trait Backend: Send + Sync + fmt::Debug {
 pub struct Store(Arc<dyn Backend>);
 
 impl Store {
-    /// Opens (creating if needed) the SQLite database at `path` with [`Durability::Process`].
+    /// Opens (creating if needed) the SQLite database at `path` with [`Durability::Process`],
+    /// its chain keyed with the key in `keys/audit-chain.key` beside it (created if missing;
+    /// see [`audit::keys`]).
     pub fn open(path: &Path) -> Result<Store> {
         Ok(Store(Arc::new(SqliteStore::open(path)?)))
     }
@@ -278,6 +317,15 @@ impl Store {
     /// Like [`Store::open`] with an explicit durability level.
     pub fn open_with(path: &Path, durability: Durability) -> Result<Store> {
         Ok(Store(Arc::new(SqliteStore::open_with(path, durability)?)))
+    }
+
+    /// Like [`Store::open_with`] with the chain key in `chain_key_file` (created if missing).
+    pub fn open_keyed(path: &Path, durability: Durability, chain_key_file: &Path) -> Result<Store> {
+        Ok(Store(Arc::new(SqliteStore::open_keyed(
+            path,
+            durability,
+            chain_key_file,
+        )?)))
     }
 
     /// A private in-memory SQLite database (for tests).

@@ -13,19 +13,26 @@ use rusqlite::{
     TransactionBehavior,
 };
 
-use crate::audit::{chain_hash, ChainFields, StoredRow, TenantWalk, GENESIS_HASH};
+use crate::audit::keys::{self, Found};
+use crate::audit::{
+    chain_mac, legacy_mac, ChainFields, ChainKey, Expect, Legacy, StoredRow, TenantWalk,
+    GENESIS_HASH,
+};
 use crate::checkpoint::{Checkpointer, WalLimits};
 use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
-    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, SessionRecord, UploadRecord,
-    VerifyReport,
+    time, AuditEntry, Backend, ChainHead, ExecutionRow, Expected, KeyInfo, NewExecution,
+    SessionRecord, UploadRecord, VerifyReport,
 };
 
 /// Schema migrations, applied in order, each in its own transaction, recorded in
 /// `schema_migrations`. Never edit a released migration: add a new file.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_audit_keyed.sql")),
+];
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -53,6 +60,10 @@ pub struct SqliteStore {
     keys_generation: std::sync::atomic::AtomicU64,
     /// Concurrent execution appends, committed together.
     appends: GroupCommit<PendingAppend<'static>, AuditEntry>,
+    /// What the chain's HMACs are keyed with.
+    key: ChainKey,
+    /// Executions appended through this store (see `Backend::appended_count`).
+    appended: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -228,7 +239,11 @@ fn pending_append(rec: &NewExecution) -> Result<PendingAppend<'_>> {
 
 /// Appends `batch` (in order) to the tenants' chains in one IMMEDIATE transaction and
 /// commits; all or nothing. `Conflict` if an execution id is already recorded.
-fn append_batch(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Result<Vec<AuditEntry>> {
+fn append_batch(
+    conn: &mut Connection,
+    key: &ChainKey,
+    batch: &[PendingAppend<'_>],
+) -> Result<Vec<AuditEntry>> {
     // IMMEDIATE takes the write lock up front, so no other writer (another process on the
     // same file included) can read the same head and fork the chain.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -263,7 +278,8 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Result<Ve
         let seq = last
             .checked_add(1)
             .ok_or_else(|| StoreError::Corrupt("chain head seq overflow".into()))?;
-        let hash = chain_hash(
+        let hash = chain_mac(
+            key,
             prev_hash,
             &ChainFields {
                 seq,
@@ -315,15 +331,19 @@ fn append_batch(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Result<Ve
 }
 
 /// Commits a group-commit batch: one result per item, in order.
-fn commit_appends(conn: &mut Connection, batch: &[PendingAppend<'_>]) -> Vec<Result<AuditEntry>> {
-    match append_batch(conn, batch) {
+fn commit_appends(
+    conn: &mut Connection,
+    key: &ChainKey,
+    batch: &[PendingAppend<'_>],
+) -> Vec<Result<AuditEntry>> {
+    match append_batch(conn, key, batch) {
         Ok(entries) => entries.into_iter().map(Ok).collect(),
         // Nothing of the batch was kept: each row on its own, so one bad row (a reused id)
         // fails alone and gets its own error.
         Err(e) if batch.len() == 1 => vec![Err(e)],
         Err(_) => batch
             .iter()
-            .map(|p| append_batch(conn, std::slice::from_ref(p)).map(|mut v| v.remove(0)))
+            .map(|p| append_batch(conn, key, std::slice::from_ref(p)).map(|mut v| v.remove(0)))
             .collect(),
     }
 }
@@ -420,18 +440,32 @@ fn stored_row<'a>(r: &'a Row<'_>, tenant: &'a str) -> Result<StoredRow<'a>, &'st
     })
 }
 
-fn verify_on(conn: &mut Connection, tenant: Option<&str>) -> Result<VerifyReport> {
+fn verify_on(
+    conn: &mut Connection,
+    key: &ChainKey,
+    tenant: Option<&str>,
+    expected: &[Expected],
+) -> Result<VerifyReport> {
     // One read transaction = one snapshot of rows and heads, even while appends go on.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-    let tenants: Vec<String> = match tenant {
+    let mut tenants: Vec<String> = match tenant {
         Some(t) => vec![t.to_owned()],
         None => collect(
             &tx,
-            "SELECT tenant FROM chain_heads UNION SELECT tenant FROM executions ORDER BY 1",
+            "SELECT tenant FROM chain_heads UNION SELECT tenant FROM executions
+             UNION SELECT tenant FROM audit_legacy ORDER BY 1",
             [],
             |r| Ok(r.get(0)?),
         )?,
     };
+    if tenant.is_none() && !expected.is_empty() {
+        // A tenant a checkpoint names but the database has forgotten entirely is walked too.
+        let all: std::collections::BTreeSet<String> = tenants
+            .drain(..)
+            .chain(expected.iter().map(|e| e.head.tenant.clone()))
+            .collect();
+        tenants = all.into_iter().collect();
+    }
     let mut checked = 0u64;
     for t in &tenants {
         let head = first(
@@ -440,27 +474,50 @@ fn verify_on(conn: &mut Connection, tenant: Option<&str>) -> Result<VerifyReport
             [t],
             |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
         )?;
-        let mut walk = TenantWalk::new(t, head);
-        let mut stmt = tx.prepare_cached(
-            "SELECT seq, execution_id, session_id, status, code, execution_json, created_at, \
-                    prev_hash, hash
-             FROM executions WHERE tenant = ?1 ORDER BY seq",
+        let legacy = first(
+            &tx,
+            "SELECT seq, hash, mac FROM audit_legacy WHERE tenant = ?1",
+            [t],
+            |r| {
+                Ok(Legacy {
+                    seq: r.get(0)?,
+                    hash: r.get(1)?,
+                    mac: r.get(2)?,
+                })
+            },
         )?;
-        let mut rows = stmt.query([t])?;
-        let mut result = Ok(());
-        while let Some(r) = rows.next()? {
-            result = match stored_row(r, t) {
-                Ok(row) => walk.row(&row),
-                Err(column) => {
-                    let id = match r.get_ref(1) {
-                        Ok(ValueRef::Text(b)) => String::from_utf8_lossy(b).into_owned(),
-                        _ => String::new(),
-                    };
-                    Err(walk.broken(&id, format!("row edited: malformed {column}")))
+        let expect = expected
+            .iter()
+            .filter(|e| e.head.tenant == *t)
+            .map(|e| Expect {
+                count: i64::try_from(e.head.count).unwrap_or(i64::MAX),
+                head: e.head.head.clone(),
+                source: e.source.clone(),
+            })
+            .collect();
+        let mut walk = TenantWalk::new(t, key, head, legacy, expect);
+        let mut result = walk.start();
+        if result.is_ok() {
+            let mut stmt = tx.prepare_cached(
+                "SELECT seq, execution_id, session_id, status, code, execution_json, created_at, \
+                        prev_hash, hash
+                 FROM executions WHERE tenant = ?1 ORDER BY seq",
+            )?;
+            let mut rows = stmt.query([t])?;
+            while let Some(r) = rows.next()? {
+                result = match stored_row(r, t) {
+                    Ok(row) => walk.row(&row),
+                    Err(column) => {
+                        let id = match r.get_ref(1) {
+                            Ok(ValueRef::Text(b)) => String::from_utf8_lossy(b).into_owned(),
+                            _ => String::new(),
+                        };
+                        Err(walk.broken(&id, format!("row edited: malformed {column}")))
+                    }
+                };
+                if result.is_err() {
+                    break;
                 }
-            };
-            if result.is_err() {
-                break;
             }
         }
         let result = result.and_then(|()| walk.finish());
@@ -480,6 +537,117 @@ fn verify_on(conn: &mut Connection, tenant: Option<&str>) -> Result<VerifyReport
     })
 }
 
+fn chain_heads_on(conn: &Connection, tenant: Option<&str>) -> Result<Vec<ChainHead>> {
+    let head = |r: &Row<'_>| {
+        Ok(ChainHead {
+            tenant: r.get(0)?,
+            count: seq_of(r, 1)?,
+            head: r.get(2)?,
+        })
+    };
+    match tenant {
+        None => collect(
+            conn,
+            "SELECT tenant, seq, hash FROM chain_heads ORDER BY tenant",
+            [],
+            head,
+        ),
+        Some(t) => Ok(vec![first(
+            conn,
+            "SELECT tenant, seq, hash FROM chain_heads WHERE tenant = ?1",
+            [t],
+            head,
+        )?
+        .unwrap_or_else(|| ChainHead {
+            tenant: t.to_owned(),
+            count: 0,
+            head: GENESIS_HASH.to_owned(),
+        })]),
+    }
+}
+
+/// Settles which chain key the database is keyed with, on the writer connection right after
+/// the migrations, and returns the key.
+///
+/// One IMMEDIATE transaction, so two processes opening the same database at once decide
+/// together. The first time (no `audit_keying` row): if the key file did not exist either,
+/// runcell creates the key and anchors every tenant's existing records as the legacy
+/// (unkeyed) prefix; if the key file did exist (made by hand, say), nothing is anchored and any
+/// unkeyed record fails verification, since nothing outside the database can say it is old.
+/// Later: the key must be the recorded one.
+fn settle_chain_key(conn: &mut Connection, key_file: &Path) -> Result<ChainKey> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let recorded: Option<String> = tx
+        .query_row("SELECT key_id FROM audit_keying WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let found = keys::find_chain_key(key_file)?;
+    let key = match (recorded, found) {
+        (Some(id), Found::Existing(key)) => {
+            if key.id() != id {
+                return Err(StoreError::WrongChainKey {
+                    path: key_file.to_owned(),
+                    expected: id,
+                    found: format!("holds key {}", key.id()),
+                });
+            }
+            key
+        }
+        (Some(id), Found::New { key, tmp }) => {
+            if key.id() != id {
+                keys::discard(&tmp);
+                return Err(StoreError::WrongChainKey {
+                    path: key_file.to_owned(),
+                    expected: id,
+                    found: "does not exist".into(),
+                });
+            }
+            // A key made by an open that crashed after committing, before putting it in place.
+            keys::publish(&tmp, key_file, &key)?;
+            key
+        }
+        (None, Found::Existing(key)) => {
+            record_keying(&tx, &key)?;
+            tx.commit()?;
+            return Ok(key);
+        }
+        (None, Found::New { key, tmp }) => {
+            let heads = chain_heads_on(&tx, None)?;
+            for h in &heads {
+                let seq = i64::try_from(h.count)
+                    .map_err(|_| StoreError::Corrupt("chain head seq overflow".into()))?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO audit_legacy (tenant, seq, hash, mac)
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        h.tenant,
+                        seq,
+                        h.head,
+                        legacy_mac(&key, &h.tenant, seq, &h.head)
+                    ],
+                )?;
+            }
+            record_keying(&tx, &key)?;
+            // Committed before the key is in place: a crash in between leaves the key in its
+            // temporary file, which the next open finds and puts in place (above).
+            tx.commit()?;
+            keys::publish(&tmp, key_file, &key)?;
+            return Ok(key);
+        }
+    };
+    tx.commit()?;
+    Ok(key)
+}
+
+fn record_keying(tx: &Connection, key: &ChainKey) -> Result<()> {
+    tx.execute(
+        "INSERT INTO audit_keying (id, key_id, keyed_at) VALUES (1, ?1, ?2)",
+        params![key.id(), time::fmt(Utc::now())],
+    )?;
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` with [`Durability::Process`]:
     /// creates parent directories, enables WAL, `synchronous=NORMAL`, foreign keys and a 5 s
@@ -489,20 +657,45 @@ impl SqliteStore {
         Self::open_with(path, Durability::Process)
     }
 
-    /// Like [`SqliteStore::open`] with an explicit durability level.
+    /// Like [`SqliteStore::open`] with an explicit durability level. The chain key is
+    /// `keys/audit-chain.key` beside the database (see [`crate::audit::keys`]).
     pub fn open_with(path: &Path, durability: Durability) -> Result<SqliteStore> {
-        Self::open_tuned(path, durability, WalLimits::default())
+        let key_file = keys::default_dir(path).join(keys::CHAIN_KEY_FILE);
+        Self::open_keyed(path, durability, &key_file)
     }
 
+    /// Like [`SqliteStore::open_with`] with the chain key in `chain_key_file`, created if
+    /// missing. Refuses ([`StoreError::WrongChainKey`]) a key other than the one the
+    /// database's chains are keyed with.
+    pub fn open_keyed(
+        path: &Path,
+        durability: Durability,
+        chain_key_file: &Path,
+    ) -> Result<SqliteStore> {
+        Self::open_inner(path, durability, WalLimits::default(), chain_key_file)
+    }
+
+    #[cfg(test)]
     pub(crate) fn open_tuned(
         path: &Path,
         durability: Durability,
         limits: WalLimits,
     ) -> Result<SqliteStore> {
+        let key_file = keys::default_dir(path).join(keys::CHAIN_KEY_FILE);
+        Self::open_inner(path, durability, limits, &key_file)
+    }
+
+    fn open_inner(
+        path: &Path,
+        durability: Durability,
+        limits: WalLimits,
+        chain_key_file: &Path,
+    ) -> Result<SqliteStore> {
         prepare_path(path)?;
         let mut writer = Connection::open_with_flags(path, open_flags())?;
         configure(&writer, durability, true)?;
         migrate(&mut writer)?;
+        let key = settle_chain_key(&mut writer, chain_key_file)?;
         let reader = Connection::open_with_flags(path, open_flags())?;
         configure(&reader, durability, true)?;
         reader.pragma_update(None, "query_only", true)?;
@@ -517,14 +710,19 @@ impl SqliteStore {
             reader: Some(Mutex::new(reader)),
             keys_generation: Default::default(),
             appends: GroupCommit::new(),
+            key,
+            appended: Default::default(),
         })
     }
 
-    /// A private in-memory database (one connection; for tests).
+    /// A private in-memory database (one connection; for tests), keyed with a random key
+    /// kept nowhere.
     pub fn open_in_memory() -> Result<SqliteStore> {
         let mut conn = Connection::open_in_memory()?;
         configure(&conn, Durability::Process, false)?;
         migrate(&mut conn)?;
+        let key = ChainKey::generate()?;
+        record_keying(&conn, &key)?;
         Ok(SqliteStore {
             _checkpointer: None,
             path: None,
@@ -532,6 +730,8 @@ impl SqliteStore {
             reader: None,
             keys_generation: Default::default(),
             appends: GroupCommit::new(),
+            key,
+            appended: Default::default(),
         })
     }
 
@@ -829,8 +1029,12 @@ impl Backend for SqliteStore {
         };
         // Concurrent appends share one transaction (see `group`): each returns once the
         // commit holding its row is done, so the contract above holds as with one commit each.
-        self.appends
-            .submit(pending, |batch| commit_appends(&mut self.write(), &batch))
+        let entry = self.appends.submit(pending, |batch| {
+            commit_appends(&mut self.write(), &self.key, &batch)
+        })?;
+        self.appended
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(entry)
     }
 
     fn append_executions(&self, recs: &[NewExecution]) -> Vec<Result<AuditEntry>> {
@@ -850,9 +1054,12 @@ impl Backend for SqliteStore {
         let mut committed = if batch.is_empty() {
             Vec::new()
         } else {
-            commit_appends(&mut self.write(), &batch)
+            commit_appends(&mut self.write(), &self.key, &batch)
         }
         .into_iter();
+        let ok = committed.as_slice().iter().filter(|r| r.is_ok()).count();
+        self.appended
+            .fetch_add(ok as u64, std::sync::atomic::Ordering::Relaxed);
         results
             .into_iter()
             .map(|r| {
@@ -931,17 +1138,28 @@ impl Backend for SqliteStore {
         )
     }
 
-    fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport> {
+    fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport> {
         match &self.path {
             Some(path) => {
                 // A connection of its own: a long walk must not hold up appends or reads.
                 let mut conn = Connection::open_with_flags(path, open_flags())?;
                 conn.busy_timeout(BUSY_TIMEOUT)?;
                 conn.pragma_update(None, "query_only", true)?;
-                verify_on(&mut conn, tenant)
+                verify_on(&mut conn, &self.key, tenant, expected)
             }
-            None => verify_on(&mut self.write(), tenant),
+            None => verify_on(&mut self.write(), &self.key, tenant, expected),
         }
+    }
+
+    fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>> {
+        if let Some(t) = tenant {
+            validate::name("tenant", t)?;
+        }
+        chain_heads_on(&self.read(), tenant)
+    }
+
+    fn appended_count(&self) -> u64 {
+        self.appended.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -977,7 +1195,7 @@ mod tests {
     #[test]
     fn a_reused_id_in_a_batch_fails_alone() {
         let s = store();
-        let first = commit_appends(&mut s.write(), &[pending("a", "ex_1")]);
+        let first = commit_appends(&mut s.write(), &s.key, &[pending("a", "ex_1")]);
         assert!(first[0].is_ok(), "{first:?}");
         let batch = [
             pending("a", "ex_2"),
@@ -986,12 +1204,12 @@ mod tests {
         ];
         // All or nothing as one transaction...
         assert!(matches!(
-            append_batch(&mut s.write(), &batch),
+            append_batch(&mut s.write(), &s.key, &batch),
             Err(StoreError::Conflict(_))
         ));
         assert_eq!(ids(&s, "a"), ["ex_1"]);
         // ...and as a group-commit batch each row gets its own result.
-        let results = commit_appends(&mut s.write(), &batch);
+        let results = commit_appends(&mut s.write(), &s.key, &batch);
         assert_eq!(results[0].as_ref().expect("ex_2").seq, 2);
         assert!(
             matches!(results[1], Err(StoreError::Conflict(_))),
@@ -1007,6 +1225,7 @@ mod tests {
         let s = store();
         let results = commit_appends(
             &mut s.write(),
+            &s.key,
             &[pending("a", "ex_1"), pending("a", "ex_1")],
         );
         assert!(results[0].is_ok(), "{results:?}");
@@ -1022,7 +1241,7 @@ mod tests {
     #[test]
     fn another_constraint_is_not_a_conflict() {
         let s = store();
-        commit_appends(&mut s.write(), &[pending("a", "ex_1")])
+        commit_appends(&mut s.write(), &s.key, &[pending("a", "ex_1")])
             .remove(0)
             .expect("append");
         // A lost chain head makes the next append reuse seq 1: the (tenant, seq) key refuses
@@ -1030,7 +1249,7 @@ mod tests {
         s.write()
             .execute("DELETE FROM chain_heads", [])
             .expect("delete head");
-        let r = commit_appends(&mut s.write(), &[pending("a", "ex_2")]).remove(0);
+        let r = commit_appends(&mut s.write(), &s.key, &[pending("a", "ex_2")]).remove(0);
         assert!(matches!(r, Err(StoreError::Sqlite(_))), "{r:?}");
     }
 }

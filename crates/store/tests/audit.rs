@@ -137,7 +137,8 @@ fn deleted_last_row_is_detected_via_head() {
 fn rehashed_row_breaks_the_next_link() {
     let (db, s) = setup(5);
     let c = attacker(&db.path);
-    // Edit row 3 and recompute its hash properly, but leave row 4's prev_hash alone.
+    // Edit row 3 and recompute its hash properly (with the chain key), but leave row 4's
+    // prev_hash alone.
     let row3 = s.get_execution("t", "ex_3").expect("get").expect("row 3");
     let prev: String = c
         .query_row("SELECT prev_hash FROM executions WHERE seq = 3", [], |r| {
@@ -149,7 +150,10 @@ fn rehashed_row_breaks_the_next_link() {
             r.get(0)
         })
         .expect("created");
-    let forged = runcell_store::audit::chain_hash(
+    // With the chain key (stolen): a hash verification alone accepts for row 3.
+    let key = stolen_chain_key(&db.path);
+    let forged = runcell_store::audit::chain_mac(
+        &key,
         &prev,
         &runcell_store::audit::ChainFields {
             seq: 3,
@@ -205,7 +209,7 @@ fn out_of_band_rows_are_detected() {
         execution_json: "{}",
         created_at: created,
     };
-    let hash = runcell_store::audit::chain_hash(&last.hash, &fields);
+    let hash = runcell_store::audit::chain_mac(&stolen_chain_key(&db.path), &last.hash, &fields);
     c.execute(
         "INSERT INTO executions (tenant, seq, execution_id, session_id, status, code,
                                  execution_json, created_at, prev_hash, hash)

@@ -74,3 +74,10 @@ pub fn db_bytes(path: &Path) -> Vec<u8> {
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+/// The chain key of the database at `path` (in `keys/` beside it), as a thief would read it.
+pub fn stolen_chain_key(path: &Path) -> runcell_store::audit::ChainKey {
+    let file = runcell_store::audit::keys::default_dir(path)
+        .join(runcell_store::audit::keys::CHAIN_KEY_FILE);
+    runcell_store::audit::ChainKey::read(&file).expect("chain key")
+}
