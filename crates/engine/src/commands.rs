@@ -30,7 +30,7 @@ impl Engine {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<CommandOutput, EngineError> {
-        crate::bounds::check_code("the command", command)?;
+        crate::bounds::check_command(command)?;
         let info = self.sessions().get(session)?;
         let workspace = self.sessions().workspace(session)?;
         let timeout = timeout.unwrap_or(Duration::from_secs(info.limits.exec_timeout_s));

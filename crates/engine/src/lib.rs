@@ -22,7 +22,9 @@ pub use crate::core::{
     AuditItem, AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT,
     SANDBOX_PYTHON,
 };
-pub use bounds::{MAX_CODE_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES};
+pub use bounds::{
+    check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
+};
 pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};
 pub use model::{

@@ -508,7 +508,7 @@ impl SessionManager {
         cancel: CancelToken,
         reply: Reply,
     ) -> Result<(), EngineError> {
-        crate::bounds::check_code("the code", code)?;
+        crate::bounds::check_code(code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout)?;
         match entry.send(Job::Execute {
@@ -543,7 +543,7 @@ impl SessionManager {
         impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
         EngineError,
     > {
-        crate::bounds::check_code("the code", &code)?;
+        crate::bounds::check_code(&code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout)?;
         if entry.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE_DEPTH {

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{create, main_text};
+use runcell_engine::tools::ToolCall;
 use runcell_engine::{
     CancelToken, EngineError, ExecEvent, Execution, ExecutionStatus, KilledBy, OneShot,
-    MAX_CODE_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
+    MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 
 /// The tests of this file one at a time: they measure this process's memory, which the
@@ -261,20 +262,23 @@ fn code_over_the_limit_is_refused_everywhere_and_code_at_it_runs() {
     let engine = common::engine();
     let id = create(&engine);
     let too_big = format!("x = 1\n#{}", "y".repeat(MAX_CODE_BYTES));
-    let refused = |r: Result<_, EngineError>| match r {
+    let refused_at = |limit: usize, r: Result<_, EngineError>| match r {
         Err(EngineError::PayloadTooLarge(m)) => {
-            assert!(m.contains("over the limit of 1048576 bytes"), "{m}")
+            assert!(
+                m.contains(&format!("over the limit of {limit} bytes")),
+                "{m}"
+            )
         }
         Err(other) => panic!("expected PayloadTooLarge, got {other:?}"),
         Ok(_) => panic!("accepted code over the limit"),
     };
+    let refused = |r| refused_at(MAX_CODE_BYTES, r);
     refused(
         engine
             .sessions()
             .execute(&id, &too_big, None, None)
             .map(|_| ()),
     );
-    refused(engine.run_command(&id, &too_big, None).map(|_| ()));
     refused(
         engine
             .run_once(
@@ -295,6 +299,37 @@ fn code_over_the_limit_is_refused_everywhere_and_code_at_it_runs() {
                 .map(|_| ()),
         )
     });
+    // A command runs as `bash -c COMMAND`: one argument, which Linux caps at 128 KiB. At the
+    // cap it runs; over it, it is refused (it was an internal error from the exec).
+    let command = |n: usize| format!("echo {}| wc -c", "y".repeat(n - 12));
+    let at = engine
+        .run_command(&id, &command(MAX_COMMAND_BYTES), None)
+        .expect("a command at the cap");
+    assert_eq!(at.stdout.trim(), (MAX_COMMAND_BYTES - 11).to_string());
+    refused_at(
+        MAX_COMMAND_BYTES,
+        engine
+            .run_command(&id, &command(MAX_COMMAND_BYTES + 1), None)
+            .map(|_| ()),
+    );
+    // A model's tool call (MCP, the chat, `runcell ask`) is told, as a failed call.
+    for (tool, field, limit) in [
+        ("python", "code", MAX_CODE_BYTES),
+        ("bash", "command", MAX_COMMAND_BYTES),
+    ] {
+        let call =
+            ToolCall::parse(tool, serde_json::json!({ field: too_big.clone() })).expect("call");
+        let out = engine
+            .run_tool(&id, &call, CancelToken::new())
+            .expect("a tool output");
+        assert!(out.is_error, "{tool}");
+        assert!(
+            out.text
+                .contains(&format!("over the limit of {limit} bytes")),
+            "{tool}: {}",
+            out.text
+        );
+    }
     // Exactly at the limit is fine.
     let at = format!("x = 1\n#{}\nx", "y".repeat(MAX_CODE_BYTES - 9));
     assert_eq!(at.len(), MAX_CODE_BYTES);
