@@ -46,8 +46,8 @@ pub struct CellOptions {
     pub results: ResultLimits,
 }
 
-/// Displays and main results one execution keeps at most (DESIGN.md §7, docs/api.md
-/// "Limits"): enough for a notebook's worth of figures and tables.
+/// Displays and main results one execution keeps at most (docs/api.md "Limits"; over them,
+/// DESIGN.md §11's `truncated.results`): enough for a notebook's worth of figures and tables.
 pub const MAX_RESULTS: usize = 64;
 /// Bytes one result may take, as its frame from the kernel (the MIME bundle's JSON): a big
 /// figure's PNG (base64, typically 20-500 KiB, a few MiB at 300 dpi) fits many times over.
