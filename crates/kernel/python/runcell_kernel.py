@@ -5,7 +5,8 @@ Runs code cells in one persistent namespace, Jupyter style, and reports on a
 framed-JSON channel to the host:
 
 * fd 3: the protocol channel (bidirectional Unix stream socket). Each frame is a
-  4-byte big-endian length followed by one UTF-8 JSON object (at most 64 MiB).
+  4-byte big-endian length followed by one UTF-8 JSON object (at most 64 MiB;
+  displays, results and errors at most MAX_RESULT, which is all the host keeps).
 * fds 1 and 2: the user's stdout and stderr, read raw by the host. Nothing the
   user prints ever travels on fd 3.
 

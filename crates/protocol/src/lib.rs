@@ -12,6 +12,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 
 /// Largest frame either side accepts: a few PNGs of a big figure fit; a runaway does not.
+/// A longer length prefix is a protocol error before anything is read. The host keeps less
+/// (a [`FrameDecoder`] with a keep limit, a result's limit in runcell-kernel) and reads past
+/// the frames between the two.
 pub const MAX_FRAME: usize = 64 << 20;
 
 /// A Jupyter MIME bundle: MIME type -> text (base64 for binary types).
@@ -307,6 +310,19 @@ mod tests {
             done,
             KernelMessage::Done {
                 status: DoneStatus::Ok,
+                ..
+            }
+        ));
+        // With results the kernel dropped over the limits (only then are the fields sent).
+        let done: KernelMessage = serde_json::from_str(
+            r#"{"type": "done", "id": "ex_1", "status": "ok", "execution_count": 2, "dropped_results": 284, "dropped_bytes": 284038908}"#,
+        )
+        .expect("done with drops");
+        assert!(matches!(
+            done,
+            KernelMessage::Done {
+                dropped_results: 284,
+                dropped_bytes: 284038908,
                 ..
             }
         ));
