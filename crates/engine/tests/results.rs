@@ -177,6 +177,20 @@ fn forged_result_frames_are_bounded_by_the_host_while_they_are_read() {
         marker(&many)
     );
 
+    // A kernel sends one error per cell; forged ones after it are dropped and counted too
+    // (each would be an event of the stream).
+    let errors = exec(
+        &engine,
+        &id,
+        "for i in range(50):\n    forge({'type': 'error', 'id': 'x', 'name': f'E{i}', 'value': 'v' * 1_000_000, 'traceback': ''})",
+    );
+    assert_eq!(errors.error.as_ref().map(|e| e.name.as_str()), Some("E0"));
+    assert!(
+        marker(&errors).starts_with("[… 49 results / "),
+        "{}",
+        marker(&errors)
+    );
+
     // One frame over the per-result limit (and under the frame limit) is read past
     // unbuffered; the kernel lives on with its state.
     let big = format!(

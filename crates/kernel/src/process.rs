@@ -781,6 +781,12 @@ impl Kernel {
                     });
                     out.results.push((true, data));
                 }
+                // A kernel reports one error per cell; more can only be forged, and each
+                // would be streamed: they are dropped and counted like results over the limits.
+                KernelMessage::Error { .. } if out.error.is_some() => {
+                    out.dropped.count += 1;
+                    out.dropped.bytes += len as u64;
+                }
                 KernelMessage::Error {
                     name,
                     value,
