@@ -30,6 +30,7 @@ impl Engine {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<CommandOutput, EngineError> {
+        crate::bounds::check_command(command)?;
         let info = self.sessions().get(session)?;
         let workspace = self.sessions().workspace(session)?;
         let timeout = timeout.unwrap_or(Duration::from_secs(info.limits.exec_timeout_s));
@@ -75,6 +76,7 @@ impl Engine {
             truncated: Truncated {
                 stdout: out.stdout.truncated(),
                 stderr: out.stderr.truncated(),
+                results: false,
             },
             usage: UsageInfo {
                 wall_ms: out.usage.wall.as_millis() as u64,

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod bounds;
 mod commands;
 mod core;
 mod files;
@@ -20,6 +21,9 @@ use std::path::PathBuf;
 pub use crate::core::{
     AuditItem, AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT,
     SANDBOX_PYTHON,
+};
+pub use bounds::{
+    check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};
@@ -52,6 +56,9 @@ pub enum EngineError {
     /// A size or count limit (a full workspace, a file too large).
     #[error("limit exceeded: {0}")]
     LimitExceeded(String),
+    /// The request carries more than runcell takes (code over [`MAX_CODE_BYTES`]).
+    #[error("payload too large: {0}")]
+    PayloadTooLarge(String),
     /// Too many executions are already waiting on the session.
     #[error("session busy: {0}")]
     SessionBusy(String),

@@ -79,6 +79,10 @@ impl From<runcell_sandbox::KillReason> for KilledBy {
 pub struct Truncated {
     pub stdout: bool,
     pub stderr: bool,
+    /// Results were dropped over the per-execution limits; the last result says how many.
+    /// (Absent in records written before it existed.)
+    #[serde(default)]
+    pub results: bool,
 }
 
 /// A Jupyter MIME bundle.
@@ -224,7 +228,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"id":"ex_1","session_id":null,"language":"python","execution_count":1,
-              "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false},
+              "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false,"results":false},
               "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
               "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},

@@ -70,6 +70,7 @@ impl Engine {
         req: &OneShot,
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
+        crate::bounds::check_code(&req.code)?;
         let (limits, disk_mb) = resolve_limits(&req.limits)?;
         if req.timeout.is_zero() || req.timeout > MAX_TIMEOUT {
             return Err(EngineError::InvalidRequest(format!(
@@ -152,6 +153,7 @@ impl Engine {
             truncated: Truncated {
                 stdout: outcome.stdout.truncated(),
                 stderr: outcome.stderr.truncated(),
+                results: false,
             },
             results: Vec::new(),
             error,

@@ -508,6 +508,7 @@ impl SessionManager {
         cancel: CancelToken,
         reply: Reply,
     ) -> Result<(), EngineError> {
+        crate::bounds::check_code(code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout)?;
         match entry.send(Job::Execute {
@@ -542,6 +543,7 @@ impl SessionManager {
         impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
         EngineError,
     > {
+        crate::bounds::check_code(&code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout)?;
         if entry.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE_DEPTH {
@@ -1032,7 +1034,10 @@ impl Runner {
                 // The session restarts at once, so the next cell finds it ready.
                 self.kernel = None;
                 let restarted = !entry.lock().deleted && self.ensure_kernel(entry).is_ok();
-                error = Some(died_error(k, exit, &limits, timeout, restarted));
+                error = Some(match &outcome.protocol_error {
+                    Some(what) => protocol_error(what, restarted),
+                    None => died_error(k, exit, &limits, timeout, restarted),
+                });
                 ExecutionStatus::Killed
             }
         };
@@ -1056,6 +1061,7 @@ impl Runner {
             truncated: Truncated {
                 stdout: outcome.stdout.truncated(),
                 stderr: outcome.stderr.truncated(),
+                results: outcome.dropped.count > 0,
             },
             results: outcome
                 .results
@@ -1077,6 +1083,27 @@ impl Runner {
             finished_at,
         };
         Ok((execution, start.owner))
+    }
+}
+
+/// The error of a cell whose kernel was killed for breaking the channel protocol (code that
+/// wrote to the kernel's channel itself, say).
+fn protocol_error(what: &str, restarted: bool) -> ErrorInfo {
+    ErrorInfo {
+        name: "ProtocolError".into(),
+        value: format!(
+            "the kernel was killed: it broke the channel protocol ({what}). {}",
+            restart_notice(restarted)
+        ),
+        traceback: String::new(),
+    }
+}
+
+fn restart_notice(restarted: bool) -> &'static str {
+    if restarted {
+        "The session was restarted: variables and imports are lost; files in /workspace are kept."
+    } else {
+        "The session could not be restarted."
     }
 }
 
@@ -1120,14 +1147,9 @@ fn died_error(
             },
         ),
     };
-    let notice = if restarted {
-        "The session was restarted: variables and imports are lost; files in /workspace are kept."
-    } else {
-        "The session could not be restarted."
-    };
     ErrorInfo {
         name: name.into(),
-        value: format!("{what}. {notice}"),
+        value: format!("{what}. {}", restart_notice(restarted)),
         traceback: String::new(),
     }
 }

@@ -566,14 +566,21 @@ impl Engine {
     ) -> Result<ToolOutput, EngineError> {
         match call {
             ToolCall::Python(i) => {
-                let e = self
+                match self
                     .sessions()
-                    .execute_cancellable(session, &i.code, None, None, cancel)?;
-                Ok(execution_output(&e))
+                    .execute_cancellable(session, &i.code, None, None, cancel)
+                {
+                    Ok(e) => Ok(execution_output(&e)),
+                    // The model's to fix: it is told, and can try smaller code.
+                    Err(EngineError::PayloadTooLarge(m)) => Ok(ToolOutput::error(m)),
+                    Err(e) => Err(e),
+                }
             }
             ToolCall::Bash(i) => match self.run_command(session, &i.command, None) {
                 Ok(c) => Ok(command_output(&c)),
-                Err(EngineError::InvalidRequest(m)) => Ok(ToolOutput::error(m)),
+                Err(EngineError::InvalidRequest(m) | EngineError::PayloadTooLarge(m)) => {
+                    Ok(ToolOutput::error(m))
+                }
                 Err(e) => Err(e),
             },
             ToolCall::TextEditor(i) => {

@@ -96,9 +96,10 @@ async fn cells_run_in_order_with_output_errors_and_files() {
     sync.await.expect("task").expect("sync execute");
     let log = run(&engine, &id, "log").await;
     assert_eq!(main_text(&log), "[0, 1, 2, 3, 4, 5, 'sync']");
-    // A cell bigger than the channel's buffer: the task waits for the kernel to read it.
-    let big = format!("s = '{}'\nlen(s)", "a".repeat(4_000_000));
-    assert_eq!(main_text(&run(&engine, &id, &big).await), "4000000");
+    // A cell bigger than the channel's buffer (~200 KiB), near the 1 MiB code cap: the task
+    // waits for the kernel to read it.
+    let big = format!("s = '{}'\nlen(s)", "a".repeat(1_000_000));
+    assert_eq!(main_text(&run(&engine, &id, &big).await), "1000000");
     let err = run(&engine, &id, "1/0").await;
     assert_eq!(err.status, ExecutionStatus::Error);
     assert_eq!(

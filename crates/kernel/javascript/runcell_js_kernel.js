@@ -80,6 +80,11 @@ const CHANNEL_FD = 3;
 const MAX_FRAME = 64 * 1024 * 1024;
 const MAX_TEXT = 1024 * 1024; // characters per text MIME string
 const MAX_IMAGE = 16 * 1024 * 1024; // characters per base64 image string
+// What one cell's displays and results may take, as frames (the host enforces the same
+// limits, crates/kernel/src/process.rs; checking here first saves sending what it drops).
+const MAX_RESULT = 8 * 1024 * 1024; // bytes per display, result or error frame
+const MAX_RESULTS = 64; // displays and results per cell
+const MAX_RESULTS_BYTES = 16 * 1024 * 1024; // bytes of them per cell
 const KERNEL_FILE = __filename;
 const RUNNER_FILE = '[runcell-kernel]';
 const HOOKS = Symbol.for('runcell.kernel');
@@ -209,14 +214,24 @@ function syncStdio(fd) {
 // The protocol channel
 // --------------------------------------------------------------------------
 
-function sendFrame(message) {
+/** The body of message's frame; FrameTooLarge if it is over `limit` bytes. */
+function encodeFrame(message, limit = MAX_FRAME) {
   const body = bufferFrom(
     jsonStringify(message, (key, value) => (typeof value === 'string' ? toWellFormed(value) : value)),
     'utf8',
   );
-  if (body.length > MAX_FRAME) {
-    throw new FrameTooLarge(`message of ${body.length} bytes is over the ${MAX_FRAME}-byte frame limit`);
+  if (body.length > limit) {
+    throw new FrameTooLarge(`message of ${body.length} bytes is over the ${limit}-byte limit`);
   }
+  return body;
+}
+
+function sendFrame(message) {
+  writeFrame(encodeFrame(message));
+}
+
+/** Writes one frame of an encoded body. */
+function writeFrame(body) {
   const header = bufferAlloc(4);
   header.writeUInt32BE(body.length, 0);
   // Half a frame would desynchronise the host: no forced termination meanwhile.
@@ -1048,7 +1063,7 @@ class Kernel {
       writeOutput(1, `${bundle['text/plain'] || ''}\n`);
       return;
     }
-    this.sendBundle('display', cell.id, bundle);
+    this.sendBundle('display', cell, bundle);
   }
 
   importModule(specifier, options) {
@@ -1221,7 +1236,18 @@ class Kernel {
   execute(id, code) {
     this.executionCount += 1;
     const count = this.executionCount;
-    const cell = { id, count, filename: `<cell-${count}>`, source: code, settled: false };
+    const cell = {
+      id,
+      count,
+      filename: `<cell-${count}>`,
+      source: code,
+      settled: false,
+      // Displays and results sent, and dropped over the per-cell limits (told in `done`).
+      sent: 0,
+      sentBytes: 0,
+      dropped: 0,
+      droppedBytes: 0,
+    };
     this.current = cell;
     let source;
     try {
@@ -1377,7 +1403,7 @@ class Kernel {
   succeeded(cell, value) {
     if (value !== undefined) {
       const bundle = this.interruptible(() => mimeBundle(value));
-      this.sendBundle('result', cell.id, bundle);
+      this.sendBundle('result', cell, bundle);
     }
     this.settle(cell, 'ok');
   }
@@ -1415,25 +1441,49 @@ class Kernel {
   }
 
   sendError(cell, report) {
-    this.send({
+    const message = {
       type: 'error',
       id: cell.id,
       name: String(report.name),
       value: bounded(String(report.value)),
       traceback: bounded(String(report.traceback)),
-    });
+    };
+    // An error must reach the host whole: a frame over the per-result limit is not read.
+    let body;
+    try {
+      body = encodeFrame(message, MAX_RESULT);
+    } catch (err) {
+      if (!(err instanceof FrameTooLarge)) throw err;
+      for (const key of ['value', 'traceback']) {
+        if (message[key].length > MAX_TEXT / 8) message[key] = truncate(message[key], MAX_TEXT / 8);
+      }
+      body = encodeFrame(message);
+    }
+    writeFrame(body);
   }
 
-  /** Sends a display or result; one too big for a frame falls back to its text/plain. */
-  sendBundle(kind, id, bundle) {
+  /**
+   * Sends a display or result of `cell`; one over the per-result limit falls back to its
+   * text/plain. Past the cell's limits it is not sent but counted, for `done`.
+   */
+  sendBundle(kind, cell, bundle) {
+    let body;
     try {
-      this.send({ type: kind, id, data: bundle });
+      body = encodeFrame({ type: kind, id: cell.id, data: bundle }, MAX_RESULT);
     } catch (err) {
       if (!(err instanceof FrameTooLarge)) throw err;
       warn(`${kind} output dropped to text/plain: ${err.message}`);
       const text = (bundle['text/plain'] || '').slice(0, MAX_TEXT / 8);
-      this.send({ type: kind, id, data: { 'text/plain': text } });
+      body = encodeFrame({ type: kind, id: cell.id, data: { 'text/plain': text } });
     }
+    if (cell.sent >= MAX_RESULTS || cell.sentBytes + body.length > MAX_RESULTS_BYTES) {
+      cell.dropped += 1;
+      cell.droppedBytes += body.length;
+      return;
+    }
+    cell.sent += 1;
+    cell.sentBytes += body.length;
+    writeFrame(body);
   }
 
   /**
@@ -1446,7 +1496,12 @@ class Kernel {
     if (cell.poll) clearIntervalK(cell.poll);
     setImmediateK(() => critical(() => {
       try {
-        this.send({ type: 'done', id: cell.id, status, execution_count: cell.count });
+        const done = { type: 'done', id: cell.id, status, execution_count: cell.count };
+        if (cell.dropped) {
+          done.dropped_results = cell.dropped;
+          done.dropped_bytes = cell.droppedBytes;
+        }
+        this.send(done);
       } catch (err) {
         this.fatal(err);
       }

@@ -416,6 +416,20 @@ test('display() sends display messages in order with the result', () =>
     );
   }));
 
+test('results over the per-cell limits are counted in done, not sent', () =>
+  withKernel(async (k) => {
+    // ~1 MB each: 16 fit in 16 MiB; the small main result after them still fits.
+    const outcome = await k.ok("for (let i = 0; i < 300; i++) display.mime({ 'text/html': 'x'.repeat(1000000), 'text/plain': String(i) }); 7");
+    assert.equal(outcome.displays.length, 16);
+    assert.equal(outcome.text, '7');
+    assert.equal(outcome.done.dropped_results, 284);
+    assert.ok(outcome.done.dropped_bytes > 284000000, outcome.done.dropped_bytes);
+    const many = await k.ok('for (let i = 0; i < 70; i++) display(i)');
+    assert.equal(many.displays.length, 64);
+    assert.equal(many.done.dropped_results, 6);
+    assert.equal((await k.ok('display(1)')).done.dropped_results, undefined);
+  }));
+
 test('execution_count counts executes', () =>
   withKernel(async (k) => {
     assert.equal((await k.ok('1')).done.execution_count, 1);

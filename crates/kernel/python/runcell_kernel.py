@@ -5,7 +5,8 @@ Runs code cells in one persistent namespace, Jupyter style, and reports on a
 framed-JSON channel to the host:
 
 * fd 3: the protocol channel (bidirectional Unix stream socket). Each frame is a
-  4-byte big-endian length followed by one UTF-8 JSON object (at most 64 MiB).
+  4-byte big-endian length followed by one UTF-8 JSON object (at most 64 MiB;
+  displays, results and errors at most MAX_RESULT, which is all the host keeps).
 * fds 1 and 2: the user's stdout and stderr, read raw by the host. Nothing the
   user prints ever travels on fd 3.
 
@@ -44,6 +45,11 @@ SIGINT_SET = (SIGINT,)
 
 CHANNEL_FD = 3
 MAX_FRAME = 64 * 1024 * 1024
+# What one cell's displays and results may take, as frames (the host enforces the same
+# limits, crates/kernel/src/process.rs; checking here first saves sending what it drops).
+MAX_RESULT = 8 * 1024 * 1024  # bytes per display, result or error frame
+MAX_RESULTS = 64  # displays and results per cell
+MAX_RESULTS_BYTES = 16 * 1024 * 1024  # bytes of them per cell
 MAX_TEXT = 1024 * 1024  # characters per text MIME string
 MAX_IMAGE = 16 * 1024 * 1024  # characters per base64 image string
 # Ints up to this many digits are shown in full; str() of an int is quadratic in
@@ -220,15 +226,15 @@ class Channel:
         return data
 
     @staticmethod
-    def encode(message, text=None):
+    def encode(message, text=None, limit=MAX_FRAME):
         """One frame for message (or for `text`, its JSON text made by the caller);
-        FrameTooLarge if it does not fit."""
+        FrameTooLarge if its body is over `limit` bytes."""
         if text is None:
             text = json.dumps(message, ensure_ascii=False)
         # errors="replace": lone surrogates in user strings are not valid UTF-8.
         body = text.encode("utf-8", "replace")
-        if len(body) > MAX_FRAME:
-            raise FrameTooLarge(f"message of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit")
+        if len(body) > limit:
+            raise FrameTooLarge(f"message of {len(body)} bytes is over the {limit}-byte limit")
         return struct.pack(">I", len(body)) + body
 
     def send(self, message):
@@ -716,6 +722,7 @@ class Kernel:
         self.execution_count = 0
         self.current_id = None
         self.error_sent = False
+        self.reset_result_counts()
         self.module = types.ModuleType("__main__")
         self.module.__dict__["__builtins__"] = builtins
         self.namespace = self.module.__dict__
@@ -813,7 +820,26 @@ class Kernel:
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})
 
     def send(self, message):
-        self.channel.send(message)
+        if message.get("type") != "error":
+            self.channel.send(message)
+            return
+        # An error must reach the host whole: a frame over the per-result limit is not read.
+        try:
+            frame = self.channel.encode(message, limit=MAX_RESULT)
+        except FrameTooLarge:
+            for key in ("value", "traceback"):
+                text = message.get(key) or ""
+                if len(text) > MAX_TEXT // 8:
+                    message[key] = _truncate(text, MAX_TEXT // 8)
+            frame = self.channel.encode(message)
+        self.channel.send_frames(frame)
+
+    def reset_result_counts(self):
+        """Displays and results of the current cell: sent, and dropped over the limits."""
+        self.results_sent = 0
+        self.results_bytes = 0
+        self.dropped_results = 0
+        self.dropped_bytes = 0
 
     # ---- one cell ----
 
@@ -821,6 +847,7 @@ class Kernel:
         self.execution_count += 1
         self.current_id = msg_id
         self.error_sent = False
+        self.reset_result_counts()
         result_frame = b""
         try:
             status, result_frame = self.run_cell(code)
@@ -834,9 +861,14 @@ class Kernel:
         _flush_std()
         # What json.dumps makes of this message, without its per-call set-up (a tenth of a
         # `1+1` cell's time); the test suite compares the two.
+        dropped = (
+            f', "dropped_results": {self.dropped_results}, "dropped_bytes": {self.dropped_bytes}'
+            if self.dropped_results
+            else ""
+        )
         done = (
             f'{{"type": "done", "id": {_json_string(msg_id)}, "status": "{status}", '
-            f'"execution_count": {self.execution_count}}}'
+            f'"execution_count": {self.execution_count}{dropped}}}'
         )
         # The main result and `done` leave in one write: one wake-up of the host, not two.
         # SIGINT is ignored here: run_cell and report_kernel_failure end with interrupts off.
@@ -1053,17 +1085,28 @@ class Kernel:
 
     def send_bundle(self, kind, bundle):
         """Send a display or result (see encode_bundle)."""
-        self.channel.send_frames(self.encode_bundle(kind, bundle))
+        frame = self.encode_bundle(kind, bundle)
+        if frame:
+            self.channel.send_frames(frame)
 
     def encode_bundle(self, kind, bundle):
-        """The frame of a display or result; one too big for a frame (JSON escaping can
-        multiply the per-type caps) falls back to its text/plain."""
+        """The frame of a display or result; one over the per-result limit (JSON escaping can
+        multiply the per-type caps) falls back to its text/plain. b"" when the cell's results
+        are already at their limits: it is counted in `done` instead (the host notes it)."""
         try:
-            return self.channel.encode(None, _bundle_json(kind, self.current_id, bundle))
+            frame = self.channel.encode(None, _bundle_json(kind, self.current_id, bundle), MAX_RESULT)
         except FrameTooLarge as exc:
             _warn(f"{kind} output dropped to text/plain: {exc}")
             text = bundle.get("text/plain", "")[: MAX_TEXT // 8]
-            return self.channel.encode({"type": kind, "id": self.current_id, "data": {"text/plain": text}})
+            frame = self.channel.encode({"type": kind, "id": self.current_id, "data": {"text/plain": text}})
+        size = len(frame) - 4
+        if self.results_sent >= MAX_RESULTS or self.results_bytes + size > MAX_RESULTS_BYTES:
+            self.dropped_results += 1
+            self.dropped_bytes += size
+            return b""
+        self.results_sent += 1
+        self.results_bytes += size
+        return frame
 
     def note_if_figure(self, obj):
         figure_module = sys.modules.get("matplotlib.figure")

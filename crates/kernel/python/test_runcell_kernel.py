@@ -502,6 +502,35 @@ NoRepr()
         outcome = self.run_ok(code)
         self.assertEqual(outcome.displays, [{"text/plain": "small"}])
 
+    def test_a_bundle_over_the_result_limit_falls_back_to_text(self):
+        # 9 MiB of base64 fits the 16 MiB image cap, but not the 8 MiB per result.
+        code = "display({'image/png': 'A' * (9 << 20), 'text/plain': 'big'}, raw=True)"
+        outcome = self.run_ok(code)
+        self.assertEqual(outcome.displays, [{"text/plain": "big"}])
+        self.assertIn("over the 8388608-byte limit", outcome.stderr)
+
+    def test_results_over_the_cell_limits_are_counted_not_sent(self):
+        # 300 displays of ~1 MB: 16 fit in 16 MiB, the rest are dropped and counted in done.
+        code = "for i in range(300):\n    display({'text/html': 'x' * 1_000_000, 'text/plain': str(i)}, raw=True)\n7"
+        outcome = self.run_ok(code)
+        self.assertEqual(len(outcome.displays), 16)
+        self.assertEqual(outcome.displays[-1]["text/plain"], "15")
+        self.assertEqual(outcome.text, "7")  # a later result that still fits is kept
+        self.assertEqual(outcome.done["dropped_results"], 284)
+        self.assertGreater(outcome.done["dropped_bytes"], 284_000_000)
+        # Counted by number too, and afresh in every cell.
+        outcome = self.run_ok("for i in range(70):\n    display(i)")
+        self.assertEqual(len(outcome.displays), 64)
+        self.assertEqual(outcome.done["dropped_results"], 6)
+        self.assertNotIn("dropped_results", self.run_ok("display(1)").done)
+
+    def test_an_error_too_big_for_a_result_frame_is_shortened(self):
+        # 1 MiB characters of control characters are 6 MiB of JSON, twice over the limit.
+        outcome = self.kernel.run("raise ValueError('\\x01' * (1 << 20))")
+        self.assertEqual(outcome.error["name"], "ValueError")
+        self.assertIn("more characters]", outcome.error["value"])
+        self.assertLess(len(outcome.error["value"]), 200_000)
+
     def test_display_raw_bundle(self):
         outcome = self.run_ok("display({'text/html': '<p>x</p>', 'text/plain': 'x'}, raw=True)")
         self.assertEqual(outcome.displays, [{"text/html": "<p>x</p>", "text/plain": "x"}])

@@ -7,7 +7,8 @@ mod process;
 pub mod runtime;
 
 pub use process::{
-    blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, Kernel, KernelError,
+    blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, DroppedResults, Kernel,
+    KernelError, ResultLimits, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 
 /// The in-sandbox Python kernel, embedded so the binary is all a host needs.

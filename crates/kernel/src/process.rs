@@ -7,7 +7,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use runcell_protocol::{DoneStatus, FrameDecoder, HostMessage, KernelMessage, MimeBundle};
+use runcell_protocol::{
+    DoneStatus, Frame, FrameDecoder, HostMessage, KernelMessage, MimeBundle, ProtocolError,
+};
 use runcell_sandbox::{
     CappedOutput, ExitStatus, KillReason, Launch, Running, RunningHandle, Sandbox, SandboxError,
 };
@@ -40,6 +42,62 @@ pub struct CellOptions {
     pub output_cap: usize,
     /// Past this much output in total the kernel is killed.
     pub output_kill_bytes: u64,
+    /// What the cell's displays and results may take.
+    pub results: ResultLimits,
+}
+
+/// Displays and main results one execution keeps at most (docs/api.md "Limits"; over them,
+/// DESIGN.md §11's `truncated.results`): enough for a notebook's worth of figures and tables.
+pub const MAX_RESULTS: usize = 64;
+/// Bytes one result may take, as its frame from the kernel (the MIME bundle's JSON): a big
+/// figure's PNG (base64, typically 20-500 KiB, a few MiB at 300 dpi) fits many times over.
+/// It is also the largest frame the host buffers; a longer one is read past unbuffered.
+pub const MAX_RESULT_BYTES: usize = 8 << 20;
+/// Bytes all of one execution's results may take together: it bounds the reply, the audit
+/// record and the server memory one running cell can hold, whatever the cell sends.
+pub const MAX_RESULTS_BYTES: usize = 16 << 20;
+
+/// The bounds on one cell's results; what goes over them is dropped and counted, and a note
+/// (see [`DroppedResults::note`]) takes their place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultLimits {
+    pub max_count: usize,
+    pub max_bytes_each: usize,
+    pub max_bytes_total: usize,
+}
+
+impl Default for ResultLimits {
+    fn default() -> Self {
+        Self {
+            max_count: MAX_RESULTS,
+            max_bytes_each: MAX_RESULT_BYTES,
+            max_bytes_total: MAX_RESULTS_BYTES,
+        }
+    }
+}
+
+/// Results a cell produced that were not kept (by the kernel itself or by the host).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DroppedResults {
+    pub count: u64,
+    /// Their size as frames.
+    pub bytes: u64,
+}
+
+impl DroppedResults {
+    /// The marker shown in their place, in the style of the output streams'
+    /// `[… N bytes truncated …]` line.
+    pub fn note(&self, limits: &ResultLimits) -> String {
+        format!(
+            "[… {} result{} / {} bytes dropped …]\nAn execution keeps at most {} results of up to {} MiB each, {} MiB in all.",
+            self.count,
+            if self.count == 1 { "" } else { "s" },
+            self.bytes,
+            limits.max_count,
+            limits.max_bytes_each >> 20,
+            limits.max_bytes_total >> 20,
+        )
+    }
 }
 
 impl Default for CellOptions {
@@ -49,6 +107,7 @@ impl Default for CellOptions {
             grace: Duration::from_secs(2),
             output_cap: 1 << 20,
             output_kill_bytes: 2 << 30,
+            results: ResultLimits::default(),
         }
     }
 }
@@ -97,8 +156,16 @@ pub struct CellOutcome {
     pub execution_count: u64,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
-    /// (is_main_result, bundle), in order.
+    /// (is_main_result, bundle), in order, within [`CellOptions::results`]; when some were
+    /// dropped, the last one is the note saying so.
     pub results: Vec<(bool, MimeBundle)>,
+    /// Bytes of the kept results, as frames.
+    pub results_bytes: u64,
+    /// What went over [`CellOptions::results`].
+    pub dropped: DroppedResults,
+    /// The kernel broke the channel protocol (a frame over the size limit, a malformed one)
+    /// and was killed for it: what it did.
+    pub protocol_error: Option<String>,
     pub error: Option<CellError>,
     pub wall: Duration,
     pub cpu: Duration,
@@ -124,6 +191,10 @@ pub struct Kernel {
 
 /// Size of [`Kernel`]'s read buffer.
 const READ_BUF: usize = 64 << 10;
+
+/// Reads of the channel in one go at most (2 MiB), so a flood of frames cannot keep the
+/// caller from its deadline checks.
+const CHANNEL_READS: usize = 32;
 
 /// How long the output of a dying kernel is still collected.
 const DRAIN_AFTER_DEATH: Duration = Duration::from_secs(2);
@@ -193,7 +264,7 @@ impl Kernel {
             channel,
             stdout,
             stderr,
-            decoder: FrameDecoder::new(),
+            decoder: FrameDecoder::with_keep_limit(MAX_RESULT_BYTES),
             execution_count: 0,
             version,
             buf: Vec::new(),
@@ -244,7 +315,7 @@ impl Kernel {
         opts: &CellOptions,
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<CellOutcome, KernelError> {
-        let (started, cpu0, frame) = self.begin(id, code)?;
+        let (started, cpu0, frame) = self.begin(id, code, opts)?;
         self.send(&frame)?;
         let mut out = self.new_outcome(opts);
         // Reused across cells: zeroing 64 KiB per cell showed in profiles.
@@ -268,7 +339,7 @@ impl Kernel {
         code: &str,
         opts: &CellOptions,
     ) -> Result<CellOutcome, KernelError> {
-        let (started, cpu0, frame) = self.begin(id, code)?;
+        let (started, cpu0, frame) = self.begin(id, code, opts)?;
         // Registered once per kernel; taken out for the cell so its readiness guards can live
         // alongside `&mut self`.
         let io = match self.async_io.take() {
@@ -295,8 +366,15 @@ impl Kernel {
     }
 
     /// A cell's start: a new peak-memory window, the CPU counter, and the frame to send.
-    fn begin(&mut self, id: &str, code: &str) -> Result<(Instant, Duration, Vec<u8>), KernelError> {
+    fn begin(
+        &mut self,
+        id: &str,
+        code: &str,
+        opts: &CellOptions,
+    ) -> Result<(Instant, Duration, Vec<u8>), KernelError> {
         let started = Instant::now();
+        // No frame longer than a result may be is ever buffered (errors are bounded too).
+        self.decoder.set_keep_limit(opts.results.max_bytes_each);
         let cpu0 = {
             let running = self.running.as_ref().ok_or(KernelError::Gone)?;
             running.reset_peak();
@@ -316,6 +394,9 @@ impl Kernel {
             stdout: CappedOutput::new(opts.output_cap),
             stderr: CappedOutput::new(opts.output_cap),
             results: Vec::new(),
+            results_bytes: 0,
+            dropped: DroppedResults::default(),
+            protocol_error: None,
             error: None,
             wall: Duration::ZERO,
             cpu: Duration::ZERO,
@@ -343,12 +424,14 @@ impl Kernel {
                 self.poll(wake.saturating_duration_since(Instant::now()))?;
             self.pump_ready([out_ready, err_ready], out, buf, on_event)?;
             if chan_ready {
-                if let Some(ended) = self.take_channel(out, buf, on_event)? {
+                if let (Some(ended), _) = self.take_channel(out, opts, buf, on_event)? {
                     break ended;
                 }
             }
         };
-        self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)
+        self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)?;
+        note_dropped(out, opts, on_event);
+        Ok(())
     }
 
     /// The body of [`Kernel::execute_async`] once the cell is sent.
@@ -377,9 +460,12 @@ impl Kernel {
                 biased;
                 guard = io.channel.readable() => {
                     let mut guard = guard?;
-                    let ended = self.take_channel(out, buf, on_event)?;
-                    // A read that returned is a short one (all there was) or end-of-file.
-                    guard.clear_ready();
+                    let (ended, drained) = self.take_channel(out, opts, buf, on_event)?;
+                    // Drained: the last read was a short one (all there was) or end-of-file.
+                    // Otherwise the bound on reads stopped it, and there is more at once.
+                    if drained {
+                        guard.clear_ready();
+                    }
                     if let Some(ended) = ended {
                         break ended;
                     }
@@ -400,11 +486,13 @@ impl Kernel {
             }
         };
         if matches!(ended, Ended::Done(_)) {
-            self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)
+            self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event)?;
         } else {
             // Waiting for a dying sandbox blocks.
-            blocking(|| self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event))
+            blocking(|| self.end_cell(ended, clock.interrupted_at, cpu0, out, buf, on_event))?;
         }
+        note_dropped(out, opts, on_event);
+        Ok(())
     }
 
     /// The checks made before every wait: the deadline (interrupt), the grace after it (kill),
@@ -437,19 +525,29 @@ impl Kernel {
             .min(now + Duration::from_millis(100))))
     }
 
-    /// Reads the channel and applies its messages: `Some` once the cell is done or the kernel
-    /// hung up.
+    /// Reads the channel and applies its messages, a read at a time (so at most one frame
+    /// being received is ever buffered): `Some` once the cell is done, the kernel hung up or
+    /// broke the protocol; and whether the channel was read dry (false when the bound on
+    /// reads stopped it, and more can be read at once).
     fn take_channel(
         &mut self,
         out: &mut CellOutcome,
+        opts: &CellOptions,
         buf: &mut [u8],
         on_event: &mut dyn FnMut(CellEvent<'_>),
-    ) -> Result<Option<Ended>, KernelError> {
-        let closed = self.read_channel(buf)?;
-        if let Some(done) = self.take_messages(out, on_event)? {
-            return Ok(Some(Ended::Done(done)));
+    ) -> Result<(Option<Ended>, bool), KernelError> {
+        for _ in 0..CHANNEL_READS {
+            let read = self.read_channel(buf)?;
+            if let Some(ended) = self.take_messages(out, opts, on_event)? {
+                return Ok((Some(ended), true));
+            }
+            match read {
+                ChannelRead::Closed => return Ok((Some(Ended::Died), true)),
+                ChannelRead::Drained => return Ok((None, true)),
+                ChannelRead::More => {}
+            }
         }
-        Ok(closed.then_some(Ended::Died))
+        Ok((None, false))
     }
 
     /// Finishes a cell that ended as `ended`: the rest of its output and its usage, or the
@@ -596,34 +694,79 @@ impl Kernel {
         Ok(())
     }
 
-    /// Reads what the channel has; true when the kernel closed it.
-    fn read_channel(&mut self, buf: &mut [u8]) -> Result<bool, KernelError> {
+    /// One read of the channel into the decoder.
+    fn read_channel(&mut self, buf: &mut [u8]) -> Result<ChannelRead, KernelError> {
         loop {
             match self.channel.read(buf) {
-                Ok(0) => return Ok(true),
-                // A short read took all there was: the next read would only say EAGAIN, and
-                // the caller polls again anyway.
-                Ok(n) if n < buf.len() => {
+                Ok(0) => return Ok(ChannelRead::Closed),
+                Ok(n) => {
                     self.decoder.push(&buf[..n]);
-                    return Ok(false);
+                    // A short read took all there was: the next read would only say EAGAIN,
+                    // and the caller polls again anyway.
+                    return Ok(if n < buf.len() {
+                        ChannelRead::Drained
+                    } else {
+                        ChannelRead::More
+                    });
                 }
-                Ok(n) => self.decoder.push(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ChannelRead::Drained),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Ok(ChannelRead::Closed)
+                }
                 Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// Applies every complete message; returns the `done` status once it arrives.
+    /// Keeps a result of `len` bytes if it fits in what is left of the cell's limits;
+    /// counts it as dropped otherwise.
+    fn admit_result(out: &mut CellOutcome, limits: &ResultLimits, len: usize) -> bool {
+        let fits = out.results.len() < limits.max_count
+            && len <= limits.max_bytes_each
+            && out.results_bytes + len as u64 <= limits.max_bytes_total as u64;
+        if fits {
+            out.results_bytes += len as u64;
+        } else {
+            out.dropped.count += 1;
+            out.dropped.bytes += len as u64;
+        }
+        fits
+    }
+
+    /// Applies every complete message; `Some` once `done` arrives, or when the kernel broke
+    /// the protocol (it is to be killed: the channel can no longer be trusted).
     fn take_messages(
         &mut self,
         out: &mut CellOutcome,
+        opts: &CellOptions,
         on_event: &mut dyn FnMut(CellEvent<'_>),
-    ) -> Result<Option<DoneStatus>, KernelError> {
-        while let Some(msg) = self.decoder.next_message::<KernelMessage>()? {
+    ) -> Result<Option<Ended>, KernelError> {
+        loop {
+            let (msg, len) = match self.decoder.next_frame::<KernelMessage>() {
+                Ok(None) => return Ok(None),
+                Ok(Some(Frame::Message { msg, len })) => (msg, len),
+                // Over the per-result limit, read past unbuffered: whatever it was, it is
+                // not kept (a kernel's own messages never come this large; see the kernels).
+                Ok(Some(Frame::Skipped { len })) => {
+                    Self::admit_result(out, &opts.results, len);
+                    continue;
+                }
+                Err(e) => {
+                    let reason = match e {
+                        ProtocolError::TooLarge(_) => KillReason::Output,
+                        _ => KillReason::Signal,
+                    };
+                    out.protocol_error = Some(error_chain(&e));
+                    return Ok(Some(Ended::Kill(reason)));
+                }
+            };
             match msg {
+                KernelMessage::Display { data, .. } | KernelMessage::Result { data, .. }
+                    if !Self::admit_result(out, &opts.results, len) =>
+                {
+                    drop(data);
+                }
                 KernelMessage::Display { data, .. } => {
                     on_event(CellEvent::Result {
                         is_main_result: false,
@@ -637,6 +780,12 @@ impl Kernel {
                         data: &data,
                     });
                     out.results.push((true, data));
+                }
+                // A kernel reports one error per cell; more can only be forged, and each
+                // would be streamed: they are dropped and counted like results over the limits.
+                KernelMessage::Error { .. } if out.error.is_some() => {
+                    out.dropped.count += 1;
+                    out.dropped.bytes += len as u64;
                 }
                 KernelMessage::Error {
                     name,
@@ -655,16 +804,19 @@ impl Kernel {
                 KernelMessage::Done {
                     status,
                     execution_count,
+                    dropped_results,
+                    dropped_bytes,
                     ..
                 } => {
                     self.execution_count = execution_count;
                     out.execution_count = execution_count;
-                    return Ok(Some(status));
+                    out.dropped.count = out.dropped.count.saturating_add(dropped_results);
+                    out.dropped.bytes = out.dropped.bytes.saturating_add(dropped_bytes);
+                    return Ok(Some(Ended::Done(status)));
                 }
                 KernelMessage::Ready { .. } => {}
             }
         }
-        Ok(None)
     }
 
     /// Waits up to `timeout` for stdout, stderr or the channel to be readable (or closed).
@@ -712,6 +864,44 @@ enum Ended {
     Done(DoneStatus),
     Kill(KillReason),
     Died,
+}
+
+/// What one read of the channel found.
+enum ChannelRead {
+    /// All there was (a short read, or nothing).
+    Drained,
+    /// A full buffer: there may be more at once.
+    More,
+    Closed,
+}
+
+/// Puts the note about dropped results last among the results, and streams it.
+fn note_dropped(
+    out: &mut CellOutcome,
+    opts: &CellOptions,
+    on_event: &mut dyn FnMut(CellEvent<'_>),
+) {
+    if out.dropped.count == 0 {
+        return;
+    }
+    let note = MimeBundle::from([("text/plain".to_owned(), out.dropped.note(&opts.results))]);
+    on_event(CellEvent::Result {
+        is_main_result: false,
+        data: &note,
+    });
+    out.results.push((false, note));
+}
+
+/// An error and its causes, `a: b`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 /// Reads what a non-blocking pipe has now into `sink`, streaming the live part. Bounded, so a

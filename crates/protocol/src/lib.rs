@@ -12,6 +12,9 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 
 /// Largest frame either side accepts: a few PNGs of a big figure fit; a runaway does not.
+/// A longer length prefix is a protocol error before anything is read. The host keeps less
+/// (a [`FrameDecoder`] with a keep limit, a result's limit in runcell-kernel) and reads past
+/// the frames between the two.
 pub const MAX_FRAME: usize = 64 << 20;
 
 /// A Jupyter MIME bundle: MIME type -> text (base64 for binary types).
@@ -60,7 +63,17 @@ pub enum KernelMessage {
         id: String,
         status: DoneStatus,
         execution_count: u64,
+        /// Displays and results the kernel did not send because they were over the
+        /// per-execution limits, and their size as frames (the host adds its own drops).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped_results: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped_bytes: u64,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,39 +123,132 @@ pub fn read_message<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T
     Ok(serde_json::from_slice(&body)?)
 }
 
-/// Incremental decoder for a non-blocking reader: feed bytes as they arrive, take whole
-/// messages out.
-#[derive(Debug, Default)]
-pub struct FrameDecoder {
-    buf: Vec<u8>,
+/// One frame taken off a [`FrameDecoder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame<T> {
+    /// A whole frame, decoded; `len` is its body's length on the wire.
+    Message { msg: T, len: usize },
+    /// A frame longer than the decoder keeps: its bytes were discarded as they arrived,
+    /// never buffered, and its content is unknown.
+    Skipped { len: usize },
 }
 
+/// Incremental decoder for a non-blocking reader: feed bytes as they arrive, take whole
+/// frames out.
+///
+/// Memory stays bounded whatever the peer sends: a frame whose length prefix is over
+/// [`MAX_FRAME`] is an error before any of it is stored, and one over the decoder's keep
+/// limit is read past (its bytes dropped as they come) and reported as [`Frame::Skipped`].
+/// So the buffer holds at most one kept frame plus what one `push` brings, provided the
+/// caller takes the frames out after each `push`.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    /// Longest frame body decoded; longer ones are skipped.
+    keep: usize,
+    /// The frame being skipped: its length and the bytes of it still to come.
+    skipping: Option<(usize, usize)>,
+    /// A skipped frame whose last byte has arrived, not yet reported.
+    skipped: Option<usize>,
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A buffer this large is given back once empty: one big frame must not pin its memory for
+/// the rest of the peer's life.
+const SHRINK_ABOVE: usize = 1 << 20;
+
 impl FrameDecoder {
+    /// A decoder that keeps every frame up to [`MAX_FRAME`].
     pub fn new() -> Self {
-        Self::default()
+        Self::with_keep_limit(MAX_FRAME)
     }
 
-    pub fn push(&mut self, data: &[u8]) {
+    /// A decoder that skips, unbuffered, every frame whose body is longer than `keep` bytes
+    /// (at most [`MAX_FRAME`]; longer ones are still errors).
+    pub fn with_keep_limit(keep: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            keep: keep.min(MAX_FRAME),
+            skipping: None,
+            skipped: None,
+        }
+    }
+
+    /// Changes the keep limit for the frames from here on.
+    pub fn set_keep_limit(&mut self, keep: usize) {
+        self.keep = keep.min(MAX_FRAME);
+    }
+
+    pub fn push(&mut self, mut data: &[u8]) {
+        if let Some((len, remaining)) = self.skipping {
+            let n = remaining.min(data.len());
+            data = &data[n..];
+            if n == remaining {
+                self.skipping = None;
+                self.skipped = Some(len);
+            } else {
+                self.skipping = Some((len, remaining - n));
+            }
+        }
+        if self.buf.is_empty() && self.buf.capacity() > SHRINK_ABOVE {
+            self.buf = Vec::new();
+        }
         self.buf.extend_from_slice(data);
     }
 
-    /// The next complete message, if one has arrived.
-    pub fn next_message<T: for<'de> Deserialize<'de>>(
+    /// The next frame, if one has arrived whole (or, for a skipped one, has gone by).
+    pub fn next_frame<T: for<'de> Deserialize<'de>>(
         &mut self,
-    ) -> Result<Option<T>, ProtocolError> {
-        if self.buf.len() < 4 {
+    ) -> Result<Option<Frame<T>>, ProtocolError> {
+        if let Some(len) = self.skipped.take() {
+            return Ok(Some(Frame::Skipped { len }));
+        }
+        if self.skipping.is_some() || self.buf.len() < 4 {
             return Ok(None);
         }
         let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
         if len > MAX_FRAME {
             return Err(ProtocolError::TooLarge(len));
         }
+        if len > self.keep {
+            // What of it is here already goes now; the rest is dropped by `push`.
+            let here = (self.buf.len() - 4).min(len);
+            self.buf.drain(..4 + here);
+            if here == len {
+                return Ok(Some(Frame::Skipped { len }));
+            }
+            self.skipping = Some((len, len - here));
+            return Ok(None);
+        }
         if self.buf.len() < 4 + len {
             return Ok(None);
         }
         let msg = serde_json::from_slice(&self.buf[4..4 + len]);
         self.buf.drain(..4 + len);
-        Ok(Some(msg?))
+        Ok(Some(Frame::Message { msg: msg?, len }))
+    }
+
+    /// The next complete message, if one has arrived (skipped frames are passed over).
+    pub fn next_message<T: for<'de> Deserialize<'de>>(
+        &mut self,
+    ) -> Result<Option<T>, ProtocolError> {
+        loop {
+            match self.next_frame()? {
+                Some(Frame::Message { msg, .. }) => return Ok(Some(msg)),
+                Some(Frame::Skipped { .. }) => {}
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// Bytes held for a frame still arriving (kept frames only).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 }
 
@@ -172,6 +278,15 @@ mod tests {
                 id: "ex_1".into(),
                 status: DoneStatus::Interrupted,
                 execution_count: 3,
+                dropped_results: 0,
+                dropped_bytes: 0,
+            },
+            KernelMessage::Done {
+                id: "ex_2".into(),
+                status: DoneStatus::Ok,
+                execution_count: 4,
+                dropped_results: 236,
+                dropped_bytes: 236 << 20,
             },
         ];
         let mut wire = Vec::new();
@@ -195,6 +310,19 @@ mod tests {
             done,
             KernelMessage::Done {
                 status: DoneStatus::Ok,
+                ..
+            }
+        ));
+        // With results the kernel dropped over the limits (only then are the fields sent).
+        let done: KernelMessage = serde_json::from_str(
+            r#"{"type": "done", "id": "ex_1", "status": "ok", "execution_count": 2, "dropped_results": 284, "dropped_bytes": 284038908}"#,
+        )
+        .expect("done with drops");
+        assert!(matches!(
+            done,
+            KernelMessage::Done {
+                dropped_results: 284,
+                dropped_bytes: 284038908,
                 ..
             }
         ));
@@ -231,6 +359,56 @@ mod tests {
         assert!(matches!(
             d.next_message::<HostMessage>(),
             Err(ProtocolError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn decoder_skips_frames_over_its_keep_limit_without_buffering_them() {
+        let small = encode(&HostMessage::Execute {
+            id: "a".into(),
+            code: "b".into(),
+        })
+        .expect("encode");
+        let big = 10usize << 20;
+        let mut d = FrameDecoder::with_keep_limit(1 << 10);
+        let mut head = (big as u32).to_be_bytes().to_vec();
+        head.extend_from_slice(&[b'x'; 100]);
+        d.push(&head);
+        assert!(d.next_frame::<HostMessage>().expect("head").is_none());
+        let chunk = vec![b'x'; 64 << 10];
+        let mut sent = 100;
+        while sent + chunk.len() < big {
+            d.push(&chunk);
+            sent += chunk.len();
+            assert!(d.next_frame::<HostMessage>().expect("body").is_none());
+            assert_eq!(d.buffered(), 0, "a skipped frame is never buffered");
+        }
+        // Its last bytes and the next frame in one read.
+        let mut tail = vec![b'x'; big - sent];
+        tail.extend_from_slice(&small);
+        d.push(&tail);
+        assert_eq!(
+            d.next_frame::<HostMessage>().expect("skipped"),
+            Some(Frame::Skipped { len: big })
+        );
+        assert!(matches!(
+            d.next_frame::<HostMessage>().expect("next"),
+            Some(Frame::Message { len, .. }) if len == small.len() - 4
+        ));
+        assert!(d.next_frame::<HostMessage>().expect("empty").is_none());
+        // A frame over the keep limit that is already whole in the buffer.
+        let mut d = FrameDecoder::with_keep_limit(2);
+        d.push(&small);
+        assert!(matches!(
+            d.next_frame::<HostMessage>(),
+            Ok(Some(Frame::Skipped { .. }))
+        ));
+        // Over MAX_FRAME is an error from the length prefix alone.
+        let mut d = FrameDecoder::with_keep_limit(1 << 10);
+        d.push(&((MAX_FRAME + 1) as u32).to_be_bytes());
+        assert!(matches!(
+            d.next_frame::<HostMessage>(),
+            Err(ProtocolError::TooLarge(n)) if n == MAX_FRAME + 1
         ));
     }
 }

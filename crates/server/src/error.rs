@@ -131,6 +131,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
             EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m),
+            EngineError::PayloadTooLarge(m) => ApiError::too_large(m),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
         }

@@ -313,6 +313,8 @@ pub async fn execute(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/x-ndjson"));
     if wants_stream {
+        // Refused while a status can still say so: once the stream starts it is a 200.
+        runcell_engine::check_code(&req.code)?;
         return Ok(stream_execution(state, id, req.code, timeout));
     }
     let token = CancelToken::new();
@@ -344,8 +346,9 @@ fn stream_execution(
     timeout: Option<Duration>,
 ) -> Response {
     // Unbounded, yet bounded in practice: only the head of each output stream (the capped
-    // part) and the results are streamed, and a slow client must not stall the kernel's
-    // deadline checks. The flag marks the last event.
+    // part) and the results kept within the execution's limits are streamed (the kernel's
+    // host side drops the rest as it reads them), and a slow client must not stall the
+    // kernel's deadline checks. The flag marks the last event.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(bytes::Bytes, bool)>();
     let line = |v: serde_json::Value| {
         let mut s = v.to_string();
