@@ -167,6 +167,25 @@ impl AuditSink for StoreAudit {
     }
 }
 
+/// Tenants' quotas, read from the store at every session start (so `runcell keys update`,
+/// another process, takes effect at once).
+#[derive(Debug)]
+pub struct StoreQuotas(pub Store);
+
+impl runcell_engine::QuotaSource for StoreQuotas {
+    fn quota(&self, owner: &str) -> Result<runcell_engine::TenantQuota, String> {
+        let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
+        let q = self
+            .0
+            .tenant_quota(tenant)
+            .map_err(|e| runcell_engine::error_chain(&e))?;
+        Ok(runcell_engine::TenantQuota {
+            max_sessions: q.max_sessions,
+            max_memory_mb: q.max_memory_mb,
+        })
+    }
+}
+
 /// The store's record of an execution.
 fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
     let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
@@ -209,6 +228,7 @@ pub fn recover_sessions(
                     owner: s.tenant.clone(),
                     created_at: s.created_at,
                     limits,
+                    start: s.start.parse().unwrap_or_default(),
                     metadata,
                 })
                 .map_err(|e| e.to_string()),
@@ -255,6 +275,7 @@ pub(crate) fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
         last_active_at: rec.last_active_at,
         expires_at: rec.expires_at,
         limits: serde_json::from_str(&rec.limits_json).ok()?,
+        start: rec.start.parse().unwrap_or_default(),
         metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
         owner: rec.tenant.clone(),
     })
@@ -288,6 +309,7 @@ pub(crate) fn session_record(engine: &runcell_engine::Engine, info: &SessionInfo
             .join(&info.id)
             .to_string_lossy()
             .into_owned(),
+        start: info.start.as_str().to_owned(),
     }
 }
 
@@ -326,8 +348,11 @@ pub(crate) async fn record_upload(
     .map_err(store_error)
 }
 
-/// Builds the shared state; `loopback` says whether the listener is loopback-only.
+/// Builds the shared state; `loopback` says whether the listener is loopback-only. Every
+/// session the engine starts from now on counts against its tenant's quota in `store` (the
+/// API's, MCP's and the chat's alike).
 pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> AppState {
+    engine.set_quota_source(Arc::new(StoreQuotas(store.clone())));
     AppState {
         engine,
         store,

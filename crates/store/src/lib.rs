@@ -81,6 +81,24 @@ pub struct SessionRecord {
     pub metadata_json: String,
     /// Host path of the session's workspace.
     pub workspace_path: String,
+    /// How its kernel asked to start: `zygote` or `cold` (not checked by the store).
+    pub start: String,
+}
+
+/// A tenant's quota: at most `max_sessions` live sessions and `max_memory_mb` in the sum of
+/// their memory limits; `None` is no quota.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantQuota {
+    pub tenant: String,
+    pub max_sessions: Option<u64>,
+    pub max_memory_mb: Option<u64>,
+}
+
+/// A change to a tenant's quota: `None` keeps a value, `Some(None)` clears it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaChange {
+    pub max_sessions: Option<Option<u64>>,
+    pub max_memory_mb: Option<Option<u64>>,
 }
 
 /// The latest upload of one path into a session's workspace.
@@ -196,6 +214,18 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>>;
     /// Whether any unrevoked key exists.
     fn has_active_keys(&self) -> Result<bool>;
+    /// The key with this id (revoked or not), or else the only active key with this name;
+    /// `Invalid` when the name matches several active keys.
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
+
+    // ---- tenants' quotas ----
+
+    /// The tenant's quota (no quota when none was ever set).
+    fn tenant_quota(&self, tenant: &str) -> Result<TenantQuota>;
+    /// Every tenant with a quota row, by name.
+    fn list_quotas(&self) -> Result<Vec<TenantQuota>>;
+    /// Applies `change` to the tenant's quota and returns the result.
+    fn update_quota(&self, tenant: &str, change: &QuotaChange) -> Result<TenantQuota>;
 
     // ---- sessions ----
 

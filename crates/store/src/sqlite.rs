@@ -19,13 +19,16 @@ use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
-    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, SessionRecord, UploadRecord,
-    VerifyReport,
+    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, QuotaChange, SessionRecord,
+    TenantQuota, UploadRecord, VerifyReport,
 };
 
 /// Schema migrations, applied in order, each in its own transaction, recorded in
 /// `schema_migrations`. Never edit a released migration: add a new file.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_limits.sql")),
+];
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -354,7 +357,7 @@ fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
 }
 
 const SESSION_COLS: &str = "id, tenant, language, status, created_at, last_active_at, \
-                            expires_at, limits_json, metadata_json, workspace_path";
+                            expires_at, limits_json, metadata_json, workspace_path, start";
 
 fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
     Ok(SessionRecord {
@@ -368,6 +371,23 @@ fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
         limits_json: r.get(7)?,
         metadata_json: r.get(8)?,
         workspace_path: r.get(9)?,
+        start: r.get(10)?,
+    })
+}
+
+fn quota_from(r: &Row<'_>) -> Result<TenantQuota> {
+    let n = |i: usize| -> Result<Option<u64>> {
+        match r.get::<_, Option<i64>>(i)? {
+            Some(v) => u64::try_from(v)
+                .map(Some)
+                .map_err(|_| StoreError::Corrupt(format!("negative quota {v}"))),
+            None => Ok(None),
+        }
+    };
+    Ok(TenantQuota {
+        tenant: r.get(0)?,
+        max_sessions: n(1)?,
+        max_memory_mb: n(2)?,
     })
 }
 
@@ -661,6 +681,91 @@ impl Backend for SqliteStore {
         )?)
     }
 
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
+        let conn = self.read();
+        if let Some(k) = first(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
+            [id_or_name],
+            key_from,
+        )? {
+            return Ok(Some(k));
+        }
+        let mut by_name = collect(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE name = ?1 AND revoked_at IS NULL"),
+            [id_or_name],
+            key_from,
+        )?;
+        match by_name.len() {
+            0 | 1 => Ok(by_name.pop()),
+            n => Err(StoreError::Invalid(format!(
+                "{n} active keys are named {id_or_name:?}; name one by id"
+            ))),
+        }
+    }
+
+    fn tenant_quota(&self, tenant: &str) -> Result<TenantQuota> {
+        Ok(first(
+            &self.read(),
+            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas WHERE tenant = ?1",
+            [tenant],
+            quota_from,
+        )?
+        .unwrap_or_else(|| TenantQuota {
+            tenant: tenant.to_owned(),
+            ..TenantQuota::default()
+        }))
+    }
+
+    fn list_quotas(&self) -> Result<Vec<TenantQuota>> {
+        collect(
+            &self.read(),
+            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas ORDER BY tenant",
+            [],
+            quota_from,
+        )
+    }
+
+    fn update_quota(&self, tenant: &str, change: &QuotaChange) -> Result<TenantQuota> {
+        validate::name("tenant", tenant)?;
+        let int = |v: u64| {
+            i64::try_from(v).map_err(|_| StoreError::Invalid(format!("quota {v} is too large")))
+        };
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut q = first(
+            &tx,
+            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas WHERE tenant = ?1",
+            [tenant],
+            quota_from,
+        )?
+        .unwrap_or_else(|| TenantQuota {
+            tenant: tenant.to_owned(),
+            ..TenantQuota::default()
+        });
+        if let Some(v) = change.max_sessions {
+            q.max_sessions = v;
+        }
+        if let Some(v) = change.max_memory_mb {
+            q.max_memory_mb = v;
+        }
+        tx.execute(
+            "INSERT INTO tenant_quotas (tenant, max_sessions, max_memory_mb, updated_at)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (tenant) DO UPDATE SET max_sessions = excluded.max_sessions,
+                 max_memory_mb = excluded.max_memory_mb, updated_at = excluded.updated_at",
+            params![
+                tenant,
+                q.max_sessions.map(int).transpose()?,
+                q.max_memory_mb.map(int).transpose()?,
+                time::fmt(Utc::now())
+            ],
+        )?;
+        tx.commit()?;
+        Ok(q)
+    }
+
     fn put_session(&self, s: &SessionRecord) -> Result<()> {
         validate::id("session id", &s.id)?;
         validate::name("tenant", &s.tenant)?;
@@ -668,18 +773,19 @@ impl Backend for SqliteStore {
         validate::word("status", &s.status)?;
         validate::json("limits_json", &s.limits_json)?;
         validate::json("metadata_json", &s.metadata_json)?;
+        validate::word("start", &s.start)?;
         // An upsert, not INSERT OR REPLACE: REPLACE deletes the old row first, which would
         // cascade to the session's uploads.
         let changed = self.write().execute(
             &format!(
                 "INSERT INTO sessions ({SESSION_COLS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT (id) DO UPDATE SET
                      language = excluded.language, status = excluded.status,
                      created_at = excluded.created_at, last_active_at = excluded.last_active_at,
                      expires_at = excluded.expires_at, limits_json = excluded.limits_json,
                      metadata_json = excluded.metadata_json,
-                     workspace_path = excluded.workspace_path
+                     workspace_path = excluded.workspace_path, start = excluded.start
                  WHERE sessions.tenant = excluded.tenant"
             ),
             params![
@@ -692,7 +798,8 @@ impl Backend for SqliteStore {
                 time::fmt(s.expires_at),
                 s.limits_json,
                 s.metadata_json,
-                s.workspace_path
+                s.workspace_path,
+                s.start
             ],
         )?;
         if changed == 0 {
