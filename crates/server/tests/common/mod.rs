@@ -27,11 +27,23 @@ pub async fn start() -> Server {
 
 /// [`start`], with the chat (`/v1/chat`) talking to `chat`'s model when given.
 pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server {
+    start_with(chat, |_| {}).await
+}
+
+/// [`start_with_chat`], with the engine's configuration changed by `configure` first (its
+/// limit policy, a zygote).
+pub async fn start_with(
+    chat: Option<runcell_server::ChatConfig>,
+    configure: impl FnOnce(&mut runcell_engine::EngineConfig) + Send + 'static,
+) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let config =
-        tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
-            .await
-            .expect("config");
+    let config = tokio::task::spawn_blocking(move || {
+        let mut config = runcell_engine::testing::engine_config(&cache);
+        configure(&mut config);
+        config
+    })
+    .await
+    .expect("config");
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
     let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
     let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
