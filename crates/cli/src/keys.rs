@@ -17,25 +17,26 @@ pub enum KeysCommand {
         #[arg(long, default_value = "default")]
         tenant: String,
         #[command(flatten)]
-        quota: QuotaArgs,
+        settings: TenantArgs,
     },
-    /// List keys (never their secret), with their tenant's quota.
+    /// List keys (never their secret), with their tenant's quota and default start.
     List,
-    /// Change the quota of a key's tenant (every key of the tenant shares it).
+    /// Change the quota or default start of a key's tenant (every key of the tenant shares them).
     Update {
         /// The key's id, or the name of the only active key so named.
         key_id_or_name: String,
         #[command(flatten)]
-        quota: QuotaArgs,
+        settings: TenantArgs,
     },
     /// Revoke a key by id or name.
     Revoke { id_or_name: String },
 }
 
-/// A tenant's quota, checked at every session start (the API's, MCP's and the chat's): past
-/// it a start is refused with 400 `limit_exceeded` until one of its sessions ends.
+/// A tenant's quota and default start, read at every session start (the API's, MCP's and the
+/// chat's): past the quota a start is refused with 400 `limit_exceeded` until one of its
+/// sessions ends.
 #[derive(Debug, Default, clap::Args)]
-pub struct QuotaArgs {
+pub struct TenantArgs {
     /// At most this many live sessions for the tenant; `none` removes the quota.
     #[arg(long, value_name = "N|none", value_parser = parse_quota)]
     max_sessions: Option<Quota>,
@@ -43,6 +44,11 @@ pub struct QuotaArgs {
     /// `none` removes the quota.
     #[arg(long, value_name = "MB|none", value_parser = parse_quota)]
     max_memory_mb: Option<Quota>,
+    /// How the tenant's Python sessions start when they do not say: `cold` (an interpreter
+    /// of their own: own hash secret and address-space layout) or `zygote`; `none` restores
+    /// the server's default (the zygote).
+    #[arg(long, value_name = "zygote|cold|none", value_parser = ["zygote", "cold", "none"])]
+    start: Option<String>,
 }
 
 /// A quota value on the command line: a number, or `none` to clear it.
@@ -59,26 +65,31 @@ fn parse_quota(s: &str) -> Result<Quota, String> {
     }
 }
 
-impl QuotaArgs {
-    fn change(&self) -> runcell_store::QuotaChange {
-        runcell_store::QuotaChange {
+impl TenantArgs {
+    fn change(&self) -> runcell_store::TenantChange {
+        runcell_store::TenantChange {
             max_sessions: self.max_sessions.map(|q| q.0),
             max_memory_mb: self.max_memory_mb.map(|q| q.0),
+            start: self
+                .start
+                .as_ref()
+                .map(|s| (s != "none").then(|| s.clone())),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.max_sessions.is_none() && self.max_memory_mb.is_none()
+        self.max_sessions.is_none() && self.max_memory_mb.is_none() && self.start.is_none()
     }
 }
 
-/// `max_sessions=5 max_memory_mb=none`, as `keys list` shows a tenant's quota.
-fn show_quota(q: &runcell_store::TenantQuota) -> String {
+/// `max_sessions=5 max_memory_mb=none start=cold`, as `keys list` shows a tenant's settings.
+fn show_tenant(q: &runcell_store::TenantSettings) -> String {
     let v = |x: Option<u64>| x.map_or("none".to_owned(), |n| n.to_string());
     format!(
-        "max_sessions={} max_memory_mb={}",
+        "max_sessions={} max_memory_mb={} start={}",
         v(q.max_sessions),
-        v(q.max_memory_mb)
+        v(q.max_memory_mb),
+        q.start.as_deref().unwrap_or("default")
     )
 }
 
@@ -116,24 +127,24 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
         KeysCommand::Create {
             name,
             tenant,
-            quota,
+            settings,
         } => {
             let (info, key) = store.create_key(&name, &tenant)?;
             eprintln!(
                 "created key {} ({}) for tenant {}; it is shown once:",
                 info.id, info.name, info.tenant
             );
-            if !quota.is_empty() {
-                let q = store.update_quota(&info.tenant, &quota.change())?;
-                eprintln!("tenant {} quota: {}", q.tenant, show_quota(&q));
+            if !settings.is_empty() {
+                let q = store.update_tenant(&info.tenant, &settings.change())?;
+                eprintln!("tenant {}: {}", q.tenant, show_tenant(&q));
             }
             println!("{key}");
         }
         KeysCommand::Update {
             key_id_or_name,
-            quota,
+            settings,
         } => {
-            if quota.is_empty() {
+            if settings.is_empty() {
                 bail!(
                     "nothing to update: give --max-sessions or --max-memory-mb (a number, or none)"
                 );
@@ -141,16 +152,16 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
             let key = store
                 .find_key(&key_id_or_name)?
                 .with_context(|| format!("no key matches {key_id_or_name:?}"))?;
-            let q = store.update_quota(&key.tenant, &quota.change())?;
+            let q = store.update_tenant(&key.tenant, &settings.change())?;
             eprintln!(
-                "tenant {} quota (every key of the tenant): {}",
+                "tenant {} (every key of the tenant): {}",
                 q.tenant,
-                show_quota(&q)
+                show_tenant(&q)
             );
         }
         KeysCommand::List => {
-            let quotas: std::collections::HashMap<String, runcell_store::TenantQuota> = store
-                .list_quotas()?
+            let quotas: std::collections::HashMap<String, runcell_store::TenantSettings> = store
+                .list_tenants()?
                 .into_iter()
                 .map(|q| (q.tenant.clone(), q))
                 .collect();
@@ -168,7 +179,7 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
                     k.prefix,
                     k.created_at.to_rfc3339(),
                     state,
-                    show_quota(&quota)
+                    show_tenant(&quota)
                 );
             }
         }

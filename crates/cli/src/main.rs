@@ -35,7 +35,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API (and the web page) on this machine.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a program once in a fresh sandbox; its output is streamed and its exit code returned.
     Run(run::RunArgs),
     /// One stateful session in the terminal (cells separated by `%%` lines when piped).
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
     let explicit_data_dir = cli.data_dir.clone();
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(explicit_data_dir.as_deref(), data_dir, args),
+        Command::Serve(args) => serve::serve(explicit_data_dir.as_deref(), data_dir, *args),
         Command::Run(args) => run::run(&data_dir, args),
         Command::Repl(args) => repl::repl(&data_dir, args),
         Command::Ask(args) => ask::ask(&data_dir, args),

@@ -116,7 +116,7 @@ fn a_config_file_sets_maxima_flags_win_and_key_quotas_are_enforced() {
         .expect("keys create"));
     let key = key.trim().to_owned();
     assert!(
-        stderr.contains("tenant acme quota: max_sessions=1 max_memory_mb=none"),
+        stderr.contains("tenant acme: max_sessions=1 max_memory_mb=none start=default"),
         "{stderr}"
     );
     let (list, _) = ok(runcell(&data)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use runcell_kernel::{CellOptions, Kernel};
 use runcell_sandbox::{Bind, Launch, Sandbox, Workspace};
 
-use crate::limits::{Ledger, LimitPolicy, LimitsRequest, QuotaSource, SessionLimits};
+use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits, TenantPolicies};
 use crate::model::{Execution, Language};
 use crate::session::SessionManager;
 use crate::session::Start;
@@ -93,8 +93,8 @@ pub(crate) struct Core {
     pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Committed sandbox memory and tenants' live sessions (admission control, quotas).
     pub(crate) ledger: Arc<Ledger>,
-    /// Tenants' quotas; none until the server sets its store.
-    quotas: std::sync::RwLock<Option<Arc<dyn QuotaSource>>>,
+    /// Tenants' quotas and default start; none until the server sets its store.
+    tenant_policies: std::sync::RwLock<Option<Arc<dyn TenantPolicies>>>,
 }
 
 impl Core {
@@ -140,7 +140,7 @@ impl Core {
             auditor,
             cells_running,
             ledger: Arc::default(),
-            quotas: std::sync::RwLock::new(None),
+            tenant_policies: std::sync::RwLock::new(None),
         })
     }
 
@@ -185,16 +185,19 @@ impl Core {
         self.config.limits.resolve(req)
     }
 
-    /// The tenant's quota, from the quota source if one is set (none: no quota).
-    pub(crate) fn quota(&self, owner: &str) -> Result<crate::limits::TenantQuota, EngineError> {
+    /// The tenant's policy, from the server's source if one is set (none: no quota).
+    pub(crate) fn tenant_policy(
+        &self,
+        owner: &str,
+    ) -> Result<crate::limits::TenantPolicy, EngineError> {
         let source = self
-            .quotas
+            .tenant_policies
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         match source {
             Some(q) => q
-                .quota(owner)
+                .policy(owner)
                 .map_err(|e| EngineError::Internal(format!("cannot read the tenant's quota: {e}"))),
             None => Ok(Default::default()),
         }
@@ -344,9 +347,14 @@ impl Engine {
         &self.sessions
     }
 
-    /// Reads every tenant's quota from `source` at each session start (the server's store).
-    pub fn set_quota_source(&self, source: Arc<dyn QuotaSource>) {
-        *self.core.quotas.write().unwrap_or_else(|p| p.into_inner()) = Some(source);
+    /// Reads every tenant's quota and default start from `source` at each session start (the
+    /// server's store).
+    pub fn set_tenant_policies(&self, source: Arc<dyn TenantPolicies>) {
+        *self
+            .core
+            .tenant_policies
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(source);
     }
 
     /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.

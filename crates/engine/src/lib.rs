@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, SANDBOX_PYTHON};
 pub use crate::limits::{
-    HostCapacity, LimitPolicy, LimitsRequest, Maxima, QuotaSource, SessionLimits, TenantQuota,
+    HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
     MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
 };
 pub use commands::CommandOutput;

@@ -393,18 +393,20 @@ impl SessionLimits {
     }
 }
 
-/// A tenant's quota: at most this many live sessions and this much memory (the sum of their
-/// memory limits); `None` is no quota.
+/// What a tenant's sessions are held to and start with: at most `max_sessions` live sessions
+/// and `max_memory_mb` in the sum of their memory limits (`None`: no quota), and how its
+/// sessions start when they do not say (`None`: from the zygote for Python).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TenantQuota {
+pub struct TenantPolicy {
     pub max_sessions: Option<u64>,
     pub max_memory_mb: Option<u64>,
+    pub start: Option<crate::session::Start>,
 }
 
-/// Where a tenant's quota comes from (the server's store); read at every session start, so
+/// Where tenants' policies come from (the server's store); read at every session start, so
 /// `runcell keys update` takes effect at once.
-pub trait QuotaSource: Send + Sync {
-    fn quota(&self, owner: &str) -> Result<TenantQuota, String>;
+pub trait TenantPolicies: Send + Sync {
+    fn policy(&self, owner: &str) -> Result<TenantPolicy, String>;
 }
 
 /// How long a client refused for capacity should wait before trying again.
@@ -472,7 +474,7 @@ impl Ledger {
     pub(crate) fn check_quota(
         &self,
         owner: &str,
-        quota: &TenantQuota,
+        quota: &TenantPolicy,
         memory_mb: u64,
     ) -> Result<(), EngineError> {
         quota_check(&self.lock(), owner, quota, memory_mb)
@@ -484,7 +486,7 @@ impl Ledger {
         &self,
         r: &mut Reservation,
         owner: &str,
-        quota: &TenantQuota,
+        quota: &TenantPolicy,
         admit: Admit,
     ) -> Result<(), EngineError> {
         let mut c = self.lock();
@@ -502,7 +504,7 @@ impl Ledger {
 fn quota_check(
     c: &Counts,
     owner: &str,
-    quota: &TenantQuota,
+    quota: &TenantPolicy,
     memory_mb: u64,
 ) -> Result<(), EngineError> {
     let (n, mem) = c.owners.get(owner).copied().unwrap_or((0, 0));
@@ -640,9 +642,9 @@ mod tests {
     #[test]
     fn the_ledger_counts_budget_and_quotas_until_dropped() {
         let l = Arc::new(Ledger::default());
-        let q = TenantQuota {
+        let q = TenantPolicy {
             max_sessions: Some(1),
-            max_memory_mb: None,
+            ..Default::default()
         };
         let mut a = l.reserve(1024, 2048, Admit::Checked).expect("first");
         l.assign(&mut a, "t", &q, Admit::Checked).expect("quota");

@@ -400,7 +400,12 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
-        let start = match (req.start, language) {
+        let policy = self.core.tenant_policy(&req.owner)?;
+        // The tenant's default start applies to Python sessions (the others start cold).
+        let asked = req
+            .start
+            .or(policy.start.filter(|_| language == Language::Python));
+        let start = match (asked, language) {
             (Some(Start::Zygote), l) if l != Language::Python => {
                 return Err(EngineError::InvalidRequest(format!(
                     "start \"zygote\" is for python sessions; {} sessions start cold",
@@ -420,10 +425,9 @@ impl SessionManager {
             }
         }
         // The quota first (the tenant's own business), then the server's room.
-        let quota = self.core.quota(&req.owner)?;
         self.core
             .ledger
-            .check_quota(&req.owner, &quota, limits.memory_mb)?;
+            .check_quota(&req.owner, &policy, limits.memory_mb)?;
         // A warm session fits a request that changes nothing fixed at the fork.
         let warm = (language == Language::Python && req.env.is_empty() && start == Start::Zygote)
             .then(|| self.pool.take(&limits))
@@ -440,7 +444,7 @@ impl SessionManager {
         // Checked again under the ledger's lock: a concurrent create may have taken the room.
         self.core
             .ledger
-            .assign(&mut reservation, &req.owner, &quota, Admit::Checked)?;
+            .assign(&mut reservation, &req.owner, &policy, Admit::Checked)?;
         let env: Vec<(String, String)> = req.env.into_iter().collect();
         let now = Utc::now();
         let info = SessionInfo {

@@ -167,21 +167,22 @@ impl AuditSink for StoreAudit {
     }
 }
 
-/// Tenants' quotas, read from the store at every session start (so `runcell keys update`,
-/// another process, takes effect at once).
+/// Tenants' quotas and default start, read from the store at every session start (so
+/// `runcell keys update`, another process, takes effect at once).
 #[derive(Debug)]
-pub struct StoreQuotas(pub Store);
+pub struct StoreTenants(pub Store);
 
-impl runcell_engine::QuotaSource for StoreQuotas {
-    fn quota(&self, owner: &str) -> Result<runcell_engine::TenantQuota, String> {
+impl runcell_engine::TenantPolicies for StoreTenants {
+    fn policy(&self, owner: &str) -> Result<runcell_engine::TenantPolicy, String> {
         let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
-        let q = self
+        let t = self
             .0
-            .tenant_quota(tenant)
+            .tenant_settings(tenant)
             .map_err(|e| runcell_engine::error_chain(&e))?;
-        Ok(runcell_engine::TenantQuota {
-            max_sessions: q.max_sessions,
-            max_memory_mb: q.max_memory_mb,
+        Ok(runcell_engine::TenantPolicy {
+            max_sessions: t.max_sessions,
+            max_memory_mb: t.max_memory_mb,
+            start: t.start.as_deref().map(str::parse).transpose()?,
         })
     }
 }
@@ -349,10 +350,10 @@ pub(crate) async fn record_upload(
 }
 
 /// Builds the shared state; `loopback` says whether the listener is loopback-only. Every
-/// session the engine starts from now on counts against its tenant's quota in `store` (the
-/// API's, MCP's and the chat's alike).
+/// session the engine starts from now on counts against its tenant's quota in `store` and
+/// takes its default start (the API's, MCP's and the chat's alike).
 pub fn state(engine: runcell_engine::Engine, store: Store, loopback: bool) -> AppState {
-    engine.set_quota_source(Arc::new(StoreQuotas(store.clone())));
+    engine.set_tenant_policies(Arc::new(StoreTenants(store.clone())));
     AppState {
         engine,
         store,

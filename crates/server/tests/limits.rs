@@ -155,11 +155,11 @@ async fn tenant_quotas_count_live_sessions_and_their_memory() {
     let (_, acme) = srv.store.create_key("acme-ci", "acme").expect("key");
     let (_, other) = srv.store.create_key("other-ci", "other").expect("key");
     srv.store
-        .update_quota(
+        .update_tenant(
             "acme",
-            &runcell_store::QuotaChange {
+            &runcell_store::TenantChange {
                 max_sessions: Some(Some(2)),
-                max_memory_mb: None,
+                ..Default::default()
             },
         )
         .expect("quota");
@@ -194,11 +194,12 @@ async fn tenant_quotas_count_live_sessions_and_their_memory() {
         delete(&srv, Some(&acme), &id).await;
     }
     srv.store
-        .update_quota(
+        .update_tenant(
             "acme",
-            &runcell_store::QuotaChange {
+            &runcell_store::TenantChange {
                 max_sessions: Some(None),
                 max_memory_mb: Some(Some(1024)),
+                start: None,
             },
         )
         .expect("quota");
@@ -237,11 +238,11 @@ async fn mcp_and_the_chat_count_against_the_same_quota() {
     .await;
     let (_, key) = srv.store.create_key("solo", "solo").expect("key");
     srv.store
-        .update_quota(
+        .update_tenant(
             "solo",
-            &runcell_store::QuotaChange {
+            &runcell_store::TenantChange {
                 max_sessions: Some(Some(1)),
-                max_memory_mb: None,
+                ..Default::default()
             },
         )
         .expect("quota");
@@ -415,6 +416,28 @@ async fn a_cold_session_has_its_own_hash_secret_and_warm_sessions_stay_in_the_bu
     let c = hash_of_abc(&srv, &cold).await;
     assert_ne!(c, a, "a cold session has a hash secret of its own");
     assert!(srv.engine.committed_memory_mb() <= 1024);
+
+    // A tenant whose sessions start cold by default (`runcell keys update --start cold`).
+    delete(&srv, None, &zygote[0]).await;
+    srv.store
+        .update_tenant(
+            runcell_server::OPEN_TENANT,
+            &runcell_store::TenantChange {
+                start: Some(Some("cold".into())),
+                ..Default::default()
+            },
+        )
+        .expect("default start");
+    let (s, v, _) = create(&srv, None, json!({})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["start"], "cold", "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    assert_ne!(hash_of_abc(&srv, &id).await, a);
+    // A session's own `start` wins over the tenant's default.
+    delete(&srv, None, &zygote[1]).await;
+    let (s, v, _) = create(&srv, None, json!({"start": "zygote"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["start"], "zygote", "{v}");
 
     // Only Python sessions come from the zygote.
     let (s, v, _) = create(&srv, None, json!({"language": "bash", "start": "zygote"})).await;

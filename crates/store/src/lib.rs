@@ -85,20 +85,23 @@ pub struct SessionRecord {
     pub start: String,
 }
 
-/// A tenant's quota: at most `max_sessions` live sessions and `max_memory_mb` in the sum of
-/// their memory limits; `None` is no quota.
+/// A tenant's settings: at most `max_sessions` live sessions and `max_memory_mb` in the sum
+/// of their memory limits (`None`: no quota), and how its Python sessions start when they do
+/// not say (`zygote` or `cold`; `None`: the server's default).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TenantQuota {
+pub struct TenantSettings {
     pub tenant: String,
     pub max_sessions: Option<u64>,
     pub max_memory_mb: Option<u64>,
+    pub start: Option<String>,
 }
 
-/// A change to a tenant's quota: `None` keeps a value, `Some(None)` clears it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QuotaChange {
+/// A change to a tenant's settings: `None` keeps a value, `Some(None)` clears it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantChange {
     pub max_sessions: Option<Option<u64>>,
     pub max_memory_mb: Option<Option<u64>>,
+    pub start: Option<Option<String>>,
 }
 
 /// The latest upload of one path into a session's workspace.
@@ -218,14 +221,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `Invalid` when the name matches several active keys.
     fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
 
-    // ---- tenants' quotas ----
+    // ---- tenants' quotas and default start ----
 
-    /// The tenant's quota (no quota when none was ever set).
-    fn tenant_quota(&self, tenant: &str) -> Result<TenantQuota>;
-    /// Every tenant with a quota row, by name.
-    fn list_quotas(&self) -> Result<Vec<TenantQuota>>;
-    /// Applies `change` to the tenant's quota and returns the result.
-    fn update_quota(&self, tenant: &str, change: &QuotaChange) -> Result<TenantQuota>;
+    /// The tenant's settings (none set: no quota, the server's default start).
+    fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings>;
+    /// Every tenant with settings, by name.
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>>;
+    /// Applies `change` to the tenant's settings and returns the result. `start` must be
+    /// `zygote` or `cold` (`Invalid` otherwise).
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings>;
 
     // ---- sessions ----
 

@@ -19,8 +19,8 @@ use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
-    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, QuotaChange, SessionRecord,
-    TenantQuota, UploadRecord, VerifyReport,
+    time, AuditEntry, Backend, ExecutionRow, KeyInfo, NewExecution, SessionRecord, TenantChange,
+    TenantSettings, UploadRecord, VerifyReport,
 };
 
 /// Schema migrations, applied in order, each in its own transaction, recorded in
@@ -375,7 +375,7 @@ fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
     })
 }
 
-fn quota_from(r: &Row<'_>) -> Result<TenantQuota> {
+fn quota_from(r: &Row<'_>) -> Result<TenantSettings> {
     let n = |i: usize| -> Result<Option<u64>> {
         match r.get::<_, Option<i64>>(i)? {
             Some(v) => u64::try_from(v)
@@ -384,10 +384,11 @@ fn quota_from(r: &Row<'_>) -> Result<TenantQuota> {
             None => Ok(None),
         }
     };
-    Ok(TenantQuota {
+    Ok(TenantSettings {
         tenant: r.get(0)?,
         max_sessions: n(1)?,
         max_memory_mb: n(2)?,
+        start: r.get(3)?,
     })
 }
 
@@ -705,30 +706,37 @@ impl Backend for SqliteStore {
         }
     }
 
-    fn tenant_quota(&self, tenant: &str) -> Result<TenantQuota> {
+    fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
         Ok(first(
             &self.read(),
-            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas WHERE tenant = ?1",
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
             [tenant],
             quota_from,
         )?
-        .unwrap_or_else(|| TenantQuota {
+        .unwrap_or_else(|| TenantSettings {
             tenant: tenant.to_owned(),
-            ..TenantQuota::default()
+            ..TenantSettings::default()
         }))
     }
 
-    fn list_quotas(&self) -> Result<Vec<TenantQuota>> {
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
         collect(
             &self.read(),
-            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas ORDER BY tenant",
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants ORDER BY tenant",
             [],
             quota_from,
         )
     }
 
-    fn update_quota(&self, tenant: &str, change: &QuotaChange) -> Result<TenantQuota> {
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
         validate::name("tenant", tenant)?;
+        if let Some(Some(start)) = &change.start {
+            if !matches!(start.as_str(), "zygote" | "cold") {
+                return Err(StoreError::Invalid(format!(
+                    "start must be zygote or cold (got {start:?})"
+                )));
+            }
+        }
         let int = |v: u64| {
             i64::try_from(v).map_err(|_| StoreError::Invalid(format!("quota {v} is too large")))
         };
@@ -736,13 +744,13 @@ impl Backend for SqliteStore {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut q = first(
             &tx,
-            "SELECT tenant, max_sessions, max_memory_mb FROM tenant_quotas WHERE tenant = ?1",
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
             [tenant],
             quota_from,
         )?
-        .unwrap_or_else(|| TenantQuota {
+        .unwrap_or_else(|| TenantSettings {
             tenant: tenant.to_owned(),
-            ..TenantQuota::default()
+            ..TenantSettings::default()
         });
         if let Some(v) = change.max_sessions {
             q.max_sessions = v;
@@ -750,15 +758,20 @@ impl Backend for SqliteStore {
         if let Some(v) = change.max_memory_mb {
             q.max_memory_mb = v;
         }
+        if let Some(v) = &change.start {
+            q.start = v.clone();
+        }
         tx.execute(
-            "INSERT INTO tenant_quotas (tenant, max_sessions, max_memory_mb, updated_at)
-             VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO tenants (tenant, max_sessions, max_memory_mb, start, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (tenant) DO UPDATE SET max_sessions = excluded.max_sessions,
-                 max_memory_mb = excluded.max_memory_mb, updated_at = excluded.updated_at",
+                 max_memory_mb = excluded.max_memory_mb, start = excluded.start,
+                 updated_at = excluded.updated_at",
             params![
                 tenant,
                 q.max_sessions.map(int).transpose()?,
                 q.max_memory_mb.map(int).transpose()?,
+                q.start,
                 time::fmt(Utc::now())
             ],
         )?;

@@ -349,35 +349,47 @@ fn store_is_clone_send_sync() {
 }
 
 #[test]
-fn tenant_quotas_are_set_changed_and_cleared() {
+fn tenants_are_set_changed_and_cleared() {
     let db = temp_db();
     let s = open(&db.path);
     // No row: no quota.
-    let none = s.tenant_quota("acme").expect("quota");
+    let none = s.tenant_settings("acme").expect("quota");
     assert_eq!((none.max_sessions, none.max_memory_mb), (None, None));
-    let set = runcell_store::QuotaChange {
+    let set = runcell_store::TenantChange {
         max_sessions: Some(Some(2)),
         max_memory_mb: Some(Some(4096)),
+        start: Some(Some("cold".into())),
     };
-    s.update_quota("acme", &set).expect("set");
+    s.update_tenant("acme", &set).expect("set");
     // Changing one keeps the other; `Some(None)` clears.
     let q = s
-        .update_quota(
+        .update_tenant(
             "acme",
-            &runcell_store::QuotaChange {
+            &runcell_store::TenantChange {
                 max_sessions: Some(None),
-                max_memory_mb: None,
+                ..Default::default()
             },
         )
         .expect("clear one");
     assert_eq!((q.max_sessions, q.max_memory_mb), (None, Some(4096)));
+    assert_eq!(q.start.as_deref(), Some("cold"));
+    assert!(matches!(
+        s.update_tenant(
+            "acme",
+            &runcell_store::TenantChange {
+                start: Some(Some("lukewarm".into())),
+                ..Default::default()
+            }
+        ),
+        Err(StoreError::Invalid(_))
+    ));
     drop(s);
     let s = open(&db.path);
-    let q = s.tenant_quota("acme").expect("reopened");
+    let q = s.tenant_settings("acme").expect("reopened");
     assert_eq!((q.max_sessions, q.max_memory_mb), (None, Some(4096)));
-    assert_eq!(s.list_quotas().expect("list").len(), 1);
+    assert_eq!(s.list_tenants().expect("list").len(), 1);
     assert!(matches!(
-        s.update_quota("bad tenant", &set),
+        s.update_tenant("bad tenant", &set),
         Err(StoreError::Invalid(_))
     ));
     // Keys are found by id or by their one active name.
@@ -422,7 +434,7 @@ fn a_version_1_database_gains_quotas_and_its_sessions_start_from_the_zygote() {
     let old = s.get_session("t", "ses_old").expect("get").expect("kept");
     assert_eq!(old.start, "zygote");
     assert!(s
-        .tenant_quota("t")
+        .tenant_settings("t")
         .expect("quota table")
         .max_sessions
         .is_none());
