@@ -106,11 +106,11 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
 pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(
-            Duration::try_from_secs_f64(s)
-                .unwrap_or(Duration::MAX)
-                .min(runcell_engine::MAX_TIMEOUT_CEILING + Duration::from_secs(1)),
-        )),
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
+            ApiError::invalid(format!(
+                "timeout_s {s} is not a number of seconds runcell can wait"
+            ))
+        }),
         Some(_) => Err(ApiError::invalid(
             "timeout_s must be a positive number of seconds",
         )),
