@@ -47,10 +47,11 @@ impl SandboxArgs {
     }
 }
 
-/// `--timeout S` as a duration (positive, at most an hour).
+/// `--timeout S` as a duration (positive); the engine refuses one over its maximum (an hour)
+/// rather than shortening it.
 pub fn timeout(seconds: f64) -> anyhow::Result<Duration> {
-    if !(seconds.is_finite() && seconds > 0.0) {
-        bail!("invalid request: --timeout must be a positive number of seconds");
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => bail!("invalid request: --timeout must be a positive number of seconds"),
     }
-    Ok(Duration::from_secs_f64(seconds.min(3600.0)))
 }

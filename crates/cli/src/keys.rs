@@ -1,4 +1,4 @@
-//! `runcell keys create|list|revoke` and `runcell audit list|show|verify|checkpoint|public-key`:
+//! `runcell keys create|list|update|revoke` and `runcell audit list|show|verify|checkpoint|public-key`:
 //! operator commands on the database, no server needed.
 
 use std::path::{Path, PathBuf};
@@ -16,11 +16,81 @@ pub enum KeysCommand {
         /// The tenant the key acts for (sessions, files, executions are per tenant).
         #[arg(long, default_value = "default")]
         tenant: String,
+        #[command(flatten)]
+        settings: TenantArgs,
     },
-    /// List keys (never their secret).
+    /// List keys (never their secret), with their tenant's quota and default start.
     List,
+    /// Change the quota or default start of a key's tenant (every key of the tenant shares them).
+    Update {
+        /// The key's id, or the name of the only active key so named.
+        key_id_or_name: String,
+        #[command(flatten)]
+        settings: TenantArgs,
+    },
     /// Revoke a key by id or name.
     Revoke { id_or_name: String },
+}
+
+/// A tenant's quota and default start, read at every session start (the API's, MCP's and the
+/// chat's): past the quota a start is refused with 400 `limit_exceeded` until one of its
+/// sessions ends.
+#[derive(Debug, Default, clap::Args)]
+pub struct TenantArgs {
+    /// At most this many live sessions for the tenant; `none` removes the quota.
+    #[arg(long, value_name = "N|none", value_parser = parse_quota)]
+    max_sessions: Option<Quota>,
+    /// At most this much memory (MiB) in the tenant's live sessions' limits together;
+    /// `none` removes the quota.
+    #[arg(long, value_name = "MB|none", value_parser = parse_quota)]
+    max_memory_mb: Option<Quota>,
+    /// How the tenant's Python sessions start when they do not say: `cold` (an interpreter
+    /// of their own: own hash secret and address-space layout) or `zygote`; `none` restores
+    /// the server's default (the zygote).
+    #[arg(long, value_name = "zygote|cold|none", value_parser = ["zygote", "cold", "none"])]
+    start: Option<String>,
+}
+
+/// A quota value on the command line: a number, or `none` to clear it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota(Option<u64>);
+
+fn parse_quota(s: &str) -> Result<Quota, String> {
+    match s {
+        "none" => Ok(Quota(None)),
+        n => n
+            .parse::<u64>()
+            .map(|v| Quota(Some(v)))
+            .map_err(|_| format!("{n:?} is neither a whole number nor `none`")),
+    }
+}
+
+impl TenantArgs {
+    fn change(&self) -> runcell_store::TenantChange {
+        runcell_store::TenantChange {
+            max_sessions: self.max_sessions.map(|q| q.0),
+            max_memory_mb: self.max_memory_mb.map(|q| q.0),
+            start: self
+                .start
+                .as_ref()
+                .map(|s| (s != "none").then(|| s.clone())),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.max_sessions.is_none() && self.max_memory_mb.is_none() && self.start.is_none()
+    }
+}
+
+/// `max_sessions=5 max_memory_mb=none start=cold`, as `keys list` shows a tenant's settings.
+fn show_tenant(q: &runcell_store::TenantSettings) -> String {
+    let v = |x: Option<u64>| x.map_or("none".to_owned(), |n| n.to_string());
+    format!(
+        "max_sessions={} max_memory_mb={} start={}",
+        v(q.max_sessions),
+        v(q.max_memory_mb),
+        q.start.as_deref().unwrap_or("default")
+    )
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -71,28 +141,62 @@ fn open(data_dir: &Path) -> anyhow::Result<Store> {
 pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
     let store = open(data_dir)?;
     match cmd {
-        KeysCommand::Create { name, tenant } => {
+        KeysCommand::Create {
+            name,
+            tenant,
+            settings,
+        } => {
             let (info, key) = store.create_key(&name, &tenant)?;
             eprintln!(
                 "created key {} ({}) for tenant {}; it is shown once:",
                 info.id, info.name, info.tenant
             );
+            if !settings.is_empty() {
+                let q = store.update_tenant(&info.tenant, &settings.change())?;
+                eprintln!("tenant {}: {}", q.tenant, show_tenant(&q));
+            }
             println!("{key}");
         }
+        KeysCommand::Update {
+            key_id_or_name,
+            settings,
+        } => {
+            if settings.is_empty() {
+                bail!(
+                    "nothing to update: give --max-sessions or --max-memory-mb (a number, or none)"
+                );
+            }
+            let key = store
+                .find_key(&key_id_or_name)?
+                .with_context(|| format!("no key matches {key_id_or_name:?}"))?;
+            let q = store.update_tenant(&key.tenant, &settings.change())?;
+            eprintln!(
+                "tenant {} (every key of the tenant): {}",
+                q.tenant,
+                show_tenant(&q)
+            );
+        }
         KeysCommand::List => {
+            let quotas: std::collections::HashMap<String, runcell_store::TenantSettings> = store
+                .list_tenants()?
+                .into_iter()
+                .map(|q| (q.tenant.clone(), q))
+                .collect();
             for k in store.list_keys()? {
+                let quota = quotas.get(&k.tenant).cloned().unwrap_or_default();
                 let state = match k.revoked_at {
                     Some(t) => format!("revoked {}", t.to_rfc3339()),
                     None => "active".into(),
                 };
                 println!(
-                    "{}  {:20}  tenant={:12}  {}…  created {}  {}",
+                    "{}  {:20}  tenant={:12}  {}…  created {}  {}  {}",
                     k.id,
                     k.name,
                     k.tenant,
                     k.prefix,
                     k.created_at.to_rfc3339(),
-                    state
+                    state,
+                    show_tenant(&quota)
                 );
             }
         }

@@ -4,6 +4,7 @@
 mod args;
 mod ask;
 mod audit;
+mod config;
 mod doctor;
 mod keys;
 mod mcp;
@@ -53,7 +54,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API (and the web page) on this machine.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a program once in a fresh sandbox; its output is streamed and its exit code returned.
     Run(run::RunArgs),
     /// One stateful session in the terminal (cells separated by `%%` lines when piped).
@@ -91,13 +92,14 @@ fn main() -> ExitCode {
 
     let cli = Cli::parse();
     init_logging();
+    let explicit_data_dir = cli.data_dir.clone();
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     audit::set_key_files(audit::KeyFiles {
         chain: cli.audit_key_file,
         signing: cli.audit_signing_key_file,
     });
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(&data_dir, args),
+        Command::Serve(args) => serve::serve(explicit_data_dir.as_deref(), data_dir, *args),
         Command::Run(args) => run::run(&data_dir, args),
         Command::Repl(args) => repl::repl(&data_dir, args),
         Command::Ask(args) => ask::ask(&data_dir, args),
@@ -175,12 +177,23 @@ fn audited_engine(
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
+    audited_engine_with(data_dir, store, preload, Default::default())
+}
+
+/// [`audited_engine`] with the server's limit policy.
+fn audited_engine_with(
+    data_dir: &std::path::Path,
+    store: &runcell_store::Store,
+    preload: Option<Vec<String>>,
+    limits: runcell_engine::LimitPolicy,
+) -> anyhow::Result<runcell_engine::Engine> {
     use anyhow::Context;
     let runtime = runtime::ensure_default(data_dir)?;
     let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
     let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
     config.python_runtime = Some(runtime.path);
     config.preload = preload;
+    config.limits = limits;
     Ok(runcell_engine::Engine::with_audit(
         config,
         Some(std::sync::Arc::new(runcell_server::StoreAudit(

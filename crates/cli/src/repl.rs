@@ -35,6 +35,7 @@ pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
         },
         env: BTreeMap::new(),
         metadata: BTreeMap::from([("client".to_owned(), "runcell repl".to_owned())]),
+        start: None,
     })?;
     let result = (|| {
         for f in &files {

@@ -8,53 +8,49 @@ use anyhow::{bail, Context};
 use runcell_agent::{ProviderConfig, ProviderKind};
 use runcell_sandbox::doctor::{self, State};
 
+use crate::config::ServeFile;
+
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on. Beyond loopback, API keys are required (`runcell keys create`).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// A configuration file (reserved; every setting has a flag today).
+    /// Address to listen on [default: 127.0.0.1:8080]. Beyond loopback, API keys are required
+    /// (`runcell keys create`).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// A TOML file with any of these settings, keyed by flag name with `_` for `-`
+    /// (`max_memory_mb = 4096`); flags given here win over it (docs/operations.md).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Modules the zygote imports before forking Python sessions (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = runcell_engine::DEFAULT_PRELOAD.iter().map(|m| m.to_string()))]
-    preload: Vec<String>,
+    /// Modules the zygote imports before forking Python sessions (comma-separated)
+    /// [default: numpy,pandas,matplotlib,matplotlib.pyplot].
+    #[arg(long, value_delimiter = ',')]
+    preload: Option<Vec<String>>,
     /// Start every Python session cold, without the preloaded zygote.
     #[arg(long)]
     no_zygote: bool,
     /// Python sessions kept started ahead of demand (forked from the zygote), so creating one
-    /// with the default limits and no environment takes no fork; 0 turns this off.
-    #[arg(long, default_value_t = 2, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
-    warm_sessions: u16,
+    /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
+    warm_sessions: Option<u16>,
     /// Turns the web page's chat on: the model API the agent loop talks to (openai: any
     /// Chat Completions endpoint; anthropic: Messages). The key comes from OPENAI_API_KEY or
     /// ANTHROPIC_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     /// The chat's model (default: gpt-4.1 for openai, claude-sonnet-4-5 for anthropic).
-    #[arg(
-        long,
-        value_name = "M",
-        env = "RUNCELL_AGENT_MODEL",
-        requires = "agent_provider"
-    )]
+    #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL")]
     agent_model: Option<String>,
     /// The chat's API base URL, e.g. http://localhost:11434/v1 for Ollama (no key needed then).
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "RUNCELL_AGENT_BASE_URL",
-        requires = "agent_provider"
-    )]
+    #[arg(long, value_name = "URL", env = "RUNCELL_AGENT_BASE_URL")]
     agent_base_url: Option<String>,
-    /// Model replies at most per chat question.
-    #[arg(long, default_value_t = 12, value_name = "N")]
-    agent_max_steps: usize,
+    /// Model replies at most per chat question [default: 12].
+    #[arg(long, value_name = "N")]
+    agent_max_steps: Option<usize>,
     /// CPU scheduling policy of the server and its sessions: `batch` (woken threads do not
     /// preempt running ones: fewer context switches, more executions per second) or
-    /// `normal` (the default policy: lower latency when sessions keep the CPUs busy).
-    #[arg(long, value_enum, default_value_t = Scheduling::Batch, value_name = "POLICY")]
-    scheduling: Scheduling,
+    /// `normal` (the default policy: lower latency when sessions keep the CPUs busy)
+    /// [default: batch].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    scheduling: Option<Scheduling>,
     /// Host names the server also answers to (comma-separated, repeatable), e.g. the public
     /// name a reverse proxy forwards: `NAME` on any port, `NAME:PORT` on that port. Without
     /// it, a request naming any host but localhost or the listener's address, with the
@@ -65,17 +61,69 @@ pub struct ServeArgs {
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
-    /// Take a signed audit checkpoint after every N executions recorded; 0 turns this off.
-    #[arg(long, default_value_t = 1000, value_name = "N")]
-    audit_checkpoint_every: u64,
+    /// Take a signed audit checkpoint after every N executions recorded; 0 turns this off
+    /// [default: 1000].
+    #[arg(long, value_name = "N")]
+    audit_checkpoint_every: Option<u64>,
     /// Take a signed audit checkpoint at most this many seconds after the last one when
-    /// executions were recorded since; 0 turns this off.
-    #[arg(long, default_value_t = 600, value_name = "S")]
-    audit_checkpoint_interval_s: u64,
+    /// executions were recorded since; 0 turns this off [default: 600].
+    #[arg(long, value_name = "S")]
+    audit_checkpoint_interval_s: Option<u64>,
     /// Append every checkpoint the server takes to FILE, one JSON per line (each is also
     /// logged); keep it, or ship it, where the database's editors cannot reach.
     #[arg(long, value_name = "FILE")]
     audit_checkpoint_file: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// The server's limits: the most a session may ask for (a request over one is refused with
+/// 400 `limit_exceeded`, never clamped), what it gets when it does not ask, and the memory
+/// all sandboxes together may commit (past it a start is 503 `unavailable`).
+#[derive(Debug, Default, clap::Args)]
+struct LimitArgs {
+    /// Most memory a session may ask for, MiB [default: --max-committed-memory-mb].
+    #[arg(long, value_name = "MB")]
+    max_memory_mb: Option<u64>,
+    /// Most CPUs a session may ask for [default: the host's CPUs].
+    #[arg(long, value_name = "N")]
+    max_cpu: Option<f64>,
+    /// Most processes and threads a session may ask for [default: 4096].
+    #[arg(long, value_name = "N")]
+    max_pids: Option<u64>,
+    /// Largest workspace a session may ask for, MiB (a RAM-backed tmpfs) [default: the host's
+    /// memory less a reserve].
+    #[arg(long, value_name = "MB")]
+    max_disk_mb: Option<u64>,
+    /// Longest time limit an execution may ask for, seconds [default: 3600].
+    #[arg(long, value_name = "S")]
+    max_exec_timeout_s: Option<u64>,
+    /// Longest idle timeout a session may ask for, seconds [default: 86400].
+    #[arg(long, value_name = "S")]
+    max_idle_timeout_s: Option<u64>,
+    /// Memory all live sandboxes together may be granted (sessions, warm ones, one-shot
+    /// runs), MiB; a start past it is refused, never overcommitted [default: the host's
+    /// memory less a tenth, at least 1 GiB].
+    #[arg(long, value_name = "MB")]
+    max_committed_memory_mb: Option<u64>,
+    /// A session's memory when it does not ask, MiB [default: 1024].
+    #[arg(long, value_name = "MB")]
+    default_memory_mb: Option<u64>,
+    /// A session's CPUs when it does not ask [default: 1].
+    #[arg(long, value_name = "N")]
+    default_cpu: Option<f64>,
+    /// A session's processes and threads when it does not ask [default: 128].
+    #[arg(long, value_name = "N")]
+    default_pids: Option<u64>,
+    /// A session's workspace size when it does not ask, MiB [default: 1024].
+    #[arg(long, value_name = "MB")]
+    default_disk_mb: Option<u64>,
+    /// An execution's time limit when it does not ask, seconds [default: 30].
+    #[arg(long, value_name = "S")]
+    default_exec_timeout_s: Option<u64>,
+    /// A session's idle timeout when it does not ask, seconds [default: 1200].
+    #[arg(long, value_name = "S")]
+    default_idle_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -84,16 +132,151 @@ enum Scheduling {
     Normal,
 }
 
-pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
-    if let Some(c) = &args.config {
-        bail!(
-            "invalid request: --config {} is not supported yet; use the flags",
-            c.display()
+/// The server's limit policy: flags, then the file, then what the host can give.
+fn limit_policy(
+    flags: &LimitArgs,
+    file: &ServeFile,
+) -> anyhow::Result<runcell_engine::LimitPolicy> {
+    use runcell_engine::{HostCapacity, LimitPolicy, SessionLimits};
+    let host = HostCapacity::detect();
+    let mut p = LimitPolicy::for_host(host);
+    p.server = true;
+    if let Some(v) = flags
+        .max_committed_memory_mb
+        .or(file.max_committed_memory_mb)
+    {
+        p.committed_memory_mb = v;
+        // One session may have all of a smaller budget, not more.
+        p.max.memory_mb = p.max.memory_mb.min(v);
+    }
+    let m = &mut p.max;
+    m.memory_mb = flags
+        .max_memory_mb
+        .or(file.max_memory_mb)
+        .unwrap_or(m.memory_mb);
+    m.cpu = flags.max_cpu.or(file.max_cpu).unwrap_or(m.cpu);
+    m.pids = flags.max_pids.or(file.max_pids).unwrap_or(m.pids);
+    m.disk_mb = flags.max_disk_mb.or(file.max_disk_mb).unwrap_or(m.disk_mb);
+    m.exec_timeout_s = flags
+        .max_exec_timeout_s
+        .or(file.max_exec_timeout_s)
+        .unwrap_or(m.exec_timeout_s);
+    m.idle_timeout_s = flags
+        .max_idle_timeout_s
+        .or(file.max_idle_timeout_s)
+        .unwrap_or(m.idle_timeout_s);
+    // A default nobody set is DESIGN's, lowered to its maximum; one that was set is checked.
+    let d = SessionLimits::DESIGN_DEFAULTS;
+    p.defaults = SessionLimits {
+        memory_mb: flags
+            .default_memory_mb
+            .or(file.default_memory_mb)
+            .unwrap_or(d.memory_mb.min(m.memory_mb)),
+        cpu: flags
+            .default_cpu
+            .or(file.default_cpu)
+            .unwrap_or(d.cpu.min(m.cpu)),
+        pids: flags
+            .default_pids
+            .or(file.default_pids)
+            .unwrap_or(d.pids.min(m.pids)),
+        disk_mb: flags
+            .default_disk_mb
+            .or(file.default_disk_mb)
+            .unwrap_or(d.disk_mb.min(m.disk_mb)),
+        exec_timeout_s: flags
+            .default_exec_timeout_s
+            .or(file.default_exec_timeout_s)
+            .unwrap_or(d.exec_timeout_s.min(m.exec_timeout_s)),
+        idle_timeout_s: flags
+            .default_idle_timeout_s
+            .or(file.default_idle_timeout_s)
+            .unwrap_or(d.idle_timeout_s.min(m.idle_timeout_s)),
+    };
+    p.validate()
+        .map_err(|e| anyhow::anyhow!("invalid request: limits: {e}"))?;
+    // The operator may know better (a shared config file, a host about to grow); say so.
+    if p.committed_memory_mb > host.memory_mb {
+        tracing::warn!(
+            committed_mb = p.committed_memory_mb,
+            host_mb = host.memory_mb,
+            "max_committed_memory_mb is more than this host's memory: sandboxes can be OOM-killed"
+        );
+    }
+    if p.max.cpu > host.cpus as f64 {
+        tracing::warn!(
+            max_cpu = p.max.cpu,
+            cpus = host.cpus,
+            "max_cpu is more than this host's CPUs"
+        );
+    }
+    Ok(p)
+}
+
+/// `explicit_data_dir`: `--data-dir` or `RUNCELL_DATA_DIR`, which win over the file's.
+pub fn serve(
+    explicit_data_dir: Option<&Path>,
+    default_data_dir: PathBuf,
+    args: ServeArgs,
+) -> anyhow::Result<ExitCode> {
+    let file = match &args.config {
+        Some(path) => ServeFile::read(path)?,
+        None => ServeFile::default(),
+    };
+    let data_dir = explicit_data_dir
+        .map(Path::to_owned)
+        .or_else(|| file.data_dir.clone())
+        .unwrap_or(default_data_dir);
+    let data_dir = data_dir.as_path();
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let scheduling = match (args.scheduling, &file.scheduling) {
+        (Some(s), _) => s,
+        (None, Some(name)) => {
+            <Scheduling as clap::ValueEnum>::from_str(name, false).map_err(|_| {
+                anyhow::anyhow!("invalid request: scheduling {name:?}: batch or normal")
+            })?
+        }
+        (None, None) => Scheduling::Batch,
+    };
+    let warm_sessions = args.warm_sessions.or(file.warm_sessions).unwrap_or(2);
+    if warm_sessions > 64 {
+        bail!("invalid request: warm_sessions must be at most 64");
+    }
+    let agent_provider = match (args.agent_provider, &file.agent_provider) {
+        (Some(k), _) => Some(k),
+        (None, Some(name)) => Some(
+            crate::ask::parse_provider(name)
+                .map_err(|e| anyhow::anyhow!("invalid request: agent_provider: {e}"))?,
+        ),
+        (None, None) => None,
+    };
+    let agent_model = args.agent_model.or(file.agent_model.clone());
+    let agent_base_url = args.agent_base_url.or(file.agent_base_url.clone());
+    if agent_provider.is_none() && (agent_model.is_some() || agent_base_url.is_some()) {
+        bail!("invalid request: --agent-model and --agent-base-url need --agent-provider");
+    }
+    let agent_max_steps = args.agent_max_steps.or(file.agent_max_steps).unwrap_or(12);
+    let no_zygote = args.no_zygote || file.no_zygote.unwrap_or(false);
+    let preload = args.preload.or(file.preload.clone()).unwrap_or_else(|| {
+        runcell_engine::DEFAULT_PRELOAD
+            .iter()
+            .map(|m| m.to_string())
+            .collect()
+    });
+    let limits = limit_policy(&args.limits, &file)?;
+    let mut allowed_hosts = args.allowed_hosts;
+    for name in file.allowed_hosts.iter().flatten() {
+        allowed_hosts.push(
+            name.parse()
+                .map_err(|e| anyhow::anyhow!("invalid request: allowed_hosts {name:?}: {e}"))?,
         );
     }
     // Before any thread exists: every thread and process started from here on inherits it.
-    if let Err(e) = runcell_sandbox::set_batch_scheduling(args.scheduling == Scheduling::Batch) {
-        tracing::warn!(error = %e, policy = ?args.scheduling, "cannot set the scheduling policy");
+    if let Err(e) = runcell_sandbox::set_batch_scheduling(scheduling == Scheduling::Batch) {
+        tracing::warn!(error = %e, policy = ?scheduling, "cannot set the scheduling policy");
     }
     match runcell_sandbox::raise_nofile_soft_limit() {
         Ok(n) => tracing::debug!(limit = n, "open files limit"),
@@ -122,31 +305,40 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let store = crate::audit::open_store(data_dir)?;
     let signer = std::sync::Arc::new(crate::audit::signer(data_dir)?);
+    let checkpoint_interval_s = args
+        .audit_checkpoint_interval_s
+        .or(file.audit_checkpoint_interval_s)
+        .unwrap_or(600);
     let checkpoints = runcell_server::audit::CheckpointPolicy {
-        every: args.audit_checkpoint_every,
-        interval: (args.audit_checkpoint_interval_s > 0)
-            .then(|| std::time::Duration::from_secs(args.audit_checkpoint_interval_s)),
-        file: args.audit_checkpoint_file.clone(),
+        every: args
+            .audit_checkpoint_every
+            .or(file.audit_checkpoint_every)
+            .unwrap_or(1000),
+        interval: (checkpoint_interval_s > 0)
+            .then(|| std::time::Duration::from_secs(checkpoint_interval_s)),
+        file: args
+            .audit_checkpoint_file
+            .clone()
+            .or(file.audit_checkpoint_file.clone()),
     };
     let has_keys = store.has_active_keys()?;
-    if !has_keys && !args.listen.ip().is_loopback() {
+    if !has_keys && !listen.ip().is_loopback() {
         bail!(
-            "refusing to listen on {} without API keys: create one with `runcell keys create --name NAME`, or listen on 127.0.0.1",
-            args.listen
+            "refusing to listen on {listen} without API keys: create one with `runcell keys create --name NAME`, or listen on 127.0.0.1"
         );
     }
     // A misconfigured chat (no key, say) stops the server now rather than failing each question.
-    let chat = match args.agent_provider {
+    let chat = match agent_provider {
         Some(kind) => {
-            if args.agent_max_steps == 0 {
+            if agent_max_steps == 0 {
                 bail!("invalid request: --agent-max-steps must be at least 1");
             }
-            let provider = ProviderConfig::from_env(kind, args.agent_model, args.agent_base_url)
+            let provider = ProviderConfig::from_env(kind, agent_model, agent_base_url)
                 .context("cannot configure the chat's model provider")?;
             tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, "chat enabled");
             Some(runcell_server::ChatConfig {
                 provider,
-                max_steps: args.agent_max_steps,
+                max_steps: agent_max_steps,
             })
         }
         None => {
@@ -154,8 +346,14 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
             None
         }
     };
-    let preload = (!args.no_zygote).then(|| args.preload.clone());
-    let engine = crate::audited_engine(data_dir, &store, preload)?;
+    let preload = (!no_zygote).then_some(preload);
+    tracing::info!(
+        committed_memory_mb = limits.committed_memory_mb,
+        max = ?limits.max,
+        defaults = ?limits.defaults,
+        "session limits"
+    );
+    let engine = crate::audited_engine_with(data_dir, &store, preload, limits)?;
     engine.sweep_stale_cgroups();
 
     let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
@@ -167,18 +365,18 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     // Only now: a warm session must not take the uid of a workspace being recovered.
-    engine.sessions().start_warm_pool(args.warm_sessions.into());
+    engine.sessions().start_warm_pool(warm_sessions.into());
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("runcell-http")
         .build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+            .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
-        let metrics_listener = match args.metrics_listen {
+        let metrics_listener = match args.metrics_listen.or(file.metrics_listen) {
             Some(at) => {
                 let l = tokio::net::TcpListener::bind(at)
                     .await
@@ -196,7 +394,7 @@ pub fn serve(data_dir: &Path, args: ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("runcell serving on http://{addr}");
         runcell_server::audit::spawn_checkpoints(store.clone(), signer.clone(), checkpoints);
         let mut state = runcell_server::state(engine.clone(), store, addr)
-            .with_allowed_hosts(args.allowed_hosts)
+            .with_allowed_hosts(allowed_hosts)
             .with_audit_signer(signer);
         if let Some(chat) = chat {
             state = state.with_chat(chat);

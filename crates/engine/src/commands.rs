@@ -34,12 +34,13 @@ impl Engine {
         let info = self.sessions().get(session)?;
         let workspace = self.sessions().workspace(session)?;
         let timeout = timeout.unwrap_or(Duration::from_secs(info.limits.exec_timeout_s));
-        if timeout.is_zero() || timeout > crate::MAX_TIMEOUT {
-            return Err(EngineError::InvalidRequest(format!(
-                "timeout_s must be between 1 and {}",
-                crate::MAX_TIMEOUT.as_secs()
-            )));
-        }
+        let timeout = self.core.config.limits.check_timeout(timeout)?;
+        // A command is a sandbox of its own, beside the kernel: its memory is committed too.
+        let _reserved = self.core.ledger.reserve(
+            info.limits.memory_mb,
+            self.core.config.limits.committed_memory_mb,
+            crate::limits::Admit::Checked,
+        )?;
         let (_, ro_binds) = self.core.python();
         let limits = info.limits.sandbox_limits();
         let launch = Launch {

@@ -7,19 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_kernel::{CellOptions, Kernel};
-use runcell_sandbox::{Bind, Launch, Limits, Sandbox, Workspace};
-use serde::{Deserialize, Serialize};
+use runcell_sandbox::{Bind, Launch, Sandbox, Workspace};
 
+use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits, TenantPolicies};
 use crate::model::{Execution, Language};
 use crate::session::SessionManager;
+use crate::session::Start;
 use crate::{chain, EngineError};
-
-/// Bounds on what a request may ask for.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-pub const MAX_MEMORY_MB: u64 = 64 << 10;
-pub const MAX_DISK_MB: u64 = 64 << 10;
-pub const MAX_PIDS: u64 = 4096;
-pub const MAX_IDLE_S: u64 = 7 * 24 * 3600;
 
 /// Where the Python runtime (a venv) appears inside every sandbox.
 pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
@@ -27,47 +21,6 @@ pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
 pub(crate) const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
 /// How long a kernel may take to say it is ready.
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Limits a caller may ask for; `None` takes the default (DESIGN.md §7).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsRequest {
-    pub memory_mb: Option<u64>,
-    pub cpu: Option<f64>,
-    pub pids: Option<u64>,
-    pub disk_mb: Option<u64>,
-    pub exec_timeout_s: Option<u64>,
-    pub idle_timeout_s: Option<u64>,
-}
-
-/// A session's resolved limits, as reported in its Session object.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SessionLimits {
-    pub memory_mb: u64,
-    pub cpu: f64,
-    pub pids: u64,
-    pub disk_mb: u64,
-    pub exec_timeout_s: u64,
-    pub idle_timeout_s: u64,
-}
-
-impl SessionLimits {
-    /// What the sandbox enforces for a process of this session.
-    pub(crate) fn sandbox_limits(&self) -> Limits {
-        // /tmp and /dev/shm count against memory; never let them exceed it.
-        let tmp_bytes = Limits::default().tmp_bytes.min(self.memory_mb << 20);
-        Limits {
-            memory_bytes: self.memory_mb << 20,
-            pids: self.pids,
-            cpu_millis: (self.cpu * 1000.0).round() as u64,
-            fsize_bytes: fsize_for(self.disk_mb << 20, tmp_bytes),
-            tmp_bytes,
-            ..Limits::default()
-        }
-    }
-}
 
 /// Receives every finished execution with its code and owner before anyone sees the result
 /// (the store implements it). An error fails the execution's reply: nothing is acknowledged
@@ -108,6 +61,9 @@ pub struct EngineConfig {
     /// Modules a preloaded zygote imports before forking Python sessions (DESIGN.md §4);
     /// `None` starts every session cold. Needs `python_runtime`.
     pub preload: Option<Vec<String>>,
+    /// Defaults, maxima and the committed-memory budget of every sandbox (`serve --max-*`);
+    /// by default no larger than this host can give.
+    pub limits: LimitPolicy,
 }
 
 impl EngineConfig {
@@ -118,6 +74,7 @@ impl EngineConfig {
             run_dir: PathBuf::from("/run/runcell"),
             python_runtime: None,
             preload: None,
+            limits: LimitPolicy::default(),
         }
     }
 }
@@ -134,10 +91,18 @@ pub(crate) struct Core {
     auditor: Option<crate::audit::Auditor>,
     /// Session cells running now (the audit writer waits for them a little).
     pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
+    /// Committed sandbox memory and tenants' live sessions (admission control, quotas).
+    pub(crate) ledger: Arc<Ledger>,
+    /// Tenants' quotas and default start; none until the server sets its store.
+    tenant_policies: std::sync::RwLock<Option<Arc<dyn TenantPolicies>>>,
 }
 
 impl Core {
     fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
+        config
+            .limits
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
         let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
         let blocking: Vec<String> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
@@ -174,6 +139,8 @@ impl Core {
             audit,
             auditor,
             cells_running,
+            ledger: Arc::default(),
+            tenant_policies: std::sync::RwLock::new(None),
         })
     }
 
@@ -215,28 +182,25 @@ impl Core {
         &self,
         req: &LimitsRequest,
     ) -> Result<SessionLimits, EngineError> {
-        let (l, disk_mb) = resolve_limits(req)?;
-        let exec_timeout_s = req.exec_timeout_s.unwrap_or(30);
-        if !(1..=MAX_TIMEOUT.as_secs()).contains(&exec_timeout_s) {
-            return Err(EngineError::InvalidRequest(format!(
-                "exec_timeout_s must be between 1 and {}",
-                MAX_TIMEOUT.as_secs()
-            )));
+        self.config.limits.resolve(req)
+    }
+
+    /// The tenant's policy, from the server's source if one is set (none: no quota).
+    pub(crate) fn tenant_policy(
+        &self,
+        owner: &str,
+    ) -> Result<crate::limits::TenantPolicy, EngineError> {
+        let source = self
+            .tenant_policies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match source {
+            Some(q) => q
+                .policy(owner)
+                .map_err(|e| EngineError::Internal(format!("cannot read the tenant's quota: {e}"))),
+            None => Ok(Default::default()),
         }
-        let idle_timeout_s = req.idle_timeout_s.unwrap_or(20 * 60);
-        if !(1..=MAX_IDLE_S).contains(&idle_timeout_s) {
-            return Err(EngineError::InvalidRequest(format!(
-                "idle_timeout_s must be between 1 and {MAX_IDLE_S}"
-            )));
-        }
-        Ok(SessionLimits {
-            memory_mb: l.memory_bytes >> 20,
-            cpu: l.cpu_millis as f64 / 1000.0,
-            pids: l.pids,
-            disk_mb,
-            exec_timeout_s,
-            idle_timeout_s,
-        })
     }
 
     /// The interpreter path inside the sandbox and the binds it needs.
@@ -264,14 +228,16 @@ impl Core {
         Ok(d)
     }
 
-    /// Starts a kernel for `language` in a new sandbox on `workspace`.
+    /// Starts a kernel for `language` in a new sandbox on `workspace`; says how it started
+    /// (`Start::Cold` asks never to fork from the zygote).
     pub(crate) fn start_kernel(
         self: &Arc<Self>,
         workspace: &Workspace,
         language: Language,
         limits: &SessionLimits,
         extra_env: &[(String, String)],
-    ) -> Result<Kernel, EngineError> {
+        start: Start,
+    ) -> Result<(Kernel, Start), EngineError> {
         // The runtime is bound for every language: `python3` in a bash cell is the same
         // data-science Python as a Python session's.
         let (python, mut binds) = self.python();
@@ -304,10 +270,12 @@ impl Core {
         };
         // The zygote's BLAS runs one thread (it is fixed when numpy loads): sessions granted
         // more than one CPU start cold, with a BLAS pool their size.
-        if language == Language::Python && l.cpu_millis <= 1000 {
+        // A cold start is the session's own interpreter: its own hash secret and address-space
+        // layout, which every fork of one zygote shares (docs/sandbox.md).
+        if language == Language::Python && l.cpu_millis <= 1000 && start == Start::Zygote {
             if let Some(zygote) = self.zygote() {
                 match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
-                    Ok(k) => return Ok(k),
+                    Ok(k) => return Ok((k, Start::Zygote)),
                     // Slower, never broken: a cold start follows, and a zygote that could not
                     // fork, or whose fork never became a kernel, is restarted. Other failures
                     // (the cgroup, descriptors) are the host's; the cold start meets them too.
@@ -324,6 +292,7 @@ impl Core {
             }
         }
         Kernel::start(&self.sandbox, &launch, KERNEL_READY_TIMEOUT)
+            .map(|k| (k, Start::Cold))
             .map_err(|e| EngineError::Sandbox(chain(&e)))
     }
 }
@@ -376,6 +345,21 @@ impl Engine {
 
     pub fn sessions(&self) -> &SessionManager {
         &self.sessions
+    }
+
+    /// Reads every tenant's quota and default start from `source` at each session start (the
+    /// server's store).
+    pub fn set_tenant_policies(&self, source: Arc<dyn TenantPolicies>) {
+        *self
+            .core
+            .tenant_policies
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
+    pub fn committed_memory_mb(&self) -> u64 {
+        self.core.ledger.committed_mb()
     }
 
     /// Removes the empty run cgroups a killed runcell left behind (a server calls this when it
@@ -487,52 +471,6 @@ fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     Ok(dir)
 }
 
-/// RLIMIT_FSIZE: only a backstop behind the tmpfs sizes, above both so that a full workspace
-/// or /tmp says ENOSPC (what it is) rather than EFBIG.
-fn fsize_for(disk_bytes: u64, tmp_bytes: u64) -> u64 {
-    disk_bytes.max(tmp_bytes).saturating_mul(2)
-}
-
-/// Validated limits, and the workspace size in MiB.
-pub(crate) fn resolve_limits(req: &LimitsRequest) -> Result<(Limits, u64), EngineError> {
-    let d = Limits::default();
-    let memory_mb = req.memory_mb.unwrap_or(d.memory_bytes >> 20);
-    if !(16..=MAX_MEMORY_MB).contains(&memory_mb) {
-        return Err(EngineError::InvalidRequest(format!(
-            "memory_mb must be between 16 and {MAX_MEMORY_MB}"
-        )));
-    }
-    let cpu = req.cpu.unwrap_or(1.0);
-    if !(cpu.is_finite() && (0.01..=64.0).contains(&cpu)) {
-        return Err(EngineError::InvalidRequest(
-            "cpu must be between 0.01 and 64".into(),
-        ));
-    }
-    let pids = req.pids.unwrap_or(d.pids);
-    if !(8..=MAX_PIDS).contains(&pids) {
-        return Err(EngineError::InvalidRequest(format!(
-            "pids must be between 8 and {MAX_PIDS}"
-        )));
-    }
-    let disk_mb = req.disk_mb.unwrap_or(1024);
-    if !(1..=MAX_DISK_MB).contains(&disk_mb) {
-        return Err(EngineError::InvalidRequest(format!(
-            "disk_mb must be between 1 and {MAX_DISK_MB}"
-        )));
-    }
-    // /tmp and /dev/shm count against memory; never let them exceed it.
-    let tmp_bytes = d.tmp_bytes.min(memory_mb << 20);
-    let limits = Limits {
-        memory_bytes: memory_mb << 20,
-        pids,
-        cpu_millis: (cpu * 1000.0).round() as u64,
-        fsize_bytes: fsize_for(disk_mb << 20, tmp_bytes),
-        tmp_bytes,
-        ..d
-    };
-    Ok((limits, disk_mb))
-}
-
 /// The whole environment a program sees. Nothing comes from the host.
 pub(crate) fn base_env(
     language: Language,
@@ -572,40 +510,4 @@ pub(crate) fn base_env(
         Language::Bash => {}
     }
     env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_are_validated() {
-        let (ok, disk_mb) = resolve_limits(&LimitsRequest::default()).expect("defaults");
-        assert_eq!(disk_mb, 1024);
-        assert_eq!(ok.memory_bytes, 1 << 30);
-        assert_eq!(ok.cpu_millis, 1000);
-        for bad in [
-            LimitsRequest {
-                memory_mb: Some(0),
-                ..Default::default()
-            },
-            LimitsRequest {
-                cpu: Some(f64::NAN),
-                ..Default::default()
-            },
-            LimitsRequest {
-                pids: Some(1),
-                ..Default::default()
-            },
-            LimitsRequest {
-                disk_mb: Some(0),
-                ..Default::default()
-            },
-        ] {
-            assert!(matches!(
-                resolve_limits(&bad),
-                Err(EngineError::InvalidRequest(_))
-            ));
-        }
-    }
 }

@@ -7,6 +7,7 @@ mod bounds;
 mod commands;
 mod core;
 mod files;
+mod limits;
 mod model;
 mod oneshot;
 mod pool;
@@ -18,9 +19,10 @@ mod zygote;
 
 use std::path::PathBuf;
 
-pub use crate::core::{
-    AuditItem, AuditSink, Engine, EngineConfig, LimitsRequest, SessionLimits, MAX_TIMEOUT,
-    SANDBOX_PYTHON,
+pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, SANDBOX_PYTHON};
+pub use crate::limits::{
+    HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
+    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
 };
 pub use bounds::{
     check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
@@ -35,7 +37,7 @@ pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
-    SessionStatus, QUEUE_DEPTH,
+    SessionStatus, Start, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
@@ -53,12 +55,21 @@ pub enum EngineError {
     Sandbox(String),
     #[error("not found: {0}")]
     NotFound(String),
-    /// A size or count limit (a full workspace, a file too large).
+    /// A size or count limit (a full workspace, a file too large, a limit over the
+    /// server's maximum).
     #[error("limit exceeded: {0}")]
     LimitExceeded(String),
     /// The request carries more than runcell takes (code over [`MAX_CODE_BYTES`]).
     #[error("payload too large: {0}")]
     PayloadTooLarge(String),
+    /// The tenant's quota (live sessions, their memory) is used up; ending one of its
+    /// sessions frees it.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    /// The server has no room for another sandbox now (its committed-memory budget is
+    /// used up); retrying later may succeed.
+    #[error("{0}")]
+    AtCapacity(String),
     /// Too many executions are already waiting on the session.
     #[error("session busy: {0}")]
     SessionBusy(String),

@@ -12,7 +12,8 @@ use runcell_sandbox::{
     Bind, ExitStatus, FileStat, KillReason, Launch, Limits, RunOptions, Stream, UidLease, Workspace,
 };
 
-use crate::core::{base_env, resolve_limits, Engine, LimitsRequest, MAX_TIMEOUT};
+use crate::core::{base_env, Engine};
+use crate::limits::LimitsRequest;
 use crate::model::{
     new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, Language,
     Truncated, UsageInfo,
@@ -71,13 +72,15 @@ impl Engine {
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
-        let (limits, disk_mb) = resolve_limits(&req.limits)?;
-        if req.timeout.is_zero() || req.timeout > MAX_TIMEOUT {
-            return Err(EngineError::InvalidRequest(format!(
-                "timeout must be between 1 and {} seconds",
-                MAX_TIMEOUT.as_secs()
-            )));
-        }
+        let policy = &self.core.config.limits;
+        let (limits, disk_mb) = policy.resolve_one_shot(&req.limits)?;
+        policy.check_timeout(req.timeout)?;
+        // Held until the sandbox is gone (the end of this function).
+        let _reserved = self.core.ledger.reserve(
+            limits.memory_bytes >> 20,
+            policy.committed_memory_mb,
+            crate::limits::Admit::Checked,
+        )?;
         let disk_bytes = disk_mb << 20;
         let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))

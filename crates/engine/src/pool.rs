@@ -17,7 +17,7 @@ use std::time::Duration;
 use runcell_kernel::Kernel;
 use runcell_sandbox::Workspace;
 
-use crate::core::SessionLimits;
+use crate::limits::{Reservation, SessionLimits};
 use crate::session::SessionManager;
 
 /// How often an idle filler looks again without being woken (the zygote becoming ready is
@@ -34,6 +34,8 @@ pub(crate) struct Warm {
     pub(crate) workspace: Arc<Workspace>,
     pub(crate) kernel: Kernel,
     pub(crate) limits: SessionLimits,
+    /// Its memory in the server's budget; last, so it is given back once the sandbox is gone.
+    pub(crate) reservation: Reservation,
 }
 
 impl Warm {
@@ -116,6 +118,15 @@ impl WarmPool {
         taken
     }
 
+    /// Ends one warm session to make room in the memory budget for a session someone asked
+    /// for (warm sessions are started only in case); false if there is none. The filler
+    /// starts another only when the budget has room again.
+    pub(crate) fn evict_one(&self) -> bool {
+        let w = self.lock().ready.pop_back();
+        // Dropped outside the lock: its sandbox is killed and its reservation given back.
+        w.is_some()
+    }
+
     /// How many are ready now.
     pub(crate) fn ready(&self) -> usize {
         self.lock().ready.len()
@@ -150,7 +161,8 @@ fn fill(manager: Weak<SessionManager>) {
             if st.stopped {
                 return;
             }
-            if st.ready.len() >= st.target || !m.zygote_ready() {
+            // A warm session is started only with room in the memory budget left for it.
+            if st.ready.len() >= st.target || !m.zygote_ready() || !m.warm_fits() {
                 let (st, _) = pool
                     .wake
                     .wait_timeout(st, RECHECK)

@@ -20,7 +20,8 @@ use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
 use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
 use serde::Serialize;
 
-use crate::core::{Core, SessionLimits};
+use crate::core::Core;
+use crate::limits::{Admit, Reservation, SessionLimits};
 use crate::model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated,
     UsageInfo,
@@ -42,6 +43,39 @@ pub enum SessionStatus {
     Expired,
 }
 
+/// How a Python session's kernel starts (DESIGN.md §11).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// Forked from the preloaded zygote when it is ready (fast; the default for Python):
+    /// every such session shares the zygote's hash secret and address-space layout.
+    #[default]
+    Zygote,
+    /// A fresh interpreter of its own (its own ASLR layout and hash secret), slower to start.
+    Cold,
+}
+
+impl Start {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Start::Zygote => "zygote",
+            Start::Cold => "cold",
+        }
+    }
+}
+
+impl std::str::FromStr for Start {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "zygote" => Ok(Start::Zygote),
+            "cold" => Ok(Start::Cold),
+            other => Err(format!("unknown start {other:?}: zygote or cold")),
+        }
+    }
+}
+
 /// What callers see of a session (DESIGN.md §6).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
@@ -56,6 +90,9 @@ pub struct SessionInfo {
     #[serde(serialize_with = "crate::model::rfc3339")]
     pub expires_at: DateTime<Utc>,
     pub limits: SessionLimits,
+    /// How its kernel started: `zygote` (forked from the preloaded zygote) or `cold` (asked
+    /// for, or a language, CPU count or moment the zygote does not serve).
+    pub start: Start,
     pub metadata: BTreeMap<String, String>,
     /// Who the session belongs to (the server's tenant); opaque to the engine.
     #[serde(skip)]
@@ -130,6 +167,9 @@ struct Entry {
     worker: Mutex<Option<thread::JoinHandle<()>>>,
     /// Shared with the runner: host-side file operations need no trip through the queue.
     workspace: Arc<Workspace>,
+    /// The session's share of the memory budget and of its owner's quota: given back when
+    /// the session's sandbox is gone (see `end`).
+    reservation: Mutex<Option<Reservation>>,
     /// The kernel; whoever runs a cell holds this lock: the worker thread for queued jobs, an
     /// HTTP task for [`SessionManager::execute_async`]. Fair, so cells run in the order their
     /// callers began to wait.
@@ -180,6 +220,8 @@ pub struct RecoverSession {
     pub owner: String,
     pub created_at: DateTime<Utc>,
     pub limits: SessionLimits,
+    /// What the session asked for (a cold session stays cold).
+    pub start: Start,
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -189,9 +231,11 @@ pub struct CreateSession {
     /// Who the session belongs to (recorded with every execution).
     pub owner: String,
     pub language: Option<Language>,
-    pub limits: crate::core::LimitsRequest,
+    pub limits: crate::limits::LimitsRequest,
     pub env: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,
+    /// `None`: from the zygote for Python, cold for the other languages.
+    pub start: Option<Start>,
 }
 
 impl SessionManager {
@@ -234,17 +278,40 @@ impl SessionManager {
     /// Starts one session with the default limits for the warm pool.
     pub(crate) fn start_warm(&self) -> Result<Warm, EngineError> {
         let limits = self.core.resolve_session_limits(&Default::default())?;
+        // Counted like any session: a warm pool never fills past the budget.
+        let reservation = self.reserve(limits.memory_mb, false)?;
         let id = new_id("ses");
         let workspace = self.new_workspace(&id, &limits)?;
-        let kernel = self
-            .core
-            .start_kernel(&workspace, Language::Python, &limits, &[])?;
+        let (kernel, _) =
+            self.core
+                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
         Ok(Warm {
             id,
             workspace,
             kernel,
             limits,
+            reservation,
         })
+    }
+
+    /// Whether a warm session with the default limits fits the budget now.
+    pub(crate) fn warm_fits(&self) -> bool {
+        self.core.ledger.fits(
+            self.core.config.limits.defaults.memory_mb,
+            self.core.config.limits.committed_memory_mb,
+        )
+    }
+
+    /// `memory_mb` of the budget, for a sandbox about to start. When it does not fit and
+    /// `evict` is set, warm sessions (started only in case) make room first.
+    fn reserve(&self, memory_mb: u64, evict: bool) -> Result<Reservation, EngineError> {
+        let budget = self.core.config.limits.committed_memory_mb;
+        loop {
+            match self.core.ledger.reserve(memory_mb, budget, Admit::Checked) {
+                Err(EngineError::AtCapacity(_)) if evict && self.pool.evict_one() => continue,
+                other => return other,
+            }
+        }
     }
 
     /// A new, empty workspace for session `id`, on a uid of its own.
@@ -333,6 +400,22 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
+        let policy = self.core.tenant_policy(&req.owner)?;
+        // The tenant's default start applies to Python sessions (the others start cold).
+        let asked = req
+            .start
+            .or(policy.start.filter(|_| language == Language::Python));
+        let start = match (asked, language) {
+            (Some(Start::Zygote), l) if l != Language::Python => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "start \"zygote\" is for python sessions; {} sessions start cold",
+                    l.as_str()
+                )))
+            }
+            (Some(s), _) => s,
+            (None, Language::Python) => Start::Zygote,
+            (None, _) => Start::Cold,
+        };
         self.start_sweeper();
         for k in req.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -341,18 +424,27 @@ impl SessionManager {
                 )));
             }
         }
+        // The quota first (the tenant's own business), then the server's room.
+        self.core
+            .ledger
+            .check_quota(&req.owner, &policy, limits.memory_mb)?;
         // A warm session fits a request that changes nothing fixed at the fork.
-        let warm = (language == Language::Python && req.env.is_empty())
+        let warm = (language == Language::Python && req.env.is_empty() && start == Start::Zygote)
             .then(|| self.pool.take(&limits))
             .flatten();
-        let (id, workspace, kernel) = match warm {
-            Some(w) => (w.id, w.workspace, Some(w.kernel)),
+        let (id, workspace, kernel, mut reservation) = match warm {
+            Some(w) => (w.id, w.workspace, Some(w.kernel), w.reservation),
             None => {
+                let reservation = self.reserve(limits.memory_mb, true)?;
                 let id = new_id("ses");
                 let workspace = self.new_workspace(&id, &limits)?;
-                (id, workspace, None)
+                (id, workspace, None, reservation)
             }
         };
+        // Checked again under the ledger's lock: a concurrent create may have taken the room.
+        self.core
+            .ledger
+            .assign(&mut reservation, &req.owner, &policy, Admit::Checked)?;
         let env: Vec<(String, String)> = req.env.into_iter().collect();
         let now = Utc::now();
         let info = SessionInfo {
@@ -363,10 +455,11 @@ impl SessionManager {
             last_active_at: now,
             expires_at: now + chrono::Duration::seconds(limits.idle_timeout_s as i64),
             limits,
+            start,
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, env, kernel)
+        self.launch(info, workspace, env, kernel, reservation)
     }
 
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
@@ -380,6 +473,19 @@ impl SessionManager {
         let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
             .map_err(|e| unavailable(&e))?;
         let workspace = Arc::new(Workspace::adopt(&path, lease).map_err(|e| unavailable(&e))?);
+        // Its memory is counted, never refused: the workspace already holds it, and the
+        // operator may have lowered the budget since.
+        let mut reservation = self.core.ledger.reserve(
+            req.limits.memory_mb,
+            self.core.config.limits.committed_memory_mb,
+            Admit::Always,
+        )?;
+        self.core.ledger.assign(
+            &mut reservation,
+            &req.owner,
+            &Default::default(),
+            Admit::Always,
+        )?;
         let now = Utc::now();
         let info = SessionInfo {
             id: req.id,
@@ -389,26 +495,38 @@ impl SessionManager {
             last_active_at: now,
             expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
             limits: req.limits,
+            start: req.start,
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new(), None)
+        self.launch(info, workspace, Vec::new(), None, reservation)
     }
 
     /// Starts the kernel (unless a warm one is given) and the worker of a session and
     /// registers it.
     fn launch(
         &self,
-        info: SessionInfo,
+        mut info: SessionInfo,
         workspace: Arc<Workspace>,
         env: Vec<(String, String)>,
         kernel: Option<Kernel>,
+        reservation: Reservation,
     ) -> Result<SessionInfo, EngineError> {
+        // What was asked for; `info.start` becomes what happened.
+        let requested = info.start;
         let kernel = match kernel {
             Some(k) => k,
-            None => self
-                .core
-                .start_kernel(&workspace, info.language, &info.limits, &env)?,
+            None => {
+                let (k, how) = self.core.start_kernel(
+                    &workspace,
+                    info.language,
+                    &info.limits,
+                    &env,
+                    requested,
+                )?;
+                info.start = how;
+                k
+            }
         };
         let id = info.id.clone();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
@@ -422,11 +540,13 @@ impl SessionManager {
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
             workspace: workspace.clone(),
+            reservation: Mutex::new(Some(reservation)),
             runner: Arc::new(tokio::sync::Mutex::new(Runner {
                 core: self.core.clone(),
                 workspace,
                 kernel: Some(kernel),
                 env,
+                start: requested,
             })),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -510,7 +630,7 @@ impl SessionManager {
     ) -> Result<(), EngineError> {
         crate::bounds::check_code(code)?;
         let entry = self.entry(id)?;
-        let timeout = resolve_timeout(&entry, id, timeout)?;
+        let timeout = resolve_timeout(&entry, id, timeout, &self.core.config.limits)?;
         match entry.send(Job::Execute {
             code: code.to_owned(),
             timeout,
@@ -545,7 +665,7 @@ impl SessionManager {
     > {
         crate::bounds::check_code(&code)?;
         let entry = self.entry(id)?;
-        let timeout = resolve_timeout(&entry, id, timeout)?;
+        let timeout = resolve_timeout(&entry, id, timeout, &self.core.config.limits)?;
         if entry.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE_DEPTH {
             entry.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::SessionBusy(format!(
@@ -695,19 +815,14 @@ fn resolve_timeout(
     entry: &Entry,
     id: &str,
     timeout: Option<Duration>,
+    policy: &crate::limits::LimitPolicy,
 ) -> Result<Duration, EngineError> {
     let s = entry.lock();
     if matches!(s.info.status, SessionStatus::Expired | SessionStatus::Dead) {
         return Err(EngineError::NotFound(format!("session {id} has ended")));
     }
     match timeout {
-        Some(t) if t.is_zero() || t > crate::MAX_TIMEOUT => {
-            Err(EngineError::InvalidRequest(format!(
-                "timeout_s must be between 1 and {}",
-                crate::MAX_TIMEOUT.as_secs()
-            )))
-        }
-        Some(t) => Ok(t),
+        Some(t) => policy.check_timeout(t),
         None => Ok(Duration::from_secs(s.info.limits.exec_timeout_s)),
     }
 }
@@ -771,12 +886,19 @@ fn end(entry: Arc<Entry>) {
     // The worker stops when the job sender goes (the worker holds the entry too, so dropping
     // the entry would not be enough); jobs still queued are answered "ended".
     entry.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let reservation = entry
+        .reservation
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
     drop(entry);
     if let Some(w) = worker {
         if w.thread().id() != thread::current().id() {
             let _ = w.join();
         }
     }
+    // The kernel's sandbox is gone now: its memory goes back to the budget and the quota.
+    drop(reservation);
 }
 
 /// The thread that runs a session's queued jobs (executions submitted by synchronous or
@@ -846,6 +968,8 @@ struct Runner {
     workspace: Arc<Workspace>,
     kernel: Option<Kernel>,
     env: Vec<(String, String)>,
+    /// How the session asked its kernels to start.
+    start: Start,
 }
 
 /// What a cell's start noted, for its Execution.
@@ -866,14 +990,15 @@ impl Runner {
                 let s = entry.lock();
                 (s.info.limits, s.info.language)
             };
-            let kernel = self
-                .core
-                .start_kernel(&self.workspace, language, &limits, &self.env);
+            let kernel =
+                self.core
+                    .start_kernel(&self.workspace, language, &limits, &self.env, self.start);
             let mut s = entry.lock();
             match kernel {
-                Ok(k) => {
+                Ok((k, how)) => {
                     s.handle = Some(k.handle());
                     s.info.status = SessionStatus::Ready;
+                    s.info.start = how;
                     self.kernel = Some(k);
                 }
                 Err(e) => {

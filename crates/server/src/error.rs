@@ -20,6 +20,8 @@ pub enum ErrorCode {
     SessionBusy,
     LimitExceeded,
     PayloadTooLarge,
+    /// The server has no room now (admission control); comes with `Retry-After`.
+    Unavailable,
     Internal,
 }
 
@@ -31,7 +33,10 @@ impl ErrorCode {
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::SessionBusy => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::LimitExceeded | ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            // A request over a maximum or a quota: retrying it unchanged cannot help.
+            ErrorCode::LimitExceeded => StatusCode::BAD_REQUEST,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -130,8 +135,11 @@ impl From<EngineError> for ApiError {
                 ApiError::new(ErrorCode::NotFound, format!("{m} not found"))
             }
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
-            EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m),
+            EngineError::LimitExceeded(m) | EngineError::QuotaExceeded(m) => {
+                ApiError::new(ErrorCode::LimitExceeded, m)
+            }
             EngineError::PayloadTooLarge(m) => ApiError::too_large(m),
+            EngineError::AtCapacity(m) => ApiError::new(ErrorCode::Unavailable, m),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
         }
@@ -155,14 +163,20 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let busy = self.code == ErrorCode::SessionBusy;
+        let code = self.code;
         let (status, body) = self.parts();
         let mut resp = (status, Json(body)).into_response();
-        if busy && status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = match code {
             // Executions on a session are short on average; one second is a fair first wait.
+            ErrorCode::SessionBusy if status == StatusCode::TOO_MANY_REQUESTS => Some(1),
+            // Room comes back when a session ends; nobody knows when: a few seconds.
+            ErrorCode::Unavailable => Some(runcell_engine::RETRY_AFTER.as_secs()),
+            _ => None,
+        };
+        if let Some(s) = retry_after {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
+                axum::http::HeaderValue::from(s),
             );
         }
         resp

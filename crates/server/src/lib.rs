@@ -235,6 +235,26 @@ impl AuditSink for StoreAudit {
     }
 }
 
+/// Tenants' quotas and default start, read from the store at every session start (so
+/// `runcell keys update`, another process, takes effect at once).
+#[derive(Debug)]
+pub struct StoreTenants(pub Store);
+
+impl runcell_engine::TenantPolicies for StoreTenants {
+    fn policy(&self, owner: &str) -> Result<runcell_engine::TenantPolicy, String> {
+        let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
+        let t = self
+            .0
+            .tenant_settings(tenant)
+            .map_err(|e| runcell_engine::error_chain(&e))?;
+        Ok(runcell_engine::TenantPolicy {
+            max_sessions: t.max_sessions,
+            max_memory_mb: t.max_memory_mb,
+            start: t.start.as_deref().map(str::parse).transpose()?,
+        })
+    }
+}
+
 /// The store's record of an execution.
 fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
     let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
@@ -277,6 +297,7 @@ pub fn recover_sessions(
                     owner: s.tenant.clone(),
                     created_at: s.created_at,
                     limits,
+                    start: s.start.parse().unwrap_or_default(),
                     metadata,
                 })
                 .map_err(|e| e.to_string()),
@@ -323,6 +344,7 @@ pub(crate) fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
         last_active_at: rec.last_active_at,
         expires_at: rec.expires_at,
         limits: serde_json::from_str(&rec.limits_json).ok()?,
+        start: rec.start.parse().unwrap_or_default(),
         metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
         owner: rec.tenant.clone(),
     })
@@ -356,6 +378,7 @@ pub(crate) fn session_record(engine: &runcell_engine::Engine, info: &SessionInfo
             .join(&info.id)
             .to_string_lossy()
             .into_owned(),
+        start: info.start.as_str().to_owned(),
     }
 }
 
@@ -398,6 +421,7 @@ pub(crate) async fn record_upload(
 /// real port when 0 was asked for): it answers to that address and the loopback names on its
 /// port, and serves openly without keys only when it is loopback.
 pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -> AppState {
+    engine.set_tenant_policies(Arc::new(StoreTenants(store.clone())));
     AppState {
         engine,
         store,

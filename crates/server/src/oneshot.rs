@@ -1,7 +1,5 @@
 //! `POST /v1/execute`: one program in a fresh sandbox (Judge0/Piston style).
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
@@ -37,7 +35,7 @@ pub struct InputFileBody {
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteOnceRequest,
-    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn execute_once(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -45,7 +43,8 @@ pub async fn execute_once(
 ) -> ApiResult<Json<Execution>> {
     let mut one = OneShot::new(req.language.unwrap_or(Language::Python), req.code);
     one.owner = tenant.0;
-    one.timeout = crate::sessions::timeout(req.timeout_s)?.unwrap_or(Duration::from_secs(60));
+    one.timeout = crate::sessions::timeout(req.timeout_s)?
+        .unwrap_or_else(|| state.engine.config().limits.one_shot_timeout());
     one.limits = req.limits.unwrap_or_default();
     one.stdin = req.stdin.unwrap_or_default().into_bytes();
     for f in req.files.unwrap_or_default() {

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_engine::{
     CancelToken, CommandOutput, CreateSession, Engine, ExecEvent, Execution, Language,
-    LimitsRequest, SessionInfo,
+    LimitsRequest, SessionInfo, Start,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -30,6 +30,9 @@ pub struct CreateSessionRequest {
     pub env: Option<BTreeMap<String, String>>,
     /// Free-form labels, filterable with `?metadata.k=v`.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `zygote` (default for Python: forked from the preloaded zygote, fast) or `cold` (an
+    /// interpreter of its own: its own address-space layout and hash secret).
+    pub start: Option<Start>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -98,12 +101,18 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
     }
 }
 
+/// A request's `timeout_s`, checked to be a duration at all; the engine holds it to the
+/// server's maximum (`serve --max-exec-timeout-s`: 400 `limit_exceeded` past it).
 pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 && s <= 3600.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
+            ApiError::invalid(format!(
+                "timeout_s {s} is not a number of seconds runcell can wait"
+            ))
+        }),
         Some(_) => Err(ApiError::invalid(
-            "timeout_s must be between 0 and 3600 seconds",
+            "timeout_s must be a positive number of seconds",
         )),
     }
 }
@@ -120,7 +129,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = CreateSessionRequest,
-    responses((status = 201, body = SessionInfo), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 201, body = SessionInfo),
+        (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
+        (status = 401, body = ErrorBody),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -135,6 +147,7 @@ pub async fn create_session(
             limits: req.limits.unwrap_or_default(),
             env: req.env.unwrap_or_default(),
             metadata: req.metadata.unwrap_or_default(),
+            start: req.start,
         })
     })
     .await?;

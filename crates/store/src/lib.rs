@@ -82,6 +82,27 @@ pub struct SessionRecord {
     pub metadata_json: String,
     /// Host path of the session's workspace.
     pub workspace_path: String,
+    /// How its kernel asked to start: `zygote` or `cold` (not checked by the store).
+    pub start: String,
+}
+
+/// A tenant's settings: at most `max_sessions` live sessions and `max_memory_mb` in the sum
+/// of their memory limits (`None`: no quota), and how its Python sessions start when they do
+/// not say (`zygote` or `cold`; `None`: the server's default).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantSettings {
+    pub tenant: String,
+    pub max_sessions: Option<u64>,
+    pub max_memory_mb: Option<u64>,
+    pub start: Option<String>,
+}
+
+/// A change to a tenant's settings: `None` keeps a value, `Some(None)` clears it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantChange {
+    pub max_sessions: Option<Option<u64>>,
+    pub max_memory_mb: Option<Option<u64>>,
+    pub start: Option<Option<String>>,
 }
 
 /// The latest upload of one path into a session's workspace.
@@ -219,6 +240,19 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>>;
     /// Whether any unrevoked key exists.
     fn has_active_keys(&self) -> Result<bool>;
+    /// The key with this id (revoked or not), or else the only active key with this name;
+    /// `Invalid` when the name matches several active keys.
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
+
+    // ---- tenants' quotas and default start ----
+
+    /// The tenant's settings (none set: no quota, the server's default start).
+    fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings>;
+    /// Every tenant with settings, by name.
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>>;
+    /// Applies `change` to the tenant's settings and returns the result. `start` must be
+    /// `zygote` or `cold` (`Invalid` otherwise).
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings>;
 
     // ---- sessions ----
 

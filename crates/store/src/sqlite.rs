@@ -24,7 +24,7 @@ use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
     time, AuditEntry, Backend, ChainHead, ExecutionRow, Expected, KeyInfo, NewExecution,
-    SessionRecord, UploadRecord, VerifyReport,
+    SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
 };
 
 /// Schema migrations, applied in order, each in its own transaction, recorded in
@@ -32,6 +32,7 @@ use crate::{
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_audit_keyed.sql")),
+    (3, include_str!("../migrations/0003_limits.sql")),
 ];
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -374,7 +375,7 @@ fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
 }
 
 const SESSION_COLS: &str = "id, tenant, language, status, created_at, last_active_at, \
-                            expires_at, limits_json, metadata_json, workspace_path";
+                            expires_at, limits_json, metadata_json, workspace_path, start";
 
 fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
     Ok(SessionRecord {
@@ -388,6 +389,24 @@ fn session_from(r: &Row<'_>) -> Result<SessionRecord> {
         limits_json: r.get(7)?,
         metadata_json: r.get(8)?,
         workspace_path: r.get(9)?,
+        start: r.get(10)?,
+    })
+}
+
+fn quota_from(r: &Row<'_>) -> Result<TenantSettings> {
+    let n = |i: usize| -> Result<Option<u64>> {
+        match r.get::<_, Option<i64>>(i)? {
+            Some(v) => u64::try_from(v)
+                .map(Some)
+                .map_err(|_| StoreError::Corrupt(format!("negative quota {v}"))),
+            None => Ok(None),
+        }
+    };
+    Ok(TenantSettings {
+        tenant: r.get(0)?,
+        max_sessions: n(1)?,
+        max_memory_mb: n(2)?,
+        start: r.get(3)?,
     })
 }
 
@@ -861,6 +880,103 @@ impl Backend for SqliteStore {
         )?)
     }
 
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
+        let conn = self.read();
+        if let Some(k) = first(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
+            [id_or_name],
+            key_from,
+        )? {
+            return Ok(Some(k));
+        }
+        let mut by_name = collect(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE name = ?1 AND revoked_at IS NULL"),
+            [id_or_name],
+            key_from,
+        )?;
+        match by_name.len() {
+            0 | 1 => Ok(by_name.pop()),
+            n => Err(StoreError::Invalid(format!(
+                "{n} active keys are named {id_or_name:?}; name one by id"
+            ))),
+        }
+    }
+
+    fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
+        Ok(first(
+            &self.read(),
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
+            [tenant],
+            quota_from,
+        )?
+        .unwrap_or_else(|| TenantSettings {
+            tenant: tenant.to_owned(),
+            ..TenantSettings::default()
+        }))
+    }
+
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
+        collect(
+            &self.read(),
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants ORDER BY tenant",
+            [],
+            quota_from,
+        )
+    }
+
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
+        validate::name("tenant", tenant)?;
+        if let Some(Some(start)) = &change.start {
+            if !matches!(start.as_str(), "zygote" | "cold") {
+                return Err(StoreError::Invalid(format!(
+                    "start must be zygote or cold (got {start:?})"
+                )));
+            }
+        }
+        let int = |v: u64| {
+            i64::try_from(v).map_err(|_| StoreError::Invalid(format!("quota {v} is too large")))
+        };
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut q = first(
+            &tx,
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
+            [tenant],
+            quota_from,
+        )?
+        .unwrap_or_else(|| TenantSettings {
+            tenant: tenant.to_owned(),
+            ..TenantSettings::default()
+        });
+        if let Some(v) = change.max_sessions {
+            q.max_sessions = v;
+        }
+        if let Some(v) = change.max_memory_mb {
+            q.max_memory_mb = v;
+        }
+        if let Some(v) = &change.start {
+            q.start = v.clone();
+        }
+        tx.execute(
+            "INSERT INTO tenants (tenant, max_sessions, max_memory_mb, start, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (tenant) DO UPDATE SET max_sessions = excluded.max_sessions,
+                 max_memory_mb = excluded.max_memory_mb, start = excluded.start,
+                 updated_at = excluded.updated_at",
+            params![
+                tenant,
+                q.max_sessions.map(int).transpose()?,
+                q.max_memory_mb.map(int).transpose()?,
+                q.start,
+                time::fmt(Utc::now())
+            ],
+        )?;
+        tx.commit()?;
+        Ok(q)
+    }
+
     fn put_session(&self, s: &SessionRecord) -> Result<()> {
         validate::id("session id", &s.id)?;
         validate::name("tenant", &s.tenant)?;
@@ -868,18 +984,19 @@ impl Backend for SqliteStore {
         validate::word("status", &s.status)?;
         validate::json("limits_json", &s.limits_json)?;
         validate::json("metadata_json", &s.metadata_json)?;
+        validate::word("start", &s.start)?;
         // An upsert, not INSERT OR REPLACE: REPLACE deletes the old row first, which would
         // cascade to the session's uploads.
         let changed = self.write().execute(
             &format!(
                 "INSERT INTO sessions ({SESSION_COLS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT (id) DO UPDATE SET
                      language = excluded.language, status = excluded.status,
                      created_at = excluded.created_at, last_active_at = excluded.last_active_at,
                      expires_at = excluded.expires_at, limits_json = excluded.limits_json,
                      metadata_json = excluded.metadata_json,
-                     workspace_path = excluded.workspace_path
+                     workspace_path = excluded.workspace_path, start = excluded.start
                  WHERE sessions.tenant = excluded.tenant"
             ),
             params![
@@ -892,7 +1009,8 @@ impl Backend for SqliteStore {
                 time::fmt(s.expires_at),
                 s.limits_json,
                 s.metadata_json,
-                s.workspace_path
+                s.workspace_path,
+                s.start
             ],
         )?;
         if changed == 0 {

@@ -24,7 +24,7 @@ fn migrations_are_idempotent_on_reopen() {
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows");
-    // Each migration recorded once.
+    // Every migration once, in order.
     assert_eq!(
         versions,
         (1..=SqliteStore::schema_version()).collect::<Vec<_>>()
@@ -346,4 +346,96 @@ fn executions_pagination_and_isolation() {
 fn store_is_clone_send_sync() {
     fn check<T: Clone + Send + Sync + 'static>() {}
     check::<Store>();
+}
+
+#[test]
+fn tenants_are_set_changed_and_cleared() {
+    let db = temp_db();
+    let s = open(&db.path);
+    // No row: no quota.
+    let none = s.tenant_settings("acme").expect("quota");
+    assert_eq!((none.max_sessions, none.max_memory_mb), (None, None));
+    let set = runcell_store::TenantChange {
+        max_sessions: Some(Some(2)),
+        max_memory_mb: Some(Some(4096)),
+        start: Some(Some("cold".into())),
+    };
+    s.update_tenant("acme", &set).expect("set");
+    // Changing one keeps the other; `Some(None)` clears.
+    let q = s
+        .update_tenant(
+            "acme",
+            &runcell_store::TenantChange {
+                max_sessions: Some(None),
+                ..Default::default()
+            },
+        )
+        .expect("clear one");
+    assert_eq!((q.max_sessions, q.max_memory_mb), (None, Some(4096)));
+    assert_eq!(q.start.as_deref(), Some("cold"));
+    assert!(matches!(
+        s.update_tenant(
+            "acme",
+            &runcell_store::TenantChange {
+                start: Some(Some("lukewarm".into())),
+                ..Default::default()
+            }
+        ),
+        Err(StoreError::Invalid(_))
+    ));
+    drop(s);
+    let s = open(&db.path);
+    let q = s.tenant_settings("acme").expect("reopened");
+    assert_eq!((q.max_sessions, q.max_memory_mb), (None, Some(4096)));
+    assert_eq!(s.list_tenants().expect("list").len(), 1);
+    assert!(matches!(
+        s.update_tenant("bad tenant", &set),
+        Err(StoreError::Invalid(_))
+    ));
+    // Keys are found by id or by their one active name.
+    let (k, _) = s.create_key("ci", "acme").expect("key");
+    assert_eq!(
+        s.find_key(&k.id).expect("by id").expect("found").tenant,
+        "acme"
+    );
+    assert_eq!(s.find_key("ci").expect("by name").expect("found").id, k.id);
+    assert!(s.find_key("nobody").expect("lookup").is_none());
+    s.create_key("ci", "other")
+        .expect("second key of that name");
+    assert!(matches!(s.find_key("ci"), Err(StoreError::Invalid(_))));
+}
+
+#[test]
+fn a_version_1_database_gains_quotas_and_its_sessions_start_from_the_zygote() {
+    let db = temp_db();
+    std::fs::create_dir_all(db.path.parent().expect("dir")).expect("mkdir");
+    {
+        let raw = rusqlite::Connection::open(&db.path).expect("raw");
+        raw.execute_batch(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL) STRICT;",
+        )
+        .expect("table");
+        raw.execute_batch(include_str!("../migrations/0001_init.sql"))
+            .expect("v1");
+        raw.execute(
+            "INSERT INTO schema_migrations VALUES (1, '2024-01-01T00:00:00.000000000Z')",
+            [],
+        )
+        .expect("v1 recorded");
+        raw.execute(
+            "INSERT INTO sessions VALUES ('ses_old', 't', 'python', 'ready', \
+             '2024-01-01T00:00:00.000000000Z', '2024-01-01T00:00:00.000000000Z', \
+             '2024-01-01T00:20:00.000000000Z', '{}', '{}', '/w')",
+            [],
+        )
+        .expect("an old session");
+    }
+    let s = open(&db.path);
+    let old = s.get_session("t", "ses_old").expect("get").expect("kept");
+    assert_eq!(old.start, "zygote");
+    assert!(s
+        .tenant_settings("t")
+        .expect("quota table")
+        .max_sessions
+        .is_none());
 }

@@ -38,11 +38,36 @@ pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server
 pub async fn start_with(
     configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
 ) -> Server {
+    start_configured(|_| {}, configure).await
+}
+
+/// [`start_with_chat`], with the engine's configuration changed by `configure` first (its
+/// limit policy, a zygote).
+pub async fn start_engine_with(
+    chat: Option<runcell_server::ChatConfig>,
+    configure: impl FnOnce(&mut runcell_engine::EngineConfig) + Send + 'static,
+) -> Server {
+    start_configured(configure, move |state| match chat {
+        Some(chat) => state.with_chat(chat),
+        None => state,
+    })
+    .await
+}
+
+/// The server, with the engine's configuration changed by `engine` and then the state by
+/// `state` before serving.
+pub async fn start_configured(
+    engine: impl FnOnce(&mut runcell_engine::EngineConfig) + Send + 'static,
+    state: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
+) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let config =
-        tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
-            .await
-            .expect("config");
+    let config = tokio::task::spawn_blocking(move || {
+        let mut config = runcell_engine::testing::engine_config(&cache);
+        engine(&mut config);
+        config
+    })
+    .await
+    .expect("config");
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
     let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
     let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
@@ -51,7 +76,7 @@ pub async fn start_with(
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let state = configure(runcell_server::state(engine.clone(), store.clone(), addr));
+    let state = state(runcell_server::state(engine.clone(), store.clone(), addr));
     let router = runcell_server::app(state);
     let base = format!("http://{addr}");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -40,6 +40,7 @@ pub fn session(tenant: &str, id: &str, created: i64) -> SessionRecord {
         limits_json: r#"{"memory_mb":512}"#.into(),
         metadata_json: r#"{"owner":"me"}"#.into(),
         workspace_path: format!("/var/lib/runcell/ws/{id}"),
+        start: "zygote".into(),
     }
 }
 

@@ -1,0 +1,75 @@
+//! `runcell serve --config FILE`: the same settings as `serve`'s flags, in TOML. Each key is a
+//! flag's long name with `_` for `-`; a flag given on the command line wins over the file; a
+//! key the server does not know is an error naming it (a typo must not pass silently).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+/// The file's keys (docs/operations.md shows an example).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeFile {
+    pub listen: Option<SocketAddr>,
+    /// Used when neither `--data-dir` nor `RUNCELL_DATA_DIR` is given.
+    pub data_dir: Option<PathBuf>,
+    pub preload: Option<Vec<String>>,
+    pub no_zygote: Option<bool>,
+    pub warm_sessions: Option<u16>,
+    pub scheduling: Option<String>,
+    pub agent_provider: Option<String>,
+    pub agent_model: Option<String>,
+    pub agent_base_url: Option<String>,
+    pub agent_max_steps: Option<usize>,
+    /// Added to `--allowed-hosts`.
+    pub allowed_hosts: Option<Vec<String>>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub audit_checkpoint_every: Option<u64>,
+    pub audit_checkpoint_interval_s: Option<u64>,
+    pub audit_checkpoint_file: Option<PathBuf>,
+    pub max_memory_mb: Option<u64>,
+    pub max_cpu: Option<f64>,
+    pub max_pids: Option<u64>,
+    pub max_disk_mb: Option<u64>,
+    pub max_exec_timeout_s: Option<u64>,
+    pub max_idle_timeout_s: Option<u64>,
+    pub max_committed_memory_mb: Option<u64>,
+    pub default_memory_mb: Option<u64>,
+    pub default_cpu: Option<f64>,
+    pub default_pids: Option<u64>,
+    pub default_disk_mb: Option<u64>,
+    pub default_exec_timeout_s: Option<u64>,
+    pub default_idle_timeout_s: Option<u64>,
+}
+
+impl ServeFile {
+    pub fn read(path: &Path) -> anyhow::Result<ServeFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --config {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| {
+            // toml's message names the key and shows the line (`unknown field `x`, expected
+            // one of ...`); keep it whole, on its own lines.
+            anyhow::anyhow!(
+                "invalid configuration in {}: {}",
+                path.display(),
+                e.to_string().trim_end()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named_and_known_ones_read() {
+        let f: ServeFile =
+            toml::from_str("listen = \"127.0.0.1:9\"\nmax_memory_mb = 512\n").expect("known keys");
+        assert_eq!(f.max_memory_mb, Some(512));
+        let e = toml::from_str::<ServeFile>("max_memroy_mb = 512\n").expect_err("a typo");
+        assert!(e.to_string().contains("max_memroy_mb"), "{e}");
+    }
+}
