@@ -369,6 +369,7 @@ fn processes_environment_and_signals_stay_inside() {
         ("env", vec![]),
         ("environ_scan", vec!["hunter2-secret".to_owned()]),
         ("pid1", vec![]),
+        ("proc_paths", vec![]),
         ("processes", vec![]),
         ("signal0_pid", vec![pid.clone()]),
         ("kill_pid", vec![pid.clone()]),
@@ -404,9 +405,37 @@ fn processes_environment_and_signals_stay_inside() {
         "{env:?}"
     );
     assert_eq!(got["environ_scan"].1, serde_json::json!([]));
-    // Host pid 1 is not visible: pid 1 inside is runcell's own init.
+    // Host pid 1 is not visible: pid 1 inside is runcell's own init, and says so without
+    // naming the command it was cloned from (`runcell run ...`, with host paths).
     let pid1 = got["pid1"].1.as_str().unwrap_or_default().to_owned();
-    assert!(pid1.ends_with("runcell"), "{pid1}");
+    assert_eq!(pid1, "runcell-init");
+    // Nothing tells where runcell lives on the host: not pid 1's command line or binary (not
+    // the program's to read), not the program's own binary, mappings or command line.
+    let paths = &got["proc_paths"].1;
+    assert_eq!(
+        paths["pid1_cmdline"],
+        serde_json::json!(["runcell-init"]),
+        "{paths:#}"
+    );
+    assert_eq!(paths["pid1_exe"], "errno:EACCES", "{paths:#}");
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_runcell"));
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the workspace root");
+    let text = paths.to_string();
+    for host in [exe, repo, data_dir()] {
+        let host = host.to_string_lossy();
+        assert!(!text.contains(&*host), "{host} is visible: {paths:#}");
+    }
+    // The control: the probe does report host paths where they are (this test process).
+    let (_, me) = control("proc_paths", &[&std::process::id().to_string()]);
+    assert!(
+        me["pid1_exe"]
+            .as_str()
+            .is_some_and(|e| e.starts_with(&*repo.to_string_lossy())),
+        "{me:#}"
+    );
     let procs = got["processes"].1.as_array().expect("procs").len();
     assert!(procs <= 3, "only the sandbox's own processes: {procs}");
     assert_eq!(got["signal0_pid"].0, "errno:ESRCH");
@@ -426,7 +455,7 @@ fn processes_environment_and_signals_stay_inside() {
         .expect("env")
         .contains(&Value::from(secret)));
     let (_, host_pid1) = control("pid1", &[]);
-    assert!(!host_pid1.as_str().unwrap_or_default().ends_with("runcell"));
+    assert_ne!(host_pid1.as_str().unwrap_or_default(), "runcell-init");
     assert_eq!(control("signal0_pid", &[&pid]).0, "ok");
     let _ = sentinel.kill();
     let _ = sentinel.wait();
