@@ -66,9 +66,11 @@ pub(crate) fn save(out: &Path, files: &[ProducedFile], force: bool) -> anyhow::R
     // The out directory is the user's own choice: its path is taken as given, but it must be a
     // directory itself, not a link to one (which a planted link could have redirected).
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    // Without a trailing slash, which would make even O_NOFOLLOW follow a final link.
+    let last: std::path::PathBuf = out.components().collect();
     let dir = rustix::fs::openat(
         CWD,
-        out,
+        &last,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
@@ -330,6 +332,8 @@ mod tests {
         std::os::unix::fs::symlink(&real, &out).expect("ln");
         let e = save(&out, &[file("a.txt", "x")], false).expect_err("refused");
         assert!(format!("{e:#}").contains("symbolic link"), "{e:#}");
+        let slash = tmp.path().join("out/");
+        save(&slash, &[file("a.txt", "x")], false).expect_err("refused with a trailing slash");
         assert!(!real.join("a.txt").exists());
     }
 }
