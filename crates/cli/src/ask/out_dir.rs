@@ -179,15 +179,18 @@ fn save_one(dir: &OwnedFd, rel: &str, content: &[u8], force: bool) -> Result<boo
 }
 
 /// Creates `name` in `at`, failing if anything (a link included) has that name. Mode 0644:
-/// never executable, whatever the code set in the workspace.
-fn create_new(at: impl AsFd, name: &str, content: &[u8]) -> std::io::Result<()> {
+/// never executable, whatever the code set in the workspace. A file that could not be written
+/// whole is removed again (else it would stand in the way of the next run).
+fn create_new(at: impl AsFd + Copy, name: &str, content: &[u8]) -> std::io::Result<()> {
     let fd = rustix::fs::openat(
         at,
         name,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
     )?;
-    std::fs::File::from(fd).write_all(content)
+    std::fs::File::from(fd).write_all(content).inspect_err(|_| {
+        let _ = rustix::fs::unlinkat(at, name, AtFlags::empty());
+    })
 }
 
 /// `--force`: a fresh file beside the old one, renamed over its name (which replaces the
