@@ -3,12 +3,14 @@
 //! tenant "default"), and with `--show-code` each cell and its output to stderr.
 
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use runcell_agent::{Agent, AgentOptions, ProviderConfig, ProviderKind, StepEvent, StopReason};
 use runcell_engine::tools::ToolCall;
+
+mod out_dir;
 
 #[derive(Debug, clap::Args)]
 pub struct AskArgs {
@@ -31,9 +33,14 @@ pub struct AskArgs {
     /// Model replies at most.
     #[arg(long, default_value_t = 12, value_name = "N")]
     max_steps: usize,
-    /// Where the files the code created or modified are saved.
+    /// Where the files the code created or modified are saved. Existing files are kept (and
+    /// reported) unless --force; symbolic links in DIR are never followed.
     #[arg(long, default_value = "runcell-out", value_name = "DIR")]
     out: PathBuf,
+    /// Replace existing regular files in --out (never a symbolic link, a directory or anything
+    /// else: those are still refused).
+    #[arg(long)]
+    force: bool,
     /// Print each cell and its output on stderr as it runs.
     #[arg(long)]
     show_code: bool,
@@ -83,22 +90,26 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     engine.sessions().shutdown();
     let outcome = outcome?;
 
-    for f in &outcome.files_produced {
-        let dest = out_path(&args.out, &f.path)?;
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
+    // The files go to disk before the answer is printed, but a problem with them never loses
+    // the answer: it is reported, and the exit code says so.
+    let saved = out_dir::save(&args.out, &outcome.files_produced, args.force);
+    let files_ok = match &saved {
+        Ok(report) => report.refused == 0,
+        Err(e) => {
+            eprintln!("runcell: the files were not saved: {e:#}");
+            false
         }
-        std::fs::write(&dest, &f.content)
-            .with_context(|| format!("cannot save {}", dest.display()))?;
-        eprintln!("saved {} ({} bytes)", dest.display(), f.content.len());
-    }
+    };
 
     let mut stdout = std::io::stdout().lock();
     match outcome.stop {
         StopReason::Answer => {
             writeln!(stdout, "{}", outcome.answer.trim_end())?;
-            Ok(ExitCode::SUCCESS)
+            Ok(if files_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         stop => {
             if !outcome.answer.trim().is_empty() {
@@ -139,18 +150,6 @@ fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engine::InputFil
             })
         })
         .collect()
-}
-
-/// `DIR/path` for a workspace-relative path, which never leaves DIR.
-fn out_path(out: &Path, rel: &str) -> anyhow::Result<PathBuf> {
-    let rel = Path::new(rel);
-    if rel.as_os_str().is_empty() || !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-        bail!(
-            "refusing to save {}: not a plain relative path",
-            rel.display()
-        );
-    }
-    Ok(out.join(rel))
 }
 
 fn show_step(event: &StepEvent<'_>) {

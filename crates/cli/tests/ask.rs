@@ -407,3 +407,111 @@ fn without_a_key_the_default_endpoint_is_not_called() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("ANTHROPIC_API_KEY"), "{stderr}");
 }
+
+/// A model that runs `code` once, then answers "Done.".
+fn one_cell(code: &'static str) -> StandIn {
+    stand_in(move |n, _| {
+        let body = if n == 0 {
+            json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "python", "arguments": json!({"code": code}).to_string()}}]}}]})
+        } else {
+            json!({"choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Done."}}]})
+        };
+        (200, vec![], body)
+    })
+}
+
+fn ask_into(data: &Path, stand_in: &StandIn, out_dir: &Path, extra: &[&str]) -> Output {
+    runcell(data)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["ask", "Write the report.", "--base-url"])
+        .arg(&stand_in.base)
+        .arg("--out")
+        .arg(out_dir)
+        .args(extra)
+        .output()
+        .expect("runcell ask")
+}
+
+/// The code writes a file over a link planted in --out, one over an existing file, one whose
+/// name holds a terminal escape sequence, a dotfile and a plain one.
+const WRITES: &str = "files = {'report.txt': 'pwned', 'existing.txt': 'new', \
+                      '\\x1b[31mred.txt': 'r', '.bashrc': 'echo hi', 'normal.txt': 'ok'}\n\
+                      for name, text in files.items():\n    open(name, 'w').write(text)\n";
+
+#[test]
+fn out_never_follows_a_planted_link_nor_overwrites_and_prints_names_escaped() {
+    let data = data_dir();
+    let work = tempfile::tempdir().expect("tempdir");
+    let outside = work.path().join("outside");
+    std::fs::write(&outside, "the user's own file").expect("write");
+    let out_dir = work.path().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    std::os::unix::fs::symlink(&outside, out_dir.join("report.txt")).expect("plant the link");
+    std::fs::write(out_dir.join("existing.txt"), "mine").expect("write");
+
+    let model = one_cell(WRITES);
+    let out = ask_into(&data, &model, &out_dir, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The answer is printed; the refusals make the exit code 1.
+    assert_eq!(stdout_of(&out).trim(), "Done.", "{out:?}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&outside).expect("read"),
+        "the user's own file",
+        "the link was followed"
+    );
+    assert!(std::fs::symlink_metadata(out_dir.join("report.txt"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    assert!(
+        stderr.contains("not saved: ") && stderr.contains("report.txt: a symbolic link is there"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("existing.txt")).expect("read"),
+        "mine"
+    );
+    assert!(
+        stderr.contains("existing.txt: a file of that name exists (--force replaces it)"),
+        "{stderr}"
+    );
+    // The escape sequence is shown escaped, never sent raw to the terminal.
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    assert!(stderr.contains("\\u{1b}[31mred.txt (1 bytes)"), "{stderr}");
+    assert_eq!(
+        std::fs::read(out_dir.join("\u{1b}[31mred.txt")).expect("read"),
+        b"r"
+    );
+    // The dotfile is saved, and listed like every other file; the positive control is saved.
+    assert!(stderr.contains("/.bashrc (7 bytes)"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("normal.txt")).expect("read"),
+        "ok"
+    );
+    assert!(stderr.contains("/normal.txt (2 bytes)"), "{stderr}");
+    assert!(stderr.contains("2 of 5 files not saved"), "{stderr}");
+
+    // --force replaces the existing file, and still never writes through the link.
+    let model = one_cell(WRITES);
+    let out = ask_into(&data, &model, &out_dir, &["--force"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("existing.txt")).expect("read"),
+        "new"
+    );
+    assert!(
+        stderr.contains("existing.txt (3 bytes, replaced)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&outside).expect("read"),
+        "the user's own file"
+    );
+    assert!(stderr.contains("1 of 5 files not saved"), "{stderr}");
+}

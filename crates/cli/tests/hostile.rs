@@ -21,9 +21,23 @@ enum Host {
     Is(&'static str),
     /// Anything but this result (the call got past the point where the sandbox stops it).
     Not(&'static str),
-    /// No control: the probe is not safe to run on the host; the comment says why and what
-    /// stands in for it.
+    /// No control: the probe is not safe to run on the host, or would prove nothing on this
+    /// kernel; the comment says why and what stands in for it.
     Skip,
+}
+
+/// `ok` on the host if its kernel has this protocol (`/proc/net/protocols`), else no control.
+fn host_has(protocol: &str) -> Host {
+    let listed = std::fs::read_to_string("/proc/net/protocols").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().next() == Some(protocol))
+    });
+    if listed {
+        Host::Is("ok")
+    } else {
+        eprintln!("this kernel has no {protocol}: no host control for it");
+        Host::Skip
+    }
 }
 
 fn s(v: &[&str]) -> Vec<String> {
@@ -85,6 +99,19 @@ fn syscall_and_kernel_surface_probes_fail_exactly_inside() {
         ("socket", s(&["vsock", "stream"]), "errno:EPERM", Host::Is("ok")),
         ("socket", s(&["alg", "seqpacket"]), "errno:EPERM", Host::Not("errno:EPERM")),
         ("socket", s(&["inet", "raw", "1"]), "errno:EPERM", Host::Is("ok")),
+        // An allowed family and type with another protocol: as on a kernel without it. Where
+        // the kernel has MPTCP (262) and UDP-Lite (136), the host creates them; where it lacks
+        // one, the host would give the same errno and prove nothing.
+        ("socket", s(&["inet", "stream", "262"]), "errno:EPROTONOSUPPORT", host_has("MPTCP")),
+        ("socket", s(&["inet", "dgram", "136"]), "errno:EPROTONOSUPPORT", host_has("UDP-Lite")),
+        ("socketpair", s(&["unix", "stream", "1"]), "errno:EPROTONOSUPPORT", Host::Is("ok")),
+        ("socket", s(&["inet", "stream", "6"]), "ok", Host::Is("ok")),
+        ("socket", s(&["inet", "dgram", "17"]), "ok", Host::Is("ok")),
+        ("socketpair", s(&["unix", "stream"]), "ok", Host::Is("ok")),
+        // sync and syncfs are answered 0 without running: syncfs of a closed descriptor would
+        // say EBADF otherwise, as the host shows.
+        ("syncfs_badfd", s(&[]), "ok", Host::Is("errno:EBADF")),
+        ("sync", s(&[]), "ok", Host::Is("ok")),
         // Positive controls inside: ordinary sockets still work.
         ("socket", s(&["inet", "stream"]), "ok", Host::Is("ok")),
         ("socket", s(&["unix", "stream"]), "ok", Host::Is("ok")),
@@ -357,6 +384,7 @@ fn processes_environment_and_signals_stay_inside() {
         ("env", vec![]),
         ("environ_scan", vec!["hunter2-secret".to_owned()]),
         ("pid1", vec![]),
+        ("proc_paths", vec![]),
         ("processes", vec![]),
         ("signal0_pid", vec![pid.clone()]),
         ("kill_pid", vec![pid.clone()]),
@@ -392,9 +420,37 @@ fn processes_environment_and_signals_stay_inside() {
         "{env:?}"
     );
     assert_eq!(got["environ_scan"].1, serde_json::json!([]));
-    // Host pid 1 is not visible: pid 1 inside is runcell's own init.
+    // Host pid 1 is not visible: pid 1 inside is runcell's own init, and says so without
+    // naming the command it was cloned from (`runcell run ...`, with host paths).
     let pid1 = got["pid1"].1.as_str().unwrap_or_default().to_owned();
-    assert!(pid1.ends_with("runcell"), "{pid1}");
+    assert_eq!(pid1, "runcell-init");
+    // Nothing tells where runcell lives on the host: not pid 1's command line or binary (not
+    // the program's to read), not the program's own binary, mappings or command line.
+    let paths = &got["proc_paths"].1;
+    assert_eq!(
+        paths["pid1_cmdline"],
+        serde_json::json!(["runcell-init"]),
+        "{paths:#}"
+    );
+    assert_eq!(paths["pid1_exe"], "errno:EACCES", "{paths:#}");
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_runcell"));
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the workspace root");
+    let text = paths.to_string();
+    for host in [exe, repo, data_dir()] {
+        let host = host.to_string_lossy();
+        assert!(!text.contains(&*host), "{host} is visible: {paths:#}");
+    }
+    // The control: the probe does report host paths where they are (this test process).
+    let (_, me) = control("proc_paths", &[&std::process::id().to_string()]);
+    assert!(
+        me["pid1_exe"]
+            .as_str()
+            .is_some_and(|e| e.starts_with(&*repo.to_string_lossy())),
+        "{me:#}"
+    );
     let procs = got["processes"].1.as_array().expect("procs").len();
     assert!(procs <= 3, "only the sandbox's own processes: {procs}");
     assert_eq!(got["signal0_pid"].0, "errno:ESRCH");
@@ -414,7 +470,7 @@ fn processes_environment_and_signals_stay_inside() {
         .expect("env")
         .contains(&Value::from(secret)));
     let (_, host_pid1) = control("pid1", &[]);
-    assert!(!host_pid1.as_str().unwrap_or_default().ends_with("runcell"));
+    assert_ne!(host_pid1.as_str().unwrap_or_default(), "runcell-init");
     assert_eq!(control("signal0_pid", &[&pid]).0, "ok");
     let _ = sentinel.kill();
     let _ = sentinel.wait();

@@ -76,6 +76,10 @@ fn probe_table() -> Vec<(&'static str, Vec<&'static str>)> {
         ("socket", vec!["alg", "seqpacket"]),
         ("socket", vec!["inet", "raw", "1"]),
         ("socket", vec!["inet", "stream"]),
+        ("socket", vec!["inet", "stream", "262"]),
+        ("socket", vec!["inet", "dgram", "136"]),
+        ("socketpair", vec!["unix", "stream", "1"]),
+        ("syncfs_badfd", vec![]),
         ("tcp_connect", vec!["169.254.169.254", "80"]),
         ("hostname", vec![]),
         ("net_interfaces", vec![]),
@@ -154,6 +158,10 @@ fn zygote_sessions_are_preloaded_reseeded_and_confined_like_cold_ones() {
         ("socket [\"netlink\", \"dgram\"]", "errno:EPERM"),
         ("tcp_connect [\"169.254.169.254\", \"80\"]", "errno:ENETUNREACH"),
         ("socket [\"inet\", \"stream\"]", "('ok', None)"),
+        ("socket [\"inet\", \"stream\", \"262\"]", "errno:EPROTONOSUPPORT"),
+        ("socket [\"inet\", \"dgram\", \"136\"]", "errno:EPROTONOSUPPORT"),
+        ("syncfs_badfd []", "('ok', None)"),
+        ("pid1 []", "('ok', 'runcell-init')"),
         ("hostname []", "'runcell'"),
         ("net_interfaces []", "['lo']"),
     ] {
@@ -201,6 +209,91 @@ fn zygote_sessions_are_preloaded_reseeded_and_confined_like_cold_ones() {
     for (p, q) in x.split(", ").zip(y.split(", ")) {
         assert_ne!(p, q, "{x} vs {y}");
     }
+}
+
+/// The `proc_paths` probe in a session: what it can learn of where runcell lives on the host.
+fn proc_paths(engine: &runcell_engine::Engine, id: &str) -> serde_json::Value {
+    let code = format!(
+        "{}\nimport json\nprint(json.dumps(probe('proc_paths', [])[1]))",
+        PROBES.replace("if __name__ == \"__main__\":\n    main()", "")
+    );
+    let e = exec(engine, id, &code);
+    serde_json::from_str(e.stdout.trim()).unwrap_or_else(|err| panic!("{err}: {e:?}"))
+}
+
+#[test]
+fn no_session_sees_a_host_path_of_runcell() {
+    let cold_engine = common::engine();
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let (cold, z) = (create(&cold_engine), create(&engine));
+    assert!(
+        preloaded(&engine, &z),
+        "the session was not born of the zygote"
+    );
+    let init = runcell_engine::testing::init_exe();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the workspace root");
+    let host_paths = [
+        init.to_string_lossy().into_owned(),
+        repo.to_string_lossy().into_owned(),
+        env!("CARGO_TARGET_TMPDIR").to_owned(),
+        // The data dirs of the test engines.
+        std::env::temp_dir()
+            .join("runcell-test-")
+            .to_string_lossy()
+            .into_owned(),
+    ];
+    let (c, zy) = (proc_paths(&cold_engine, &cold), proc_paths(&engine, &z));
+    for (who, got) in [("cold", &c), ("zygote-born", &zy)] {
+        let text = got.to_string();
+        for p in &host_paths {
+            assert!(
+                !text.contains(p.as_str()),
+                "a {who} session sees {p}: {got:#}"
+            );
+        }
+        // Pid 1 says what it is, and its binary is not the program's to read.
+        assert_eq!(
+            got["pid1_cmdline"],
+            serde_json::json!(["runcell-init"]),
+            "{who}"
+        );
+        assert_eq!(got["pid1_comm"], "runcell-init", "{who}");
+        assert_eq!(got["pid1_exe"], "errno:EACCES", "{who}");
+    }
+    // A zygote-born program is runcell's init binary, exec'd from a detached mount: named
+    // relative to it. Its command line and name are those a cold one has (as much as fits).
+    let name = init.file_name().expect("name").to_string_lossy();
+    assert_eq!(zy["self_exe"], format!("/{name}"));
+    assert_eq!(zy["self_comm"], c["self_comm"]);
+    let (cc, zc) = (
+        c["self_cmdline"].as_array().expect("cmdline"),
+        zy["self_cmdline"].as_array().expect("cmdline"),
+    );
+    assert!(!zc.is_empty() && cc.starts_with(zc), "{cc:?} vs {zc:?}");
+
+    // The control: the same probe pointed at this test process (exec'd by its host path) does
+    // report host paths.
+    let me = std::process::id().to_string();
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(format!(
+            "{}\nimport json\nprint(json.dumps(probe('proc_paths', ['{me}'])[1]))",
+            PROBES.replace("if __name__ == \"__main__\":\n    main()", "")
+        ))
+        .output()
+        .expect("control");
+    let host: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert!(
+        host["pid1_exe"]
+            .as_str()
+            .is_some_and(|e| e.starts_with(&*repo.to_string_lossy())),
+        "{host:#}"
+    );
 }
 
 #[test]

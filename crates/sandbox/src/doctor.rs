@@ -205,9 +205,10 @@ fn layers(thorough: bool, cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer
         },
         detail: match (seccomp_mode, filter_ok) {
             (m, Ok(_)) if m >= 0 => format!(
-                "allow-list of {} syscalls, {} denied with reasons",
+                "allow-list of {} syscalls, {} denied with reasons, {} answered 0 without running",
                 crate::seccomp::allowed().len(),
-                crate::seccomp::denied().len()
+                crate::seccomp::denied().len(),
+                crate::seccomp::no_ops().len()
             ),
             (_, Err(e)) => format!("cannot build the filter: {e}"),
             _ => "kernel built without CONFIG_SECCOMP_FILTER".into(),

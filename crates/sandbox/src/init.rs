@@ -144,6 +144,9 @@ pub(crate) fn direct_pid1(
 ) {
     // SAFETY: setsid has no arguments; it fails harmlessly if already a leader.
     unsafe { libc::setsid() };
+    // A clone of the zygote or of `runcell run ...`: its command line names host paths.
+    set_cmdline(&[PID1_NAME.as_bytes()]);
+    set_comm(PID1_NAME);
     close_fds_from(CHANNEL_FD + 1, &[sync_r.as_raw_fd()]);
     let spec = match Spec::from_bytes(spec_bytes) {
         Ok(s) => s,
@@ -168,6 +171,10 @@ pub(crate) fn direct_pid1(
                 exec_program(&spec, msg_w.as_raw_fd())
             };
             in_program();
+            // What `/proc/self/cmdline` and `comm` of a cold program say: its own argv.
+            let argv: Vec<&[u8]> = spec.argv.iter().map(|a| a.as_bytes()).collect();
+            set_cmdline(&argv);
+            set_comm(spec.argv.first().map_or("", String::as_str));
             drop(msg_r);
             let msg_fd = msg_w.into_raw_fd();
             // confine() closes it with every other descriptor above the channel.
@@ -458,6 +465,9 @@ fn redirect_stdio_to_null() {
 /// Pid 1 of a cold sandbox: steps 1-4, then the program's process (steps 5-7, execve). Never
 /// returns.
 fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
+    // A clone of the helper, whose command line names the binary's host path.
+    set_cmdline(&[PID1_NAME.as_bytes()]);
+    set_comm(PID1_NAME);
     let pid = match prepare(spec, &sync_r, Parent::Helper) {
         // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
         Ok(()) => match unsafe { libc::fork() } {
@@ -472,6 +482,66 @@ fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
         Err(e) => die(msg_w.as_raw_fd(), e, 1),
     };
     reap(pid, msg_w.into_raw_fd())
+}
+
+/// What pid 1's `/proc/1/cmdline` says inside, instead of the command line of the process it was
+/// cloned from (the helper's, the zygote's, or `runcell run ...`), which names host paths.
+const PID1_NAME: &str = "runcell-init";
+
+/// Rewrites this process's command line as `/proc/PID/cmdline` shows it: as many whole `args` as
+/// fit in the original argument area, the rest NUL bytes. The kernel reads that area of the
+/// process's memory (`mm->arg_start..arg_end`, the argv strings execve put on the stack, found in
+/// `/proc/self/stat`); a final NUL keeps it from reading on into the environment. Best effort: a
+/// process whose `/proc/self/stat` cannot be read keeps its command line.
+fn set_cmdline(args: &[&[u8]]) {
+    let Some((start, end)) = arg_area() else {
+        return;
+    };
+    let mut area = vec![0u8; end - start];
+    let mut at = 0;
+    for a in args {
+        // Room for the argument and its NUL (which may be the area's last byte).
+        if a.contains(&0) || at + a.len() + 1 > area.len() {
+            break;
+        }
+        area[at..at + a.len()].copy_from_slice(a);
+        at += a.len() + 1;
+    }
+    if at == 0 {
+        // Not even the first fits: as much of its last component as does.
+        let first = args.first().copied().unwrap_or_default();
+        let base = first.rsplit(|&b| b == b'/').next().unwrap_or(first);
+        let n = base.len().min(area.len() - 1);
+        if !base[..n].contains(&0) {
+            area[..n].copy_from_slice(&base[..n]);
+        }
+    }
+    // SAFETY: [start, end) is this process's own argument area, mapped read-write on its stack
+    // since execve. Rust holds no reference into it (std copies the arguments when asked for
+    // them) and this process is single-threaded, so nothing reads it while it changes.
+    unsafe { std::ptr::copy_nonoverlapping(area.as_ptr(), start as *mut u8, area.len()) };
+}
+
+/// `arg_start` and `arg_end` from `/proc/self/stat` (fields 48 and 49; the command name before
+/// them is in parentheses and may hold spaces).
+fn arg_area() -> Option<(usize, usize)> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3.
+    let start: usize = fields.get(48 - 3)?.parse().ok()?;
+    let end: usize = fields.get(49 - 3)?.parse().ok()?;
+    (start > 0 && end > start).then_some((start, end))
+}
+
+/// Sets `comm` (`/proc/self/comm`, `ps`) to the last component of `program`, as execve would.
+fn set_comm(program: &str) {
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let mut buf = [0u8; 16];
+    let n = name.len().min(15);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: a NUL-terminated buffer of 16 bytes, as PR_SET_NAME reads.
+    unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr(), 0, 0, 0) };
 }
 
 /// Reports a failed step to the helper and exits.

@@ -10,6 +10,7 @@ mod caps;
 pub mod cgroup;
 mod direct;
 pub mod doctor;
+mod exe;
 mod init;
 pub mod landlock;
 mod mount;

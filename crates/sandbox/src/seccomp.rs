@@ -10,9 +10,13 @@
 //! 1. The allow-list. Anything not listed fails with `EPERM`, the answer a program gets for any
 //!    other permission problem, so runtimes degrade instead of crashing. A few entries inspect
 //!    their arguments ([`ArgRule`]).
-//! 2. One filter per errno other than `EPERM` found in [`denied`]: today only `clone3`, which
-//!    fails with `ENOSYS` so that glibc (pthread_create, posix_spawn, fork) falls back to `clone`,
-//!    whose flags live in a register the filter can inspect (`clone3` takes them in memory).
+//! 2. One filter per errno other than `EPERM` found in [`denied`], [`no_ops`] and the argument
+//!    rules: `clone3` fails with `ENOSYS` so that glibc (pthread_create, posix_spawn, fork) falls
+//!    back to `clone`, whose flags live in a register the filter can inspect (`clone3` takes
+//!    them in memory); a socket of an allowed family and type but another protocol (MPTCP,
+//!    UDP-Lite, SCTP, ICMP) fails with `EPROTONOSUPPORT`, as on a kernel without that protocol,
+//!    which is what programs that try one first fall back on; and the [`no_ops`] (`sync`,
+//!    `syncfs`) get "errno" 0: the caller sees success and the kernel never runs the call.
 //!
 //! When several filters are stacked the kernel runs all of them and keeps the action of highest
 //! precedence (`KILL` > `TRAP` > `ERRNO` > ... > `ALLOW`); between equal actions the filter
@@ -69,9 +73,12 @@ pub enum ArgRule {
     Any,
     /// `clone` without any `CLONE_NEW*` flag in arg0 (see [`NAMESPACE_FLAGS`]).
     CloneWithoutNamespaceFlags,
-    /// `socket`/`socketpair`: `AF_UNIX` with any type, or `AF_INET`/`AF_INET6` with type
-    /// `SOCK_STREAM` or `SOCK_DGRAM` (`SOCK_NONBLOCK`/`SOCK_CLOEXEC` allowed). No raw or packet
-    /// sockets, no netlink, vsock, `AF_ALG` or any other family.
+    /// `socket`/`socketpair`: `AF_UNIX` with any type and protocol 0, or `AF_INET`/`AF_INET6`
+    /// with `SOCK_STREAM` and protocol 0 or `IPPROTO_TCP`, or `SOCK_DGRAM` and protocol 0 or
+    /// `IPPROTO_UDP` (`SOCK_NONBLOCK`/`SOCK_CLOEXEC` allowed). No raw or packet sockets, no
+    /// netlink, vsock, `AF_ALG` or any other family (`EPERM`); an allowed family and type with
+    /// another protocol — MPTCP, UDP-Lite, SCTP, ICMP echo, each a protocol implementation of its
+    /// own that no supported runtime needs — fails with `EPROTONOSUPPORT` ([`SOCKET_PROTOCOLS`]).
     SocketDomains,
     /// `ioctl` with any request except `TIOCSTI` (typing into a terminal another process reads)
     /// and `TIOCLINUX` (console tricks, same effect). The request is compared on its low 32 bits,
@@ -80,6 +87,18 @@ pub enum ArgRule {
     /// `personality` with `0xffffffff` (query) or `PER_LINUX` (0) only: no `ADDR_NO_RANDOMIZE`,
     /// `READ_IMPLIES_EXEC` and the like.
     PersonalityQueryOrLinux,
+}
+
+/// A call answered with success (0) without the kernel running it, with the reason: calls a
+/// program may make in passing, whose real effect reaches beyond the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoOp {
+    /// The call's name without the `SYS_` prefix, as in `libc::SYS_<name>`.
+    pub name: &'static str,
+    /// The call's number on the build architecture.
+    pub nr: i64,
+    /// Why it must not run.
+    pub reason: &'static str,
 }
 
 /// A call refused on purpose, listed with the reason and the errno the caller sees.
@@ -106,7 +125,7 @@ pub enum SeccompError {
         /// The call.
         name: &'static str,
     },
-    /// The policy tables both allow and deny a call.
+    /// The policy tables both allow and deny (or fake) a call.
     #[error("system call {name} is both allowed and denied in the seccomp policy")]
     AllowedAndDenied {
         /// The call.
@@ -168,6 +187,36 @@ pub const NAMESPACE_FLAGS: u64 = (libc::CLONE_NEWNS
 
 /// The kernel's `SOCK_TYPE_MASK`: the socket type without `SOCK_NONBLOCK`/`SOCK_CLOEXEC`.
 const SOCK_TYPE_MASK: u64 = 0xf;
+
+/// The socket families, types and protocols [`ArgRule::SocketDomains`] accepts: (family, type,
+/// protocols). `None` for the type: any type (the kernel refuses unknown ones itself). Protocol 0
+/// is the family's default for the type; the named ones are the same protocol spelt out.
+pub const SOCKET_PROTOCOLS: &[(libc::c_int, Option<libc::c_int>, &[libc::c_int])] = &[
+    (libc::AF_UNIX, None, &[0]),
+    (
+        libc::AF_INET,
+        Some(libc::SOCK_STREAM),
+        &[0, libc::IPPROTO_TCP],
+    ),
+    (
+        libc::AF_INET,
+        Some(libc::SOCK_DGRAM),
+        &[0, libc::IPPROTO_UDP],
+    ),
+    (
+        libc::AF_INET6,
+        Some(libc::SOCK_STREAM),
+        &[0, libc::IPPROTO_TCP],
+    ),
+    (
+        libc::AF_INET6,
+        Some(libc::SOCK_DGRAM),
+        &[0, libc::IPPROTO_UDP],
+    ),
+];
+
+/// The errno of an allowed socket family and type with a protocol not in [`SOCKET_PROTOCOLS`].
+const SOCKET_PROTOCOL_ERRNO: i32 = libc::EPROTONOSUPPORT;
 
 /// An ioctl request as the filter compares it. `libc::Ioctl` is `c_ulong` on glibc and `c_int`
 /// on musl, hence a cast that is a no-op on some targets.
@@ -282,8 +331,8 @@ const COMMON_ALLOWED: &[Allowed] = allow! {
         SYS_flistxattr, SYS_setxattr, SYS_lsetxattr, SYS_fsetxattr, SYS_removexattr,
         SYS_lremovexattr, SYS_fremovexattr,
     ];
-    "CPython os.fsync, sqlite, coreutils sync: flushing data" => [
-        SYS_fsync, SYS_fdatasync, SYS_sync_file_range, SYS_syncfs, SYS_sync,
+    "CPython os.fsync, sqlite: flushing the program's own files (sync/syncfs: see NO_OPS)" => [
+        SYS_fsync, SYS_fdatasync, SYS_sync_file_range,
     ];
     "CPython os.posix_fadvise, coreutils: I/O hints" => [SYS_fadvise64, SYS_readahead];
     "bash cd, CPython os.chdir: working directory" => [SYS_chdir, SYS_fchdir];
@@ -429,6 +478,29 @@ const ARCH_ALLOWED: &[Allowed] = &[];
 static ALLOWED: [Allowed; COMMON_ALLOWED.len() + ARCH_ALLOWED.len()] =
     concat(COMMON_ALLOWED, ARCH_ALLOWED);
 
+/// `no_op! { "why" => [SYS_a, SYS_b]; ... }`
+macro_rules! no_op {
+    ($($reason:literal => [$($sys:ident),+ $(,)?];)+) => {
+        &[$($(
+            NoOp {
+                name: sys_name(stringify!($sys)),
+                nr: libc::$sys,
+                reason: $reason,
+            },
+        )+)+]
+    };
+}
+
+/// Calls answered with success without running (every supported architecture).
+const NO_OPS: &[NoOp] = no_op! {
+    "coreutils sync, apt/dpkg, some installers: sync() and syncfs() flush every dirty page of \
+     the whole file system (sync: of every one on the host), so any sandbox could stall the \
+     host's I/O at will; the workspace and /tmp are tmpfs, which has nothing to flush, and a \
+     program's own files are flushed by fsync/fdatasync, which stay allowed" => [
+        SYS_sync, SYS_syncfs,
+    ];
+};
+
 /// Calls refused on purpose (every supported architecture).
 const COMMON_DENIED: &[Denied] = deny! {
     "clone3 passes its flags in memory the filter can't read; ENOSYS makes glibc use clone" => ENOSYS [
@@ -502,6 +574,11 @@ pub fn denied() -> &'static [Denied] {
     &DENIED
 }
 
+/// Calls answered with success (0) without running, with reasons (in neither table above).
+pub fn no_ops() -> &'static [NoOp] {
+    NO_OPS
+}
+
 fn condition(
     name: &'static str,
     arg: u8,
@@ -532,19 +609,12 @@ fn rules_for(entry: &Allowed) -> Result<Vec<SeccompRule>, SeccompError> {
             vec![condition(name, 0, Qword, MaskedEq(NAMESPACE_FLAGS), 0)?],
         )?]),
         ArgRule::SocketDomains => {
-            let mut rules = vec![rule(
-                name,
-                vec![condition(name, 0, Dword, Eq, libc::AF_UNIX as u64)?],
-            )?];
-            for domain in [libc::AF_INET, libc::AF_INET6] {
-                for kind in [libc::SOCK_STREAM, libc::SOCK_DGRAM] {
-                    rules.push(rule(
-                        name,
-                        vec![
-                            condition(name, 0, Dword, Eq, domain as u64)?,
-                            condition(name, 1, Dword, MaskedEq(SOCK_TYPE_MASK), kind as u64)?,
-                        ],
-                    )?);
+            let mut rules = Vec::new();
+            for &(domain, kind, protocols) in SOCKET_PROTOCOLS {
+                for &protocol in protocols {
+                    let mut conditions = socket_family_and_type(name, domain, kind)?;
+                    conditions.push(condition(name, 2, Dword, Eq, protocol as u64)?);
+                    rules.push(rule(name, conditions)?);
                 }
             }
             Ok(rules)
@@ -563,6 +633,52 @@ fn rules_for(entry: &Allowed) -> Result<Vec<SeccompRule>, SeccompError> {
             )?,
             rule(name, vec![condition(name, 0, Dword, Eq, PER_LINUX)?])?,
         ]),
+    }
+}
+
+/// Conditions matching one family (arg0) and, if given, one type (arg1, without the flags).
+fn socket_family_and_type(
+    name: &'static str,
+    domain: libc::c_int,
+    kind: Option<libc::c_int>,
+) -> Result<Vec<SeccompCondition>, SeccompError> {
+    use SeccompCmpArgLen::Dword;
+    use SeccompCmpOp::{Eq, MaskedEq};
+    let mut conditions = vec![condition(name, 0, Dword, Eq, domain as u64)?];
+    if let Some(kind) = kind {
+        conditions.push(condition(
+            name,
+            1,
+            Dword,
+            MaskedEq(SOCK_TYPE_MASK),
+            kind as u64,
+        )?);
+    }
+    Ok(conditions)
+}
+
+/// The argument patterns of an allowed entry that get an errno other than `EPERM`, as
+/// (errno, rules): the allow-list refuses them with `EPERM`, and a later filter corrects that.
+fn refusals_for(entry: &Allowed) -> Result<Vec<(i32, Vec<SeccompRule>)>, SeccompError> {
+    use SeccompCmpArgLen::Dword;
+    use SeccompCmpOp::Ne;
+    let name = entry.name;
+    match entry.args {
+        ArgRule::SocketDomains => {
+            let mut rules = Vec::new();
+            for &(domain, kind, protocols) in SOCKET_PROTOCOLS {
+                let mut conditions = socket_family_and_type(name, domain, kind)?;
+                for &protocol in protocols {
+                    conditions.push(condition(name, 2, Dword, Ne, protocol as u64)?);
+                }
+                rules.push(rule(name, conditions)?);
+            }
+            Ok(vec![(SOCKET_PROTOCOL_ERRNO, rules)])
+        }
+        ArgRule::Any
+        | ArgRule::CloneWithoutNamespaceFlags
+        | ArgRule::IoctlNotTiocsti
+        | ArgRule::PersonalityQueryOrLinux => Ok(Vec::new()),
     }
 }
 
@@ -647,21 +763,44 @@ fn fast_path(nrs: &[u32]) -> BpfProgram {
 }
 
 /// Builds the BPF programs (no side effects): the allow-list first, then one filter per errno
-/// other than `EPERM` in [`denied`], in the order [`install`] loads them.
+/// other than `EPERM` (0 for the [`no_ops`]) in [`denied`], the argument rules and the no-ops,
+/// in the order [`install`] loads them.
 pub fn build() -> Result<Vec<BpfProgram>, SeccompError> {
     build_with(true)
 }
 
+/// A refusal's errno as the filter returns it: 1..=4095 (0 is reserved for the no-ops).
+fn valid_errno(name: &'static str, errno: i32) -> Result<u32, SeccompError> {
+    match u32::try_from(errno) {
+        Ok(e @ 1..=4095) => Ok(e),
+        _ => Err(SeccompError::BadErrno { name, errno }),
+    }
+}
+
 fn build_with(fast: bool) -> Result<Vec<BpfProgram>, SeccompError> {
     let mut allow_rules = BTreeMap::new();
+    let mut by_errno: BTreeMap<u32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
     for entry in allowed() {
         if allow_rules.insert(entry.nr, rules_for(entry)?).is_some() {
             return Err(SeccompError::Duplicate { name: entry.name });
         }
+        for (errno, rules) in refusals_for(entry)? {
+            let errno = valid_errno(entry.name, errno)?;
+            by_errno.entry(errno).or_default().insert(entry.nr, rules);
+        }
     }
 
     let mut seen = BTreeSet::new();
-    let mut by_errno: BTreeMap<u32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
+    for entry in no_ops() {
+        if allow_rules.contains_key(&entry.nr) {
+            return Err(SeccompError::AllowedAndDenied { name: entry.name });
+        }
+        if !seen.insert(entry.nr) {
+            return Err(SeccompError::Duplicate { name: entry.name });
+        }
+        // SECCOMP_RET_ERRNO with 0: the call "returns" 0 and the kernel never runs it.
+        by_errno.entry(0).or_default().insert(entry.nr, Vec::new());
+    }
     for entry in denied() {
         if allow_rules.contains_key(&entry.nr) {
             return Err(SeccompError::AllowedAndDenied { name: entry.name });
@@ -669,15 +808,7 @@ fn build_with(fast: bool) -> Result<Vec<BpfProgram>, SeccompError> {
         if !seen.insert(entry.nr) {
             return Err(SeccompError::Duplicate { name: entry.name });
         }
-        let errno = match u32::try_from(entry.errno) {
-            Ok(errno @ 1..=4095) => errno,
-            _ => {
-                return Err(SeccompError::BadErrno {
-                    name: entry.name,
-                    errno: entry.errno,
-                })
-            }
-        };
+        let errno = valid_errno(entry.name, entry.errno)?;
         if entry.errno != DEFAULT_ERRNO {
             by_errno
                 .entry(errno)
@@ -800,6 +931,24 @@ mod tests {
                 d.nr,
                 d.name
             );
+        }
+        for n in no_ops() {
+            assert!(names.insert(n.name), "{} listed twice", n.name);
+            assert!(
+                nrs.insert(n.nr),
+                "number {} ({}) listed twice",
+                n.nr,
+                n.name
+            );
+        }
+    }
+
+    #[test]
+    fn sync_and_syncfs_are_no_ops_and_fsync_stays_allowed() {
+        let names: Vec<&str> = no_ops().iter().map(|n| n.name).collect();
+        assert_eq!(names, ["sync", "syncfs"]);
+        for name in ["fsync", "fdatasync", "sync_file_range"] {
+            assert!(allowed().iter().any(|e| e.name == name), "{name}");
         }
     }
 
@@ -926,6 +1075,9 @@ mod tests {
         for d in denied() {
             assert!(d.reason.len() > 15, "{}: {}", d.name, d.reason);
         }
+        for n in no_ops() {
+            assert!(n.reason.len() > 15, "{}: {}", n.name, n.reason);
+        }
     }
 
     /// The numbers come from `libc::SYS_<name>`; check them against a few well-known values and,
@@ -984,7 +1136,11 @@ mod tests {
     #[test]
     fn build_succeeds() {
         let programs = build().expect("build");
-        assert_eq!(programs.len(), 2, "allow-list + clone3 override");
+        assert_eq!(
+            programs.len(),
+            4,
+            "allow-list + the no-ops (0), clone3 (ENOSYS) and socket protocol (EPROTONOSUPPORT) overrides"
+        );
         for p in &programs {
             assert!(!p.is_empty() && p.len() < 4096, "{} instructions", p.len());
         }
@@ -1080,6 +1236,15 @@ mod tests {
             [0u64; 6],
             [libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0],
             [libc::AF_INET as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0],
+            [libc::AF_INET as u64, 1, libc::IPPROTO_MPTCP as u64, 0, 0, 0],
+            [
+                libc::AF_INET6 as u64,
+                2,
+                libc::IPPROTO_UDPLITE as u64,
+                0,
+                0,
+                0,
+            ],
             [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
             [0, libc::TIOCSTI, 0, 0, 0, 0],
             [u64::MAX; 6],
@@ -1155,6 +1320,11 @@ mod tests {
                 assert_eq!(native(e.nr, [0; 6]), ALLOW, "{}", e.name);
                 assert_eq!(native(e.nr, [u64::MAX; 6]), ALLOW, "{}", e.name);
             }
+        }
+        for n in no_ops() {
+            // RET_ERRNO with 0: the caller sees success, the kernel never runs the call.
+            assert_eq!(native(n.nr, [0; 6]), errno_ret(0), "{}", n.name);
+            assert_eq!(native(n.nr, [u64::MAX; 6]), errno_ret(0), "{}", n.name);
         }
         for d in denied() {
             assert_eq!(native(d.nr, [0; 6]), errno_ret(d.errno), "{}", d.name);
@@ -1237,16 +1407,55 @@ mod tests {
             libc::AF_KEY,
             libc::AF_UNSPEC,
         ];
+        let protocols: [u64; 10] = [
+            0,
+            libc::IPPROTO_TCP as u64,
+            libc::IPPROTO_UDP as u64,
+            libc::IPPROTO_MPTCP as u64,
+            libc::IPPROTO_UDPLITE as u64,
+            libc::IPPROTO_SCTP as u64,
+            libc::IPPROTO_ICMP as u64,
+            libc::IPPROTO_ICMPV6 as u64,
+            // The kernel reads an int: the high half of the register is ignored, by both.
+            libc::IPPROTO_TCP as u64 | 1 << 32,
+            u64::MAX,
+        ];
+        let eprotonosupport = errno_ret(libc::EPROTONOSUPPORT);
         for nr in [libc::SYS_socket, libc::SYS_socketpair] {
             for domain in domains {
                 for ty in types {
                     for fl in flags {
-                        let ok = domain == libc::AF_UNIX
-                            || ((domain == libc::AF_INET || domain == libc::AF_INET6)
-                                && (ty == libc::SOCK_STREAM || ty == libc::SOCK_DGRAM));
-                        let want = if ok { ALLOW } else { eperm };
-                        let args = a(domain as u64, (ty | fl) as u64);
-                        assert_eq!(native(nr, args), want, "{nr} {domain} {ty} {fl:#x}");
+                        for proto in protocols {
+                            let inet = domain == libc::AF_INET || domain == libc::AF_INET6;
+                            let low = proto as u32 as libc::c_int;
+                            let want = if domain == libc::AF_UNIX {
+                                if low == 0 {
+                                    ALLOW
+                                } else {
+                                    eprotonosupport
+                                }
+                            } else if inet && ty == libc::SOCK_STREAM {
+                                if low == 0 || low == libc::IPPROTO_TCP {
+                                    ALLOW
+                                } else {
+                                    eprotonosupport
+                                }
+                            } else if inet && ty == libc::SOCK_DGRAM {
+                                if low == 0 || low == libc::IPPROTO_UDP {
+                                    ALLOW
+                                } else {
+                                    eprotonosupport
+                                }
+                            } else {
+                                eperm
+                            };
+                            let args = [domain as u64, (ty | fl) as u64, proto, 0, 0, 0];
+                            assert_eq!(
+                                native(nr, args),
+                                want,
+                                "{nr} {domain} {ty} {fl:#x} {proto:#x}"
+                            );
+                        }
                     }
                 }
             }
@@ -1477,6 +1686,71 @@ mod tests {
             probe(Filter::Programs(&p), &[&unshare, &setns]),
             [EPERM, EPERM]
         );
+    }
+
+    /// MPTCP and UDP-Lite sockets (this kernel has both: the control creates them) fail with
+    /// EPROTONOSUPPORT under the filter; TCP and UDP, by number or as protocol 0, still work.
+    #[test]
+    fn sockets_of_other_protocols_fail_with_eprotonosupport() {
+        let p = programs();
+        let sock = |domain: i32, ty: i32, proto: i32| {
+            move || {
+                // SAFETY: integer arguments only; the descriptor is closed at once.
+                let fd = unsafe {
+                    sys(
+                        libc::SYS_socket,
+                        [domain as u64, ty as u64, proto as u64, 0, 0, 0],
+                    )
+                };
+                if fd >= 0 {
+                    // SAFETY: closing the descriptor just created.
+                    unsafe { libc::close(fd as i32) };
+                    return 0;
+                }
+                fd
+            }
+        };
+        let (inet, inet6) = (libc::AF_INET, libc::AF_INET6);
+        let (stream, dgram) = (libc::SOCK_STREAM, libc::SOCK_DGRAM);
+        let mptcp = sock(inet, stream, libc::IPPROTO_MPTCP);
+        let mptcp6 = sock(inet6, stream | libc::SOCK_CLOEXEC, libc::IPPROTO_MPTCP);
+        let udplite = sock(inet, dgram, libc::IPPROTO_UDPLITE);
+        let udplite6 = sock(inet6, dgram, libc::IPPROTO_UDPLITE);
+        let tcp = sock(inet, stream, libc::IPPROTO_TCP);
+        let udp6 = sock(inet6, dgram, libc::IPPROTO_UDP);
+        let default = sock(inet, stream, 0);
+        let unix = sock(libc::AF_UNIX, stream, 0);
+        let probes: [&dyn Fn() -> c_long; 8] = [
+            &mptcp, &mptcp6, &udplite, &udplite6, &tcp, &udp6, &default, &unix,
+        ];
+        let control = probe(Filter::None, &probes);
+        if control[..4] != [0; 4] {
+            eprintln!("this kernel lacks MPTCP or UDP-Lite ({control:?}): skipping");
+            return;
+        }
+        assert_eq!(control, [0; 8], "control");
+        let e = libc::EPROTONOSUPPORT;
+        assert_eq!(
+            probe(Filter::Programs(&p), &probes),
+            [e, e, e, e, 0, 0, 0, 0]
+        );
+    }
+
+    /// sync() and syncfs() return 0 under the filter without running: syncfs(-1) would say
+    /// EBADF if the kernel had looked at it, as the control shows.
+    #[test]
+    fn sync_and_syncfs_return_0_without_running() {
+        let p = programs();
+        // SAFETY: integer argument only (a descriptor that is never open).
+        let syncfs_bad = || unsafe { sys(libc::SYS_syncfs, [u64::MAX, 0, 0, 0, 0, 0]) };
+        // SAFETY: no arguments.
+        let sync = || unsafe { sys(libc::SYS_sync, [0; 6]) };
+        assert_eq!(
+            probe(Filter::None, &[&syncfs_bad]),
+            [libc::EBADF],
+            "control"
+        );
+        assert_eq!(probe(Filter::Programs(&p), &[&syncfs_bad, &sync]), [0, 0]);
     }
 
     /// Raw `clone` with fork semantics; the new child exits at once and is reaped.

@@ -10,7 +10,7 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
@@ -141,7 +141,7 @@ pub enum SandboxError {
 /// The sandbox factory: knows the init helper and the host's cgroup layout.
 #[derive(Debug)]
 pub struct Sandbox {
-    init_exe: PathBuf,
+    init_exe: crate::exe::InitExe,
     cgroups: Hierarchy,
 }
 
@@ -156,7 +156,10 @@ impl Sandbox {
 
     /// [`Sandbox::new`] with a hierarchy the caller detected already.
     pub fn with_cgroups(init_exe: PathBuf, cgroups: Hierarchy) -> Sandbox {
-        Sandbox { init_exe, cgroups }
+        Sandbox {
+            init_exe: crate::exe::InitExe::new(&init_exe),
+            cgroups,
+        }
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
@@ -305,7 +308,8 @@ impl Sandbox {
     /// Starts the helper as a fresh `runcell __sandbox-init` process: required when the caller
     /// has other threads (the server), since only `execve` gives the helper a clean process.
     fn exec_helper(&self, ends: [RawFd; 2]) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
-        let mut cmd = Command::new(&self.init_exe);
+        // Through a detached clone of its directory: no sandbox sees the binary's host path.
+        let mut cmd = self.init_exe.command();
         cmd.arg(INIT_ARG)
             // No server secret may reach a sandbox, not even the helper's environment.
             .env_clear()
@@ -316,7 +320,7 @@ impl Sandbox {
         // async-signal-safe; it allocates nothing and takes no locks.
         unsafe { cmd.pre_exec(move || place_helper_fds(ends)) };
         let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-            exe: self.init_exe.clone(),
+            exe: self.init_exe.path().to_owned(),
             source,
         })?;
         let (Some(i), Some(o), Some(e)) =

@@ -33,7 +33,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -127,7 +127,10 @@ impl Zygote {
             source,
         })?;
         let theirs_fd = theirs.as_raw_fd();
-        let mut cmd = Command::new(init_exe);
+        // Through a detached clone of its directory: a zygote-born program's /proc/self/exe
+        // and maps name the binary `/runcell`, never by its host path (see crate::exe).
+        let exe = crate::exe::InitExe::new(init_exe);
+        let mut cmd = exe.command();
         cmd.arg(ZYGOTE_ARG)
             // No server secret reaches the zygote: its children become sandboxes.
             .env_clear()
