@@ -44,6 +44,10 @@ pub enum EngineError {
     /// This host cannot run code safely right now (a mandatory isolation layer is missing).
     #[error("runcell cannot run code on this host: {0}")]
     Unavailable(String),
+    /// The host has no room for more right now (the session cap its descriptors and uids
+    /// allow); retrying later may succeed.
+    #[error("at capacity: {0}")]
+    AtCapacity(String),
     /// The sandbox failed while running the code.
     #[error("sandbox failure: {0}")]
     Sandbox(String),

@@ -20,6 +20,8 @@ pub enum ErrorCode {
     SessionBusy,
     LimitExceeded,
     PayloadTooLarge,
+    /// The server is at capacity (connections, sessions): retry after `Retry-After` seconds.
+    Unavailable,
     Internal,
 }
 
@@ -32,6 +34,7 @@ impl ErrorCode {
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::SessionBusy => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::LimitExceeded | ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -86,8 +89,26 @@ impl ApiError {
         Self::new(ErrorCode::PayloadTooLarge, message)
     }
 
+    /// The server is at capacity: 503, with `Retry-After`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
+    /// A request body that arrived too slowly (`serve --body-timeout`, `--body-min-rate`):
+    /// 408, the connection closes.
+    pub fn too_slow(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::InvalidRequest,
+            status: Some(StatusCode::REQUEST_TIMEOUT),
+            message: message.into(),
+        }
+    }
+
     /// A multipart body that could not be read: too large (413) or malformed (400).
     pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
+        if let Some(slow) = crate::connections::body_too_slow(&e) {
+            return Self::too_slow(slow.to_string());
+        }
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Self::too_large(e.body_text())
         } else {
@@ -131,6 +152,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
             EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m),
+            EngineError::AtCapacity(m) => ApiError::unavailable(m),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
         }
@@ -154,14 +176,24 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let busy = self.code == ErrorCode::SessionBusy;
+        let code = self.code;
         let (status, body) = self.parts();
         let mut resp = (status, Json(body)).into_response();
-        if busy && status == StatusCode::TOO_MANY_REQUESTS {
-            // Executions on a session are short on average; one second is a fair first wait.
+        // Executions on a session are short on average, and a connection or session slot
+        // frees as soon as one client is done: one second is a fair first wait.
+        if (code == ErrorCode::SessionBusy && status == StatusCode::TOO_MANY_REQUESTS)
+            || code == ErrorCode::Unavailable
+        {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a body that came too slowly is not worth waiting for.
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
             );
         }
         resp

@@ -21,6 +21,9 @@ impl From<JsonRejection> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
+        if let Some(slow) = crate::connections::body_too_slow(&r) {
+            return ApiError::too_slow(slow.to_string());
+        }
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(format!(
                 "the request body is too large: files are limited to {} MiB",

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod chat;
+mod connections;
 mod error;
 mod executions;
 mod extract;
@@ -31,6 +32,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use chat::ChatConfig;
+pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
@@ -176,21 +178,24 @@ pub fn app(state: AppState) -> Router {
     app_with_openapi(state).0
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves; requests in flight finish first.
+/// Serves `router` on `listener` until `shutdown` resolves, with the default
+/// [`ServeOptions`]; requests in flight finish first.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Streamed replies (NDJSON execution events, the chat) are many small writes: without
-    // TCP_NODELAY a write behind an unacknowledged one waits for the peer's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, shutdown, ServeOptions::default()).await
+}
+
+/// [`serve`] with connections bounded by `options`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    options: ServeOptions,
+) -> std::io::Result<()> {
+    connections::serve_with(listener, router, shutdown, options).await
 }
 
 /// Records every execution in the store's per-tenant hash chain before its reply is sent.

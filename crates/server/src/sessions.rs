@@ -233,12 +233,17 @@ pub async fn delete_session(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let info = lookup(&state, &tenant, &id).await?;
-    if info.status != runcell_engine::SessionStatus::Dead {
-        let engine = state.engine.clone();
-        let id2 = id.clone();
-        blocking(move || engine.sessions().delete(&id2)).await?;
-    }
+    lookup(&state, &tenant, &id).await?;
+    // Dead or not, a session the engine holds is ended there: one whose kernel could not be
+    // restarted (out of descriptors, say) is dead yet still listed and mounted. Only the
+    // dead sessions of an earlier server are the store's alone.
+    let engine = state.engine.clone();
+    let id2 = id.clone();
+    blocking(move || match engine.sessions().delete(&id2) {
+        Err(runcell_engine::EngineError::NotFound(_)) => Ok(()),
+        other => other,
+    })
+    .await?;
     crate::forget_session(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -7,6 +7,7 @@ use runcell_store::Store;
 
 pub struct Server {
     pub base: String,
+    pub addr: std::net::SocketAddr,
     pub store: Store,
     pub http: reqwest::Client,
     pub engine: runcell_engine::Engine,
@@ -38,6 +39,14 @@ pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server
 pub async fn start_with(
     configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
 ) -> Server {
+    start_with_options(configure, runcell_server::ServeOptions::default()).await
+}
+
+/// [`start_with`], its connections bounded by `options` (short timeouts, a small cap).
+pub async fn start_with_options(
+    configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
+    options: runcell_server::ServeOptions,
+) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let config =
         tokio::task::spawn_blocking(move || runcell_engine::testing::engine_config(&cache))
@@ -55,11 +64,17 @@ pub async fn start_with(
     let router = runcell_server::app(state);
     let base = format!("http://{addr}");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(runcell_server::serve(listener, router, async move {
-        let _ = rx.await;
-    }));
+    tokio::spawn(runcell_server::serve_with(
+        listener,
+        router,
+        async move {
+            let _ = rx.await;
+        },
+        options,
+    ));
     Server {
         base,
+        addr,
         store,
         http: reqwest::Client::new(),
         engine,
