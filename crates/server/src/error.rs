@@ -189,6 +189,13 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("1"),
             );
         }
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"runcell\""),
+            );
+        }
         if status == StatusCode::REQUEST_TIMEOUT {
             // The rest of a body that came too slowly is not worth waiting for.
             resp.headers_mut().insert(

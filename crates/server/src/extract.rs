@@ -43,9 +43,20 @@ impl From<QueryRejection> for ApiError {
 
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(r: axum::extract::rejection::PathRejection) -> Self {
-        ApiError::invalid(r.body_text())
+        if r.status().is_server_error() {
+            // A route declared without the parameter its handler reads: our bug.
+            ApiError::internal(r.body_text())
+        } else {
+            ApiError::invalid(r.body_text())
+        }
     }
 }
+
+/// Path parameters: one that is not valid UTF-8 once percent-decoded (`/files/%FF`), or not
+/// of the handler's type, is a 400 `invalid_request` in the error envelope.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Path<T>(pub T);
 
 /// Query strings, with the error envelope.
 #[derive(Debug, FromRequestParts)]

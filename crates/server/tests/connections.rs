@@ -378,6 +378,9 @@ fn the_capacity_leaves_every_session_its_descriptors() {
     let small = Capacity::derive(512, 0, None).expect("capacity");
     assert_eq!(small.max_connections, 96);
     assert_eq!(small.max_sessions, 8);
+    // What the CLI's flood test runs with.
+    let flooded = Capacity::derive(4096, 0, Some(3700)).expect("capacity");
+    assert_eq!(flooded.max_sessions, 7);
 
     // An explicit cap that leaves nothing for sessions is refused, with the way out.
     let err = Capacity::derive(512, 0, Some(500)).expect_err("no room");
