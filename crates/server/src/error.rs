@@ -104,6 +104,15 @@ impl ApiError {
         }
     }
 
+    /// A route that exists, asked with a method it does not serve: 405.
+    pub fn method_not_allowed(method: &axum::http::Method) -> Self {
+        Self {
+            code: ErrorCode::InvalidRequest,
+            status: Some(StatusCode::METHOD_NOT_ALLOWED),
+            message: format!("this route does not serve {method}"),
+        }
+    }
+
     /// A multipart body that could not be read: too large (413) or malformed (400).
     pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
         if let Some(slow) = crate::connections::body_too_slow(&e) {

@@ -107,6 +107,9 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
             }),
         )
         .fallback(|| async { ApiError::not_found("route") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::method_not_allowed(&method)
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
