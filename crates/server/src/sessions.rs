@@ -120,7 +120,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = CreateSessionRequest,
-    responses((status = 201, body = SessionInfo), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 201, body = SessionInfo), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 503, body = ErrorBody, description = "unavailable: the server runs as many sessions as its descriptors allow")))]
 pub async fn create_session(
     State(state): State<AppState>,
     tenant: Tenant,
