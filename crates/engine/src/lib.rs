@@ -30,8 +30,8 @@ pub use model::{
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
 pub use session::{
-    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
-    SessionStatus, QUEUE_DEPTH,
+    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SandboxSlot, SessionInfo,
+    SessionManager, SessionStatus, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 

@@ -165,8 +165,9 @@ pub struct SessionManager {
     pool: WarmPool,
     /// At most this many live sessions (0: no cap); see [`SessionManager::set_max_sessions`].
     max_sessions: std::sync::atomic::AtomicUsize,
-    /// Creates under way, counted against `max_sessions` before their session is in the map.
-    creating: std::sync::atomic::AtomicUsize,
+    /// Creates under way and one-shot runs, counted against `max_sessions` (see
+    /// [`SessionManager::reserve_sandbox`]).
+    creating: Arc<std::sync::atomic::AtomicUsize>,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -208,7 +209,7 @@ impl SessionManager {
             ending: (Mutex::new(0), std::sync::Condvar::new()),
             pool: WarmPool::default(),
             max_sessions: std::sync::atomic::AtomicUsize::new(0),
-            creating: std::sync::atomic::AtomicUsize::new(0),
+            creating: Arc::default(),
         })
     }
 
@@ -384,8 +385,8 @@ impl SessionManager {
     }
 
     /// A place under the session cap for one create, held until the session is in the map.
-    fn creation_slot(&self) -> Result<Creating<'_>, EngineError> {
-        let slot = Creating(&self.creating);
+    fn creation_slot(&self) -> Result<SandboxSlot, EngineError> {
+        let slot = SandboxSlot(self.creating.clone());
         let before = self.creating.fetch_add(1, Ordering::AcqRel);
         let max = self.max_sessions.load(Ordering::Relaxed);
         if max > 0 && self.map().len() + before >= max {
@@ -395,6 +396,12 @@ impl SessionManager {
             )));
         }
         Ok(slot)
+    }
+
+    /// A place under the session cap for a sandbox that is not a session (a one-shot run),
+    /// held until dropped: it needs as many descriptors as a session.
+    pub fn reserve_sandbox(&self) -> Result<SandboxSlot, EngineError> {
+        self.creation_slot()
     }
 
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
@@ -760,10 +767,11 @@ impl Drop for CellRunning<'_> {
     }
 }
 
-/// Counts a create under way until dropped.
-struct Creating<'a>(&'a std::sync::atomic::AtomicUsize);
+/// A create under way or a one-shot run, counted against the session cap until dropped.
+#[derive(Debug)]
+pub struct SandboxSlot(Arc<std::sync::atomic::AtomicUsize>);
 
-impl Drop for Creating<'_> {
+impl Drop for SandboxSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }

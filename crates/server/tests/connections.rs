@@ -351,6 +351,21 @@ async fn creating_a_session_past_the_session_cap_is_refused_with_503() {
             .is_some_and(|m| m.contains("at most 1 sessions")),
         "{body}"
     );
+    // A one-shot sandbox takes a place too.
+    let once = || async {
+        server
+            .http
+            .post(format!("{}/v1/execute", server.base))
+            .json(&json!({"code": "print(6 * 7)"}))
+            .send()
+            .await
+            .expect("execute once")
+    };
+    let r = once().await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+
     // Its place frees with the first.
     let r = server
         .http
@@ -359,6 +374,9 @@ async fn creating_a_session_past_the_session_cap_is_refused_with_503() {
         .await
         .expect("delete");
     assert_eq!(r.status(), 204);
+    let r = once().await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["stdout"], "42\n");
     assert_eq!(create().await.status(), 201);
 }
 
