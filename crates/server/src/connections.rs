@@ -125,6 +125,8 @@ pub(crate) async fn serve_with(
     let refusing = Arc::new(Semaphore::new(refusing(opts.max_connections)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    // Once per interval at most: a flood must not flood the log too.
+    let mut last_warned: Option<Instant> = None;
     loop {
         // A slot first, then the connection: with every slot taken, clients wait in the
         // listen backlog instead of costing a descriptor each.
@@ -171,6 +173,13 @@ pub(crate) async fn serve_with(
             }
             Slot::Refuse(permit) => {
                 let max = opts.max_connections;
+                if last_warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    last_warned = Some(Instant::now());
+                    tracing::warn!(
+                        max_connections = max,
+                        "connection cap reached: answering 503, then leaving clients in the listen backlog"
+                    );
+                }
                 tokio::spawn(async move {
                     refuse(tcp, max).await;
                     drop(permit);
