@@ -17,7 +17,7 @@ use axum::http::{Request, Response};
 use axum::response::IntoResponse;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -211,12 +211,7 @@ async fn accept_error(e: io::Error) {
 
 /// One connection served under the deadlines of `opts`.
 struct Served {
-    conn: hyper_util::server::conn::auto::UpgradeableConnection<
-        'static,
-        TokioIo<Watched>,
-        ConnService,
-        TokioExecutor,
-    >,
+    conn: hyper::server::conn::http1::Connection<TokioIo<Watched>, ConnService>,
     activity: Arc<Activity>,
     opts: Arc<ServeOptions>,
 }
@@ -232,16 +227,12 @@ fn serve_connection(tcp: TcpStream, router: Router, opts: Arc<ServeOptions>) -> 
         activity: activity.clone(),
         opts: opts.clone(),
     };
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // The deadlines are this module's (see `Activity`): hyper's own header timeout would also
-    // run while the connection idles between requests.
-    builder.http1().header_read_timeout(None);
-    builder.http2().timer(TokioTimer::new());
-    // CONNECT protocol needed for HTTP/2 websockets, as axum::serve does.
-    builder.http2().enable_connect_protocol();
-    let conn = builder
-        .serve_connection_with_upgrades(io, service)
-        .into_owned();
+    // HTTP/1.1 only, as under axum::serve's default features. The deadlines are this
+    // module's (see `Activity`): hyper's own header timeout would also run while the
+    // connection idles between requests.
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.header_read_timeout(None);
+    let conn = builder.serve_connection(io, service);
     Served {
         conn,
         activity,
