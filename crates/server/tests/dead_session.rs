@@ -2,7 +2,6 @@
 //! descriptors) is `dead` while the engine still holds it: DELETE must end it there, not only
 //! forget its row, or it stays listed and its workspace mounted. Its own test binary: it
 //! lowers the whole process's open-files limit for a moment.
-#![allow(unsafe_code, reason = "getrlimit/setrlimit on the test process itself")]
 
 mod common;
 
