@@ -73,6 +73,25 @@ pub struct ServeArgs {
     /// logged); keep it, or ship it, where the database's editors cannot reach.
     #[arg(long, value_name = "FILE")]
     audit_checkpoint_file: Option<PathBuf>,
+    /// Connections served at once; past it a few more are answered 503 and the rest wait in
+    /// the listen backlog. Default: a quarter of the descriptors left beside the server's
+    /// own, at most 1024; sessions get the rest (the session cap is derived from it).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: Option<u32>,
+    /// Seconds a client has to send a request's head, from connecting or its first byte
+    /// [default: 30].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout: Option<u64>,
+    /// Seconds an idle keep-alive connection stays open between requests [default: 60].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    keep_alive_timeout: Option<u64>,
+    /// Seconds a request body may take before --body-min-rate applies [default: 30].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    body_timeout: Option<u64>,
+    /// Bytes per second a request body must average after --body-timeout (each byte buys
+    /// 1/RATE s more): slower uploads are cut with 408 [default: 8192].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    body_min_rate: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -278,10 +297,44 @@ pub fn serve(
     if let Err(e) = runcell_sandbox::set_batch_scheduling(scheduling == Scheduling::Batch) {
         tracing::warn!(error = %e, policy = ?scheduling, "cannot set the scheduling policy");
     }
-    match runcell_sandbox::raise_nofile_soft_limit() {
-        Ok(n) => tracing::debug!(limit = n, "open files limit"),
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit"),
-    }
+    let open_files = match runcell_sandbox::raise_nofile_soft_limit() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open files limit");
+            1024
+        }
+    };
+    // Sessions and connections share the descriptors: each gets a budget, so a flood of
+    // connections never leaves a session's kernel without one.
+    let capacity = runcell_server::Capacity::derive(
+        open_files,
+        warm_sessions.into(),
+        args.max_connections
+            .or(file.max_connections)
+            .map(|n| n as usize),
+    )
+    .map_err(|m| anyhow::anyhow!("invalid request: {m}"))?;
+    tracing::info!(
+        open_files,
+        max_connections = capacity.max_connections,
+        max_sessions = capacity.max_sessions,
+        "capacity"
+    );
+    let serve_options = runcell_server::ServeOptions {
+        max_connections: capacity.max_connections,
+        header_timeout: std::time::Duration::from_secs(
+            args.header_timeout.or(file.header_timeout).unwrap_or(30),
+        ),
+        keep_alive_timeout: std::time::Duration::from_secs(
+            args.keep_alive_timeout
+                .or(file.keep_alive_timeout)
+                .unwrap_or(60),
+        ),
+        body_timeout: std::time::Duration::from_secs(
+            args.body_timeout.or(file.body_timeout).unwrap_or(30),
+        ),
+        body_min_rate: args.body_min_rate.or(file.body_min_rate).unwrap_or(8192),
+    };
     // Every layer's state, for the operator: degraded layers are named, missing mandatory
     // layers stop the server.
     for layer in doctor::check() {
@@ -355,6 +408,7 @@ pub fn serve(
     );
     let engine = crate::audited_engine_with(data_dir, &store, preload, limits)?;
     engine.sweep_stale_cgroups();
+    engine.sessions().set_max_sessions(capacity.max_sessions);
 
     let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
     if recovered + dead > 0 {
@@ -404,12 +458,22 @@ pub fn serve(
                 let app = runcell_server::metrics_app(&state, l.local_addr()?);
                 state = state.without_metrics();
                 // Ends with the main listener: scrapes in flight need no draining.
-                Some(tokio::spawn(runcell_server::serve(l, app, std::future::pending())))
+                // A scraper or two: its few connections fit in the server's reserve.
+                let options = runcell_server::ServeOptions {
+                    max_connections: 16,
+                    ..serve_options.clone()
+                };
+                Some(tokio::spawn(runcell_server::serve_with(
+                    l,
+                    app,
+                    std::future::pending(),
+                    options,
+                )))
             }
             None => None,
         };
         let router = runcell_server::app(state);
-        runcell_server::serve(listener, router, shutdown_signal()).await?;
+        runcell_server::serve_with(listener, router, shutdown_signal(), serve_options).await?;
         if let Some(m) = metrics {
             m.abort();
         }

@@ -319,12 +319,18 @@ fn keys_and_loopback_rules_and_audit_commands() {
     assert_eq!(report["ok"], false);
     assert_eq!(report["first_broken"]["execution_id"], ex_id.as_str());
 
-    // Revoked keys stop working.
-    let out = runcell(&data)
-        .args(["keys", "revoke", "ci"])
-        .output()
-        .expect("revoke");
-    assert!(out.status.success());
+    // Revoked keys stop working: refused while another key is active...
+    for args in [
+        &["keys", "create", "--name", "other", "--tenant", "team-b"][..],
+        &["keys", "revoke", "ci"],
+    ] {
+        assert!(runcell(&data)
+            .args(args)
+            .output()
+            .expect("keys")
+            .status
+            .success());
+    }
     let srv = serve(&data);
     let r = c
         .get(format!("{}/v1/sessions", srv.base))
@@ -332,6 +338,23 @@ fn keys_and_loopback_rules_and_audit_commands() {
         .send()
         .expect("get");
     assert_eq!(r.status(), 401);
+    drop(srv);
+    // ...and once none is, the loopback server is open and ignores `Authorization`: the
+    // revoked key acts for the open tenant like no key, never for team-a.
+    let out = runcell(&data)
+        .args(["keys", "revoke", "other"])
+        .output()
+        .expect("revoke");
+    assert!(out.status.success());
+    let srv = serve(&data);
+    let listed: Value = c
+        .get(format!("{}/v1/executions", srv.base))
+        .bearer_auth(&key)
+        .send()
+        .and_then(|r| r.error_for_status())
+        .and_then(|r| r.json())
+        .expect("executions");
+    assert_eq!(listed["executions"], json!([]), "{listed}");
 }
 
 #[test]

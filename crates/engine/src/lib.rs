@@ -36,8 +36,8 @@ pub use model::{
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use runcell_sandbox::Stream;
 pub use session::{
-    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SessionInfo, SessionManager,
-    SessionStatus, Start, QUEUE_DEPTH,
+    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SandboxSlot, SessionInfo,
+    SessionManager, SessionStatus, Start, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
@@ -50,6 +50,10 @@ pub enum EngineError {
     /// This host cannot run code safely right now (a mandatory isolation layer is missing).
     #[error("runcell cannot run code on this host: {0}")]
     Unavailable(String),
+    /// The host has no room for another sandbox right now (its committed-memory budget, or
+    /// the session cap its descriptors and uids allow); retrying later may succeed.
+    #[error("at capacity: {0}")]
+    AtCapacity(String),
     /// The sandbox failed while running the code.
     #[error("sandbox failure: {0}")]
     Sandbox(String),
@@ -66,10 +70,6 @@ pub enum EngineError {
     /// sessions frees it.
     #[error("{0}")]
     QuotaExceeded(String),
-    /// The server has no room for another sandbox now (its committed-memory budget is
-    /// used up); retrying later may succeed.
-    #[error("{0}")]
-    AtCapacity(String),
     /// Too many executions are already waiting on the session.
     #[error("session busy: {0}")]
     SessionBusy(String),

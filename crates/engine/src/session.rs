@@ -203,6 +203,11 @@ pub struct SessionManager {
     ending: (Mutex<usize>, std::sync::Condvar),
     /// Sessions started ahead of demand (empty unless [`SessionManager::start_warm_pool`]).
     pool: WarmPool,
+    /// At most this many live sessions (0: no cap); see [`SessionManager::set_max_sessions`].
+    max_sessions: std::sync::atomic::AtomicUsize,
+    /// Creates under way and one-shot runs, counted against `max_sessions` (see
+    /// [`SessionManager::reserve_sandbox`]).
+    creating: Arc<std::sync::atomic::AtomicUsize>,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -247,7 +252,16 @@ impl SessionManager {
             me: me.clone(),
             ending: (Mutex::new(0), std::sync::Condvar::new()),
             pool: WarmPool::default(),
+            max_sessions: std::sync::atomic::AtomicUsize::new(0),
+            creating: Arc::default(),
         })
+    }
+
+    /// Refuses to create more than `n` live sessions (0: no cap): a server derives `n` from
+    /// its open-files limit and the host uid range, so that sessions already running always
+    /// find the descriptors their kernels, commands and cgroups need.
+    pub fn set_max_sessions(&self, n: usize) {
+        self.max_sessions.store(n, Ordering::Relaxed);
     }
 
     /// Keeps `n` Python sessions with the default limits started ahead of demand (forked from
@@ -398,6 +412,7 @@ impl SessionManager {
 
     /// Creates a session and starts its kernel; returns once it is ready.
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
+        let _slot = self.creation_slot()?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
         let policy = self.core.tenant_policy(&req.owner)?;
@@ -460,6 +475,26 @@ impl SessionManager {
             owner: req.owner,
         };
         self.launch(info, workspace, env, kernel, reservation)
+    }
+
+    /// A place under the session cap for one create, held until the session is in the map.
+    fn creation_slot(&self) -> Result<SandboxSlot, EngineError> {
+        let slot = SandboxSlot(self.creating.clone());
+        let before = self.creating.fetch_add(1, Ordering::AcqRel);
+        let max = self.max_sessions.load(Ordering::Relaxed);
+        if max > 0 && self.map().len() + before >= max {
+            return Err(EngineError::AtCapacity(format!(
+                "this server runs at most {max} sessions at once (what its open-files limit \
+                 and uid range allow); delete one or retry later"
+            )));
+        }
+        Ok(slot)
+    }
+
+    /// A place under the session cap for a sandbox that is not a session (a one-shot run),
+    /// held until dropped: it needs as many descriptors as a session.
+    pub fn reserve_sandbox(&self) -> Result<SandboxSlot, EngineError> {
+        self.creation_slot()
     }
 
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
@@ -846,6 +881,16 @@ impl Drop for CellRunning<'_> {
     fn drop(&mut self) {
         self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
         self.entry.lock().running = None;
+    }
+}
+
+/// A create under way or a one-shot run, counted against the session cap until dropped.
+#[derive(Debug)]
+pub struct SandboxSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for SandboxSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

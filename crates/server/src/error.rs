@@ -20,7 +20,8 @@ pub enum ErrorCode {
     SessionBusy,
     LimitExceeded,
     PayloadTooLarge,
-    /// The server has no room now (admission control); comes with `Retry-After`.
+    /// The server has no room now (admission control, connections, sessions); comes with
+    /// `Retry-After`.
     Unavailable,
     Internal,
 }
@@ -91,8 +92,35 @@ impl ApiError {
         Self::new(ErrorCode::PayloadTooLarge, message)
     }
 
+    /// The server is at capacity: 503, with `Retry-After`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
+    /// A request body that arrived too slowly (`serve --body-timeout`, `--body-min-rate`):
+    /// 408, the connection closes.
+    pub fn too_slow(message: impl Into<String>) -> Self {
+        Self {
+            code: ErrorCode::InvalidRequest,
+            status: Some(StatusCode::REQUEST_TIMEOUT),
+            message: message.into(),
+        }
+    }
+
+    /// A route that exists, asked with a method it does not serve: 405.
+    pub fn method_not_allowed(method: &axum::http::Method) -> Self {
+        Self {
+            code: ErrorCode::InvalidRequest,
+            status: Some(StatusCode::METHOD_NOT_ALLOWED),
+            message: format!("this route does not serve {method}"),
+        }
+    }
+
     /// A multipart body that could not be read: too large (413) or malformed (400).
     pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
+        if let Some(slow) = crate::connections::body_too_slow(&e) {
+            return Self::too_slow(slow.to_string());
+        }
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Self::too_large(e.body_text())
         } else {
@@ -177,6 +205,20 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(s),
+            );
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"runcell\""),
+            );
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a body that came too slowly is not worth waiting for.
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
             );
         }
         resp

@@ -1,13 +1,13 @@
 //! `/v1/executions` and `/v1/audit/verify`: the tenant's recorded executions and the state of
 //! its hash chain.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::extract::ApiQuery;
+use crate::extract::{ApiQuery, Path};
 use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -21,6 +21,9 @@ impl From<JsonRejection> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
+        if let Some(slow) = crate::connections::body_too_slow(&r) {
+            return ApiError::too_slow(slow.to_string());
+        }
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(format!(
                 "the request body is too large: files are limited to {} MiB",
@@ -40,9 +43,20 @@ impl From<QueryRejection> for ApiError {
 
 impl From<axum::extract::rejection::PathRejection> for ApiError {
     fn from(r: axum::extract::rejection::PathRejection) -> Self {
-        ApiError::invalid(r.body_text())
+        if r.status().is_server_error() {
+            // A route declared without the parameter its handler reads: our bug.
+            ApiError::internal(r.body_text())
+        } else {
+            ApiError::invalid(r.body_text())
+        }
     }
 }
+
+/// Path parameters: one that is not valid UTF-8 once percent-decoded (`/files/%FF`), or not
+/// of the handler's type, is a 400 `invalid_request` in the error envelope.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Path<T>(pub T);
 
 /// Query strings, with the error envelope.
 #[derive(Debug, FromRequestParts)]

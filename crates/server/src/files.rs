@@ -3,7 +3,7 @@
 //! names and planted symlinks.
 
 use axum::body::Bytes;
-use axum::extract::{Multipart, Path, State};
+use axum::extract::{Multipart, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::extract::ApiQuery;
+use crate::extract::{ApiQuery, Path};
 use crate::sessions::{blocking, owned};
 use crate::state::{AppState, Tenant};
 

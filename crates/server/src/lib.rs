@@ -4,6 +4,7 @@
 
 pub mod audit;
 mod chat;
+mod connections;
 mod error;
 mod executions;
 mod extract;
@@ -32,6 +33,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use chat::ChatConfig;
+pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
@@ -108,6 +110,9 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
             }),
         )
         .fallback(|| async { ApiError::not_found("route") })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::method_not_allowed(&method)
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
@@ -179,21 +184,24 @@ pub fn app(state: AppState) -> Router {
     app_with_openapi(state).0
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves; requests in flight finish first.
+/// Serves `router` on `listener` until `shutdown` resolves, with the default
+/// [`ServeOptions`]; requests in flight finish first.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Streamed replies (NDJSON execution events, the chat) are many small writes: without
-    // TCP_NODELAY a write behind an unacknowledged one waits for the peer's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, shutdown, ServeOptions::default()).await
+}
+
+/// [`serve`] with connections bounded by `options`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    options: ServeOptions,
+) -> std::io::Result<()> {
+    connections::serve_with(listener, router, shutdown, options).await
 }
 
 /// Records every execution in the store's per-tenant hash chain before its reply is sent.

@@ -35,7 +35,8 @@ pub struct InputFileBody {
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteOnceRequest,
-    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sandboxes as its descriptors allow; see `Retry-After`")))]
 pub async fn execute_once(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -56,10 +57,16 @@ pub async fn execute_once(
             content,
         });
     }
+    // A one-shot sandbox holds as many descriptors as a session: it takes a place under the
+    // session cap while it runs.
+    let slot = state.engine.sessions().reserve_sandbox()?;
     let engine = state.engine.clone();
-    let outcome = tokio::task::spawn_blocking(move || engine.run_once(&one, &mut |_, _| {}))
-        .await
-        .map_err(ApiError::internal)??;
+    let outcome = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        engine.run_once(&one, &mut |_, _| {})
+    })
+    .await
+    .map_err(ApiError::internal)??;
     state.metrics.observe_execution(&outcome.execution);
     Ok(Json(outcome.execution))
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, Path};
 use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -132,7 +132,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
     responses((status = 201, body = SessionInfo),
         (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
         (status = 401, body = ErrorBody),
-        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sessions as its descriptors allow; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -246,12 +246,17 @@ pub async fn delete_session(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    let info = lookup(&state, &tenant, &id).await?;
-    if info.status != runcell_engine::SessionStatus::Dead {
-        let engine = state.engine.clone();
-        let id2 = id.clone();
-        blocking(move || engine.sessions().delete(&id2)).await?;
-    }
+    lookup(&state, &tenant, &id).await?;
+    // Dead or not, a session the engine holds is ended there: one whose kernel could not be
+    // restarted (out of descriptors, say) is dead yet still listed and mounted. Only the
+    // dead sessions of an earlier server are the store's alone.
+    let engine = state.engine.clone();
+    let id2 = id.clone();
+    blocking(move || match engine.sessions().delete(&id2) {
+        Err(runcell_engine::EngineError::NotFound(_)) => Ok(()),
+        other => other,
+    })
+    .await?;
     crate::forget_session(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -72,23 +72,51 @@ const AUTH_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Bound on remembered outcomes (cleared when reached; guessing keys cannot grow it).
 const AUTH_ENTRIES: usize = 4096;
 
-/// Outcomes by presented key (`None`: no key), each with when it was decided.
+/// Outcomes by what was presented, each with when it was decided.
 #[derive(Debug, Default)]
 pub struct AuthCache(
-    std::sync::Mutex<std::collections::HashMap<Option<String>, (std::time::Instant, u64, Outcome)>>,
+    std::sync::Mutex<std::collections::HashMap<Credential, (std::time::Instant, u64, Outcome)>>,
 );
 
 type Outcome = Result<String, &'static str>;
 
+/// What a request's `Authorization` header presents.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Credential {
+    None,
+    /// `Bearer KEY`, the scheme in any case (RFC 9110: schemes are case-insensitive).
+    Bearer(String),
+    /// Another scheme (`Basic ...`), or a bearer with no key.
+    Other,
+}
+
+impl Credential {
+    fn of(header: Option<&axum::http::HeaderValue>) -> Credential {
+        let Some(h) = header else {
+            return Credential::None;
+        };
+        let Ok(h) = h.to_str() else {
+            return Credential::Other;
+        };
+        let (scheme, key) = h.trim().split_once(' ').unwrap_or((h.trim(), ""));
+        let key = key.trim();
+        if scheme.eq_ignore_ascii_case("bearer") && !key.is_empty() {
+            Credential::Bearer(key.to_owned())
+        } else {
+            Credential::Other
+        }
+    }
+}
+
 impl AuthCache {
-    fn get(&self, key: &Option<String>, generation: u64) -> Option<Outcome> {
+    fn get(&self, key: &Credential, generation: u64) -> Option<Outcome> {
         let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.get(key)
             .filter(|(at, g, _)| *g == generation && at.elapsed() < AUTH_TTL)
             .map(|(_, _, r)| r.clone())
     }
 
-    fn put(&self, key: Option<String>, generation: u64, outcome: Outcome) {
+    fn put(&self, key: Credential, generation: u64, outcome: Outcome) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= AUTH_ENTRIES {
             map.clear();
@@ -104,7 +132,8 @@ impl std::fmt::Debug for AppState {
 }
 
 /// The caller's tenant: from `Authorization: Bearer KEY` once any key exists, otherwise the
-/// open tenant (the server refuses to listen beyond loopback without keys).
+/// open tenant whatever `Authorization` says (the server refuses to listen beyond loopback
+/// without keys).
 #[derive(Debug, Clone)]
 pub struct Tenant(pub String);
 
@@ -112,17 +141,7 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let key = header
-            .as_deref()
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .map(str::to_owned);
+        let key = Credential::of(parts.headers.get(axum::http::header::AUTHORIZATION));
         // Read before the lookup: a change during it makes this entry stale at once.
         let generation = state.store.keys_generation();
         let outcome = match state.auth.get(&key, generation) {
@@ -143,28 +162,29 @@ impl FromRequestParts<AppState> for Tenant {
     }
 }
 
-/// The tenant of `key`, or why the request is refused.
+/// The tenant `key` acts for, or why the request is refused.
 fn authenticate(
     store: &Store,
     loopback: bool,
-    key: Option<String>,
+    key: Credential,
 ) -> Result<Result<String, &'static str>, runcell_store::StoreError> {
-    // A key that is sent is checked, even on an open server: a revoked or mistyped key should
-    // fail loudly rather than act as the default tenant.
-    if let Some(key) = key {
-        return Ok(match store.authenticate(&key)? {
+    if !store.has_active_keys()? {
+        if !loopback {
+            // Every key was revoked while serving beyond loopback: serve nobody.
+            return Ok(Err(
+                "this server requires API keys and none is active: runcell keys create",
+            ));
+        }
+        // Open mode: there is no key to check anything against, so whatever `Authorization`
+        // says (a stale key, the placeholder an SDK insists on, Basic) is ignored alike.
+        return Ok(Ok(OPEN_TENANT.to_owned()));
+    }
+    Ok(match key {
+        Credential::Bearer(key) => match store.authenticate(&key)? {
             Some(info) => Ok(info.tenant),
             None => Err("invalid or revoked API key"),
-        });
-    }
-    if store.has_active_keys()? {
-        return Ok(Err("an API key is required: Authorization: Bearer KEY"));
-    }
-    if !loopback {
-        // Every key was revoked while serving beyond loopback: serve nobody.
-        return Ok(Err(
-            "this server requires API keys and none is active: runcell keys create",
-        ));
-    }
-    Ok(Ok(OPEN_TENANT.to_owned()))
+        },
+        Credential::None => Err("an API key is required: Authorization: Bearer KEY"),
+        Credential::Other => Err("the Authorization header must be Bearer KEY (an API key)"),
+    })
 }

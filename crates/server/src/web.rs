@@ -4,11 +4,11 @@
 
 use std::sync::OnceLock;
 
-use axum::extract::Path;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
+use crate::extract::Path;
 
 /// Everything the page loads comes from here; images are the PNGs the API returns inline
 /// (`data:`) or files fetched with the API key (`blob:`). HTML that code produced (pandas

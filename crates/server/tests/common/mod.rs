@@ -7,6 +7,7 @@ use runcell_store::Store;
 
 pub struct Server {
     pub base: String,
+    pub addr: std::net::SocketAddr,
     pub store: Store,
     pub http: reqwest::Client,
     pub engine: runcell_engine::Engine,
@@ -38,7 +39,15 @@ pub async fn start_with_chat(chat: Option<runcell_server::ChatConfig>) -> Server
 pub async fn start_with(
     configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
 ) -> Server {
-    start_configured(|_| {}, configure).await
+    start_configured(|_| {}, configure, runcell_server::ServeOptions::default()).await
+}
+
+/// [`start_with`], its connections bounded by `options` (short timeouts, a small cap).
+pub async fn start_with_options(
+    configure: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
+    options: runcell_server::ServeOptions,
+) -> Server {
+    start_configured(|_| {}, configure, options).await
 }
 
 /// [`start_with_chat`], with the engine's configuration changed by `configure` first (its
@@ -47,18 +56,23 @@ pub async fn start_engine_with(
     chat: Option<runcell_server::ChatConfig>,
     configure: impl FnOnce(&mut runcell_engine::EngineConfig) + Send + 'static,
 ) -> Server {
-    start_configured(configure, move |state| match chat {
-        Some(chat) => state.with_chat(chat),
-        None => state,
-    })
+    start_configured(
+        configure,
+        move |state| match chat {
+            Some(chat) => state.with_chat(chat),
+            None => state,
+        },
+        runcell_server::ServeOptions::default(),
+    )
     .await
 }
 
-/// The server, with the engine's configuration changed by `engine` and then the state by
-/// `state` before serving.
+/// The server, with the engine's configuration changed by `engine`, then the state by
+/// `state`, its connections bounded by `options`.
 pub async fn start_configured(
     engine: impl FnOnce(&mut runcell_engine::EngineConfig) + Send + 'static,
     state: impl FnOnce(runcell_server::AppState) -> runcell_server::AppState,
+    options: runcell_server::ServeOptions,
 ) -> Server {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let config = tokio::task::spawn_blocking(move || {
@@ -80,11 +94,17 @@ pub async fn start_configured(
     let router = runcell_server::app(state);
     let base = format!("http://{addr}");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(runcell_server::serve(listener, router, async move {
-        let _ = rx.await;
-    }));
+    tokio::spawn(runcell_server::serve_with(
+        listener,
+        router,
+        async move {
+            let _ = rx.await;
+        },
+        options,
+    ));
     Server {
         base,
+        addr,
         store,
         http: reqwest::Client::new(),
         engine,
