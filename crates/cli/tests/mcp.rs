@@ -206,7 +206,7 @@ fn tools_prints_function_definitions() {
     for (format, check) in [
         ("anthropic", "/0/input_schema/type"),
         ("gemini", "/functionDeclarations/0/parameters/type"),
-        ("mcp", "/0/inputSchema/type"),
+        ("mcp", "/tools/0/inputSchema/type"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
             .args(["tools", "--format", format])

@@ -185,8 +185,11 @@ impl HostPolicy {
     fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), ApiError> {
         self.check_host(uri, headers)?;
         // Reads are not refused: without CORS headers a page of another origin cannot read
-        // the reply, and a GET changes nothing.
-        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        // the reply, and a GET changes nothing. Except on `/mcp`, where MCP's transport
+        // (streamable HTTP, "Security Warning") requires every request's `Origin` checked:
+        // its GET opens a session's event stream.
+        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && uri.path() != "/mcp"
+        {
             return Ok(());
         }
         self.check_origin(headers)
