@@ -65,7 +65,9 @@ fn checked_stdio() -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
                     let _ = errors.send(out);
                 }
                 None => {
-                    if to_rmcp.write_all(text).await.is_err() || to_rmcp.write_all(b"\n").await.is_err() {
+                    if to_rmcp.write_all(text).await.is_err()
+                        || to_rmcp.write_all(b"\n").await.is_err()
+                    {
                         break;
                     }
                 }

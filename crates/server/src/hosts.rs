@@ -188,8 +188,7 @@ impl HostPolicy {
         // the reply, and a GET changes nothing. Except on `/mcp`, where MCP's transport
         // (streamable HTTP, "Security Warning") requires every request's `Origin` checked:
         // its GET opens a session's event stream.
-        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && uri.path() != "/mcp"
-        {
+        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && uri.path() != "/mcp" {
             return Ok(());
         }
         self.check_origin(headers)

@@ -336,9 +336,10 @@ impl McpHandler {
         }
         let this = self.inner.clone();
         let o = owner.to_owned();
-        let info = tokio::task::spawn_blocking(move || this.create(&o, Some(DEFAULT_SESSION_IDLE_S)))
-            .await
-            .map_err(|e| e.to_string())??;
+        let info =
+            tokio::task::spawn_blocking(move || this.create(&o, Some(DEFAULT_SESSION_IDLE_S)))
+                .await
+                .map_err(|e| e.to_string())??;
         mine.push(DefaultSession {
             client: client.to_owned(),
             session: info.id.clone(),
@@ -361,7 +362,11 @@ impl McpHandler {
 /// Who a session-less request comes from, for its default session: the client's name from
 /// the request's `_meta` (MCP 2026-07-28), else its User-Agent.
 fn client_identity(ctx: &RequestContext<RoleServer>) -> String {
-    let name = ctx.meta.client_info().map(|i| i.name).filter(|n| !n.is_empty());
+    let name = ctx
+        .meta
+        .client_info()
+        .map(|i| i.name)
+        .filter(|n| !n.is_empty());
     let name = name.or_else(|| {
         ctx.extensions
             .get::<axum::http::request::Parts>()
@@ -398,18 +403,19 @@ impl Conn {
         let sessions = self.engine.sessions();
         let created = match sessions.create(request(idle_s)) {
             // A server whose idle maximum is below ours: its own default is shorter still.
-            Err(EngineError::LimitExceeded(m)) if idle_s.is_some() && m.contains("idle_timeout_s") => {
+            Err(EngineError::LimitExceeded(m))
+                if idle_s.is_some() && m.contains("idle_timeout_s") =>
+            {
                 sessions.create(request(None))
             }
             other => other,
         };
-        let info = created
-            .map_err(|e| {
-                format!(
-                    "cannot start a session: {}",
-                    runcell_engine::error_chain(&e)
-                )
-            })?;
+        let info = created.map_err(|e| {
+            format!(
+                "cannot start a session: {}",
+                runcell_engine::error_chain(&e)
+            )
+        })?;
         if let Some(m) = &self.metrics {
             m.observe_session_start(started.elapsed().as_secs_f64());
         }
@@ -641,7 +647,11 @@ async fn jsonrpc(
 ) -> Response {
     use rmcp::transport::streamable_http_server::SessionManager as _;
     if req.method() == axum::http::Method::DELETE {
-        let Some(id) = req.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) else {
+        let Some(id) = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        else {
             return next.run(req).await;
         };
         let id: rmcp::transport::streamable_http_server::SessionId = Arc::from(id);
@@ -706,7 +716,10 @@ fn check_message(bytes: &[u8]) -> Result<Value, JsonRpcRefusal> {
     }
     if message.get("method").and_then(Value::as_str) == Some("tools/call")
         && !id.is_null()
-        && message.pointer("/params/name").and_then(Value::as_str).is_none()
+        && message
+            .pointer("/params/name")
+            .and_then(Value::as_str)
+            .is_none()
     {
         return Err(refuse(
             JsonRpcKind::InvalidParams,
