@@ -323,6 +323,25 @@ mod tests {
     }
 
     #[test]
+    fn mcp_checks_the_origin_of_reads_too() {
+        let p = policy("127.0.0.1:8080", &[]);
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "127.0.0.1:8080".parse().expect("header"));
+        h.insert(
+            header::ORIGIN,
+            "http://evil.example".parse().expect("header"),
+        );
+        let get = |path: &'static str| p.check(&Method::GET, &Uri::from_static(path), &h);
+        assert!(get("/mcp").is_err(), "GET /mcp opens an MCP event stream");
+        assert!(get("/v1/sessions").is_ok(), "other reads are answered");
+        h.insert(
+            header::ORIGIN,
+            "http://127.0.0.1:8080".parse().expect("header"),
+        );
+        assert!(p.check(&Method::GET, &Uri::from_static("/mcp"), &h).is_ok());
+    }
+
+    #[test]
     fn own_names_need_the_listeners_port() {
         let p = policy("127.0.0.1:8080", &[]);
         for ok in [

@@ -5,9 +5,9 @@
 //! A connection gets its own Python session, created on the first tool call and deleted when
 //! the connection ends (stdio: at EOF; HTTP: when the MCP session is closed or expires). A
 //! `session_id` argument targets another session of the same tenant. Requests of the
-//! session-less protocol (2026-07-28 and later, over HTTP) have no connection: their session
-//! outlives the request (until its idle expiry) and the result names it, so the model can pass
-//! it back as `session_id`.
+//! session-less protocol (2026-07-28 and later, over HTTP) have no connection: each client of
+//! a tenant gets a default session instead ([`DefaultSessions`]), reused by its calls, with a
+//! short idle expiry and a bound per tenant. Every result names its session.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -234,22 +234,33 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 
 /// A session-less (2026-07-28) `tools/call` of `tool` from the client named `client`.
 async fn sessionless_call(srv: &Server, client: &str, tool: &str, args: Value) -> Value {
+    sessionless_call_as(srv, None, client, tool, args).await
+}
+
+/// [`sessionless_call`] with an API key.
+async fn sessionless_call_as(
+    srv: &Server,
+    key: Option<&str>,
+    client: &str,
+    tool: &str,
+    args: Value,
+) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": tool, "arguments": args, "_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},
             "io.modelcontextprotocol/clientInfo": {"name": client, "version": "1"}}}});
-    let (status, v, _) = post_raw(
-        srv,
-        &[
-            JSON,
-            ("mcp-protocol-version", "2026-07-28"),
-            ("mcp-method", "tools/call"),
-            ("mcp-name", tool),
-        ],
-        &body.to_string(),
-    )
-    .await;
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut headers = vec![
+        JSON,
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", tool),
+    ];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a));
+    }
+    let (status, v, _) = post_raw(srv, &headers, &body.to_string()).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     v["result"].clone()
 }
@@ -469,4 +480,24 @@ async fn sessionless_clients_keep_one_default_session_each() {
     }
     let ids = srv.session_ids(None).await;
     assert_eq!(ids.len(), 8, "{ids:?}");
+}
+
+/// Default sessions are per API key's tenant: the same client name under another key is
+/// another session, and neither sees the other's variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_sessions_are_the_tenants() {
+    let srv = start().await;
+    let (_, key_a) = srv.store.create_key("a", "tenant-a").expect("key a");
+    let (_, key_b) = srv.store.create_key("b", "tenant-b").expect("key b");
+    let code = |c: &str| json!({ "code": c });
+    let r = sessionless_call_as(&srv, Some(&key_a), "sdk", "python", code("v = 'a'")).await;
+    let sa = r["structuredContent"]["session_id"].clone();
+    let r = sessionless_call_as(&srv, Some(&key_b), "sdk", "python", code("v")).await;
+    assert!(result_text(&r).contains("NameError"), "{r}");
+    assert_ne!(r["structuredContent"]["session_id"], sa);
+    let r = sessionless_call_as(&srv, Some(&key_a), "sdk", "python", code("v")).await;
+    assert!(result_text(&r).contains("'a'"), "{r}");
+    assert_eq!(r["structuredContent"]["session_id"], sa);
+    assert_eq!(srv.session_ids(Some(&key_a)).await.len(), 1);
+    assert_eq!(srv.session_ids(Some(&key_b)).await.len(), 1);
 }
