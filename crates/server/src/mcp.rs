@@ -65,6 +65,9 @@ struct Conn {
     defaults: Option<Arc<DefaultSessions>>,
 }
 
+/// How long an MCP session (protocol revisions with `initialize`) lives without a request.
+const MCP_SESSION_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
 /// How long a default session of the session-less protocol lives unused. No connection ends
 /// to say its client is gone, and clients (the Inspector CLI, SDK scripts) come and go:
 /// shorter than a session's usual 20 minutes, long enough for a model's pause between calls.
@@ -615,7 +618,11 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
         .with_max_request_body_bytes(crate::MAX_BODY_BYTES)
         .disable_allowed_hosts();
     let defaults = Arc::new(DefaultSessions::default());
-    let sessions = Arc::new(LocalSessionManager::default());
+    let mut manager = LocalSessionManager::default();
+    // An MCP session with no request for this long ends, and its Python session with it:
+    // clients that never send DELETE (the Inspector CLI) must not leave sessions behind.
+    manager.session_config.keep_alive = Some(MCP_SESSION_KEEP_ALIVE);
+    let sessions = Arc::new(manager);
     let service = StreamableHttpService::new(
         move || {
             Ok(McpHandler::new(
