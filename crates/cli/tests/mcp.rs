@@ -10,6 +10,9 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
+#[path = "../../server/tests/common/clients.rs"]
+mod clients;
+
 /// A data dir whose runtime is the shared, already-installed test runtime.
 fn data_dir() -> PathBuf {
     runcell_engine::testing::data_dir_with_runtime(
@@ -206,7 +209,7 @@ fn tools_prints_function_definitions() {
     for (format, check) in [
         ("anthropic", "/0/input_schema/type"),
         ("gemini", "/functionDeclarations/0/parameters/type"),
-        ("mcp", "/0/inputSchema/type"),
+        ("mcp", "/tools/0/inputSchema/type"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
             .args(["tools", "--format", format])
@@ -220,4 +223,92 @@ fn tools_prints_function_definitions() {
         .output()
         .expect("runcell tools");
     assert!(!out.status.success());
+}
+
+/// The MCP Python SDK's default client over stdio: state and files persist between calls.
+#[test]
+fn the_python_sdks_default_client_keeps_its_state_over_stdio() {
+    let data = data_dir();
+    let exe = Path::new(env!("CARGO_BIN_EXE_runcell"));
+    let report = clients::run_sdk_client(&[
+        "--".as_ref(),
+        exe.as_os_str(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "mcp".as_ref(),
+    ]);
+    clients::assert_state_kept(&report);
+}
+
+/// A line that is not a JSON-RPC message gets an error reply (`"id": null` when it has no
+/// id), not silence; the server goes on answering.
+#[test]
+fn unreadable_stdin_lines_get_json_rpc_errors() {
+    use std::io::{BufRead, BufReader, Write};
+    let data = data_dir();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"))
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn runcell mcp");
+    // A reply that never comes must fail the test, not hang it: the server is killed, its
+    // stdout ends and the read below fails.
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+        }
+    });
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut reply = || {
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read a reply");
+        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    writeln!(stdin, "{init}").expect("write");
+    assert_eq!(reply()["id"], 1);
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc": "2.0", "method": "notifications/initialized"}}"#
+    )
+    .expect("write");
+    for (line, code, id) in [
+        ("{not json".to_owned(), -32700, Value::Null),
+        (
+            r#"{"id": 5, "method": "ping"}"#.to_owned(),
+            -32600,
+            json!(5),
+        ),
+        (
+            r#"{"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"arguments": {}}}"#
+                .to_owned(),
+            -32602,
+            json!(6),
+        ),
+    ] {
+        writeln!(stdin, "{line}").expect("write");
+        let r = reply();
+        assert_eq!(r["error"]["code"], code, "{line}: {r}");
+        assert_eq!(r["id"], id, "{line}: {r}");
+        assert_eq!(r["jsonrpc"], "2.0");
+    }
+    writeln!(stdin, r#"{{"jsonrpc": "2.0", "id": 7, "method": "ping"}}"#).expect("write");
+    let r = reply();
+    assert_eq!(r["id"], 7, "{r}");
+    assert!(r["result"].is_object(), "{r}");
+    drop(stdin);
+    let status = child.wait().expect("wait");
+    let _ = done.send(());
+    assert!(status.success(), "{status}");
 }

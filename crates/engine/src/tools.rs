@@ -183,11 +183,11 @@ pub fn definitions_json(format: ToolFormat) -> Value {
             .iter()
             .map(|d| json!({"name": d.name, "description": d.description, "parameters": gemini_schema(&d.input_schema)}))
             .collect::<Vec<_>>()}),
-        ToolFormat::Mcp => Value::Array(
-            defs.iter()
-                .map(|d| json!({"name": d.name, "description": d.description, "inputSchema": d.input_schema}))
-                .collect(),
-        ),
+        // The result of `tools/list`, as an MCP server answers it.
+        ToolFormat::Mcp => json!({"tools": defs
+            .iter()
+            .map(|d| json!({"name": d.name, "description": d.description, "inputSchema": d.input_schema}))
+            .collect::<Vec<_>>()}),
     }
 }
 
@@ -840,7 +840,8 @@ mod tests {
             .get("additionalProperties")
             .is_none());
         let m = definitions_json(ToolFormat::Mcp);
-        assert_eq!(m[0]["inputSchema"]["type"], "object");
+        assert_eq!(m["tools"][0]["inputSchema"]["type"], "object");
+        assert_eq!(m["tools"].as_array().map(Vec::len), Some(3));
         assert!("xml".parse::<ToolFormat>().is_err());
     }
 

@@ -226,3 +226,55 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A JSON-RPC error `/mcp` answers before (or instead of) its MCP service: the body is
+/// JSON-RPC's error object, as MCP clients expect, not the API's envelope.
+#[derive(Debug)]
+pub struct JsonRpcRefusal {
+    pub kind: JsonRpcKind,
+    /// The request's id, or `null` when it could not be read.
+    pub id: serde_json::Value,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonRpcKind {
+    /// The body is not JSON (`-32700`).
+    Parse,
+    /// JSON, but not a JSON-RPC 2.0 request (`-32600`).
+    InvalidRequest,
+    /// A known method with unusable params (`-32602`): an in-band error of a well-formed
+    /// request, so HTTP 200 as for any other JSON-RPC error reply.
+    InvalidParams,
+    /// An `Mcp-Session-Id` the server does not know (MCP transport: 404, so that the client
+    /// starts a new session).
+    UnknownSession,
+    /// A refusal of the MCP service itself (its status kept, its text body made JSON-RPC).
+    Transport(StatusCode),
+}
+
+impl JsonRpcRefusal {
+    fn status_and_code(&self) -> (StatusCode, i32) {
+        match self.kind {
+            JsonRpcKind::Parse => (StatusCode::BAD_REQUEST, -32700),
+            JsonRpcKind::InvalidRequest => (StatusCode::BAD_REQUEST, -32600),
+            JsonRpcKind::InvalidParams => (StatusCode::OK, -32602),
+            JsonRpcKind::UnknownSession => (StatusCode::NOT_FOUND, -32600),
+            JsonRpcKind::Transport(status) => (status, -32600),
+        }
+    }
+
+    /// The JSON-RPC error response.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, code) = self.status_and_code();
+        serde_json::json!({"jsonrpc": "2.0", "id": self.id,
+            "error": {"code": code, "message": self.message}})
+    }
+}
+
+impl IntoResponse for JsonRpcRefusal {
+    fn into_response(self) -> Response {
+        let (status, _) = self.status_and_code();
+        (status, Json(self.body())).into_response()
+    }
+}

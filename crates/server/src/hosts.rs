@@ -185,8 +185,10 @@ impl HostPolicy {
     fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), ApiError> {
         self.check_host(uri, headers)?;
         // Reads are not refused: without CORS headers a page of another origin cannot read
-        // the reply, and a GET changes nothing.
-        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        // the reply, and a GET changes nothing. Except on `/mcp`, where MCP's transport
+        // (streamable HTTP, "Security Warning") requires every request's `Origin` checked:
+        // its GET opens a session's event stream.
+        if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) && uri.path() != "/mcp" {
             return Ok(());
         }
         self.check_origin(headers)
@@ -318,6 +320,25 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, host.parse().expect("header"));
         p.check_host(&Uri::from_static("/"), &h).is_ok()
+    }
+
+    #[test]
+    fn mcp_checks_the_origin_of_reads_too() {
+        let p = policy("127.0.0.1:8080", &[]);
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, "127.0.0.1:8080".parse().expect("header"));
+        h.insert(
+            header::ORIGIN,
+            "http://evil.example".parse().expect("header"),
+        );
+        let get = |path: &'static str| p.check(&Method::GET, &Uri::from_static(path), &h);
+        assert!(get("/mcp").is_err(), "GET /mcp opens an MCP event stream");
+        assert!(get("/v1/sessions").is_ok(), "other reads are answered");
+        h.insert(
+            header::ORIGIN,
+            "http://127.0.0.1:8080".parse().expect("header"),
+        );
+        assert!(p.check(&Method::GET, &Uri::from_static("/mcp"), &h).is_ok());
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! A connection gets its own Python session, created on the first tool call and deleted when
 //! the connection ends (stdio: at EOF; HTTP: when the MCP session is closed or expires). A
 //! `session_id` argument targets another session of the same tenant. Requests of the
-//! session-less protocol (2026-07-28 and later, over HTTP) have no connection: their session
-//! outlives the request (until its idle expiry) and the result names it, so the model can pass
-//! it back as `session_id`.
+//! session-less protocol (2026-07-28 and later, over HTTP) have no connection: each client of
+//! a tenant gets a default session instead ([`DefaultSessions`]), reused by its calls, with a
+//! short idle expiry and a bound per tenant. Every result names its session.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +29,9 @@ use runcell_engine::tools::{self, ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, Language, SessionInfo};
 use runcell_store::Store;
 
+use serde_json::Value;
+
+use crate::error::{JsonRpcKind, JsonRpcRefusal};
 use crate::metrics::Metrics;
 use crate::state::{AppState, Tenant};
 
@@ -57,6 +60,36 @@ struct Conn {
     local_owner: Option<String>,
     client: &'static str,
     state: tokio::sync::Mutex<ConnState>,
+    /// HTTP: the default sessions of requests without an MCP session, shared by every
+    /// connection of the server.
+    defaults: Option<Arc<DefaultSessions>>,
+}
+
+/// How long an MCP session (protocol revisions with `initialize`) lives without a request.
+const MCP_SESSION_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// How long a default session of the session-less protocol lives unused. No connection ends
+/// to say its client is gone, and clients (the Inspector CLI, SDK scripts) come and go:
+/// shorter than a session's usual 20 minutes, long enough for a model's pause between calls.
+const DEFAULT_SESSION_IDLE_S: u64 = 10 * 60;
+
+/// Default sessions a tenant keeps at most (one per client name); a new client past it
+/// takes the place of the one unused the longest, whose session is deleted.
+const DEFAULT_SESSIONS_PER_TENANT: usize = 8;
+
+/// The default sessions of session-less MCP requests (2026-07-28 and later): one per tenant
+/// and client, reused by each of that client's calls, so that `x = 1` then `x` works as it
+/// does within a connection.
+#[derive(Default)]
+pub(crate) struct DefaultSessions {
+    /// Per tenant, its clients' sessions, the most recently used last. A tokio mutex held
+    /// across a session's creation, so that two first calls of one client start one session.
+    by_tenant: tokio::sync::Mutex<std::collections::HashMap<String, Vec<DefaultSession>>>,
+}
+
+struct DefaultSession {
+    client: String,
+    session: String,
 }
 
 #[derive(Default)]
@@ -89,8 +122,16 @@ impl McpHandler {
                 local_owner,
                 client,
                 state: tokio::sync::Mutex::new(ConnState::default()),
+                defaults: None,
             }),
         }
+    }
+
+    fn with_defaults(mut self, defaults: Arc<DefaultSessions>) -> McpHandler {
+        if let Some(conn) = Arc::get_mut(&mut self.inner) {
+            conn.defaults = Some(defaults);
+        }
+        self
     }
 
     /// Ends the connection: deletes its default session (blocks until it is gone).
@@ -130,7 +171,8 @@ impl McpHandler {
                 .extensions
                 .get::<axum::http::request::Parts>()
                 .is_some_and(|p| !p.headers.contains_key("mcp-session-id"));
-        let (session, note) = match self.session_for(&call, &owner, sessionless).await {
+        let client = sessionless.then(|| client_identity(ctx));
+        let (session, note) = match self.session_for(&call, &owner, client.as_deref()).await {
             Ok(s) => s,
             Err(m) => return ToolOutput::error(m),
         };
@@ -163,6 +205,14 @@ impl McpHandler {
         }
         if let Some(note) = note {
             out.text = format!("{note}\n\n{}", out.text);
+        }
+        // Every result names its session, for clients that keep several.
+        match &mut out.structured {
+            Some(Value::Object(m)) => {
+                m.insert("session_id".into(), Value::String(session));
+            }
+            s @ None => *s = Some(serde_json::json!({ "session_id": session })),
+            Some(_) => {}
         }
         out
     }
@@ -197,7 +247,7 @@ impl McpHandler {
         &self,
         call: &ToolCall,
         owner: &str,
-        sessionless: bool,
+        sessionless_client: Option<&str>,
     ) -> Result<(String, Option<String>), String> {
         if let Some(id) = call.session_id() {
             let engine = self.inner.engine.clone();
@@ -218,16 +268,8 @@ impl McpHandler {
                 _ => Err(format!("session {id} not found")),
             };
         }
-        if sessionless {
-            // No connection to tie a session to: a new one, named for the model.
-            let info = self.create(owner).await?;
-            return Ok((
-                info.id.clone(),
-                Some(format!(
-                    "session_id: {} (a new session; pass it as session_id to keep its variables and files)",
-                    info.id
-                )),
-            ));
+        if let Some(client) = sessionless_client {
+            return self.default_session(owner, client).await;
         }
         let mut s = self.inner.state.lock().await;
         if s.closed {
@@ -257,30 +299,126 @@ impl McpHandler {
     async fn create(&self, owner: &str) -> Result<SessionInfo, String> {
         let this = self.inner.clone();
         let owner = owner.to_owned();
-        tokio::task::spawn_blocking(move || this.create(&owner))
+        tokio::task::spawn_blocking(move || this.create(&owner, None))
             .await
             .map_err(|e| e.to_string())?
     }
+
+    /// The tenant's default session for `client` (session-less requests): the one its earlier
+    /// calls used while it lives, else a new one, named for the model.
+    async fn default_session(
+        &self,
+        owner: &str,
+        client: &str,
+    ) -> Result<(String, Option<String>), String> {
+        let Some(defaults) = self.inner.defaults.clone() else {
+            return Err("internal error: no default sessions".into());
+        };
+        let mut by_tenant = defaults.by_tenant.lock().await;
+        let mine = by_tenant.entry(owner.to_owned()).or_default();
+        let mut ended = None;
+        if let Some(at) = mine.iter().position(|d| d.client == client) {
+            let d = mine.remove(at);
+            let engine = self.inner.engine.clone();
+            let id = d.session.clone();
+            let alive = tokio::task::spawn_blocking(move || engine.sessions().get(&id).is_ok())
+                .await
+                .unwrap_or(false);
+            if alive {
+                let id = d.session.clone();
+                mine.push(d);
+                return Ok((id, None));
+            }
+            ended = Some(d.session);
+        }
+        if mine.len() >= DEFAULT_SESSIONS_PER_TENANT {
+            let evicted = mine.remove(0);
+            let this = self.inner.clone();
+            tracing::info!(session = %evicted.session, client = %evicted.client, "MCP default session evicted: too many clients of one tenant");
+            tokio::task::spawn_blocking(move || this.forget(&evicted.session));
+        }
+        let this = self.inner.clone();
+        let o = owner.to_owned();
+        let info =
+            tokio::task::spawn_blocking(move || this.create(&o, Some(DEFAULT_SESSION_IDLE_S)))
+                .await
+                .map_err(|e| e.to_string())??;
+        mine.push(DefaultSession {
+            client: client.to_owned(),
+            session: info.id.clone(),
+        });
+        let note = match ended {
+            Some(old) => format!(
+                "note: session {old} had ended (idle for too long); this call runs in a new session, session_id: {} (variables are lost and /workspace is empty)",
+                info.id
+            ),
+            None => format!(
+                "session_id: {} (this client's default session: later calls without session_id run here too, until it is idle for {} minutes)",
+                info.id,
+                DEFAULT_SESSION_IDLE_S / 60
+            ),
+        };
+        Ok((info.id, Some(note)))
+    }
+}
+
+/// Who a session-less request comes from, for its default session: the client's name from
+/// the request's `_meta` (MCP 2026-07-28), else its User-Agent.
+fn client_identity(ctx: &RequestContext<RoleServer>) -> String {
+    let name = ctx
+        .meta
+        .client_info()
+        .map(|i| i.name)
+        .filter(|n| !n.is_empty());
+    let name = name.or_else(|| {
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get(axum::http::header::USER_AGENT))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    // Bounded: it is a key the client chooses.
+    let mut name = name.unwrap_or_else(|| "unknown".to_owned());
+    if name.len() > 200 {
+        let mut end = 200;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    name
 }
 
 impl Conn {
-    fn create(&self, owner: &str) -> Result<SessionInfo, String> {
+    /// A Python session of `owner`; `idle_s` shortens its idle expiry (never lengthens it).
+    fn create(&self, owner: &str, idle_s: Option<u64>) -> Result<SessionInfo, String> {
         let started = std::time::Instant::now();
-        let info = self
-            .engine
-            .sessions()
-            .create(CreateSession {
-                owner: owner.to_owned(),
-                language: Some(Language::Python),
-                metadata: BTreeMap::from([("client".to_owned(), self.client.to_owned())]),
-                ..CreateSession::default()
-            })
-            .map_err(|e| {
-                format!(
-                    "cannot start a session: {}",
-                    runcell_engine::error_chain(&e)
-                )
-            })?;
+        let request = |idle_timeout_s| CreateSession {
+            owner: owner.to_owned(),
+            language: Some(Language::Python),
+            limits: runcell_engine::LimitsRequest {
+                idle_timeout_s,
+                ..Default::default()
+            },
+            metadata: BTreeMap::from([("client".to_owned(), self.client.to_owned())]),
+            ..CreateSession::default()
+        };
+        let sessions = self.engine.sessions();
+        let created = match sessions.create(request(idle_s)) {
+            // A server whose idle maximum is below ours: its own default is shorter still.
+            Err(EngineError::LimitExceeded(m))
+                if idle_s.is_some() && m.contains("idle_timeout_s") =>
+            {
+                sessions.create(request(None))
+            }
+            other => other,
+        };
+        let info = created.map_err(|e| {
+            format!(
+                "cannot start a session: {}",
+                runcell_engine::error_chain(&e)
+            )
+        })?;
         if let Some(m) = &self.metrics {
             m.observe_session_start(started.elapsed().as_secs_f64());
         }
@@ -479,6 +617,12 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
     let config = StreamableHttpServerConfig::default()
         .with_max_request_body_bytes(crate::MAX_BODY_BYTES)
         .disable_allowed_hosts();
+    let defaults = Arc::new(DefaultSessions::default());
+    let mut manager = LocalSessionManager::default();
+    // An MCP session with no request for this long ends, and its Python session with it:
+    // clients that never send DELETE (the Inspector CLI) must not leave sessions behind.
+    manager.session_config.keep_alive = Some(MCP_SESSION_KEEP_ALIVE);
+    let sessions = Arc::new(manager);
     let service = StreamableHttpService::new(
         move || {
             Ok(McpHandler::new(
@@ -487,14 +631,160 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
                 Some(metrics.clone()),
                 None,
                 "mcp",
-            ))
+            )
+            .with_defaults(defaults.clone()))
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
     Router::new()
         .route_service("/mcp", service)
+        .route_layer(axum::middleware::from_fn_with_state(sessions, jsonrpc))
         .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
+}
+
+/// What rmcp would answer with a plain-text status or a wrong code, answered in JSON-RPC:
+/// a body that is not JSON (`-32700`), not JSON-RPC 2.0 (`-32600`), a `tools/call` without a
+/// tool name (`-32602`; rmcp cannot parse it as `tools/call` and says "method not found"), and
+/// `DELETE` of an MCP session (204, or 404 for one it does not know; rmcp answers 202 to both).
+async fn jsonrpc(
+    State(sessions): State<Arc<LocalSessionManager>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use rmcp::transport::streamable_http_server::SessionManager as _;
+    if req.method() == axum::http::Method::DELETE {
+        let Some(id) = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        else {
+            return next.run(req).await;
+        };
+        let id: rmcp::transport::streamable_http_server::SessionId = Arc::from(id);
+        return match sessions.has_session(&id).await {
+            Ok(true) => {
+                // Closing drops the connection's handler, which deletes its runcell session.
+                let _ = sessions.close_session(&id).await;
+                axum::http::StatusCode::NO_CONTENT.into_response()
+            }
+            _ => JsonRpcRefusal {
+                kind: JsonRpcKind::UnknownSession,
+                id: Value::Null,
+                message: "no such MCP session (it was closed or has expired)".into(),
+            }
+            .into_response(),
+        };
+    }
+    if req.method() != axum::http::Method::POST {
+        return as_jsonrpc(next.run(req).await, Value::Null).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return crate::error::ApiError::too_large(format!(
+                "an MCP message is at most {} bytes",
+                crate::MAX_BODY_BYTES
+            ))
+            .into_response()
+        }
+    };
+    let id = match check_message(&bytes) {
+        Ok(id) => id,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let resp = next
+        .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await;
+    as_jsonrpc(resp, id).await
+}
+
+/// What a message must be before it reaches rmcp, which drops (stdio) or answers in plain text
+/// (HTTP) what it cannot parse: JSON, JSON-RPC 2.0, and a `tools/call` names its tool. The
+/// message's id when it is.
+fn check_message(bytes: &[u8]) -> Result<Value, JsonRpcRefusal> {
+    let refuse = |kind, id, message: String| JsonRpcRefusal { kind, id, message };
+    let message: Value = serde_json::from_slice(bytes).map_err(|e| {
+        refuse(
+            JsonRpcKind::Parse,
+            Value::Null,
+            format!("parse error: the message is not JSON ({e})"),
+        )
+    })?;
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        let why = if message.is_array() {
+            "invalid request: one JSON-RPC message at a time (MCP has no batches)"
+        } else {
+            "invalid request: not a JSON-RPC 2.0 message (\"jsonrpc\": \"2.0\" is missing)"
+        };
+        return Err(refuse(JsonRpcKind::InvalidRequest, id, why.into()));
+    }
+    if message.get("method").and_then(Value::as_str) == Some("tools/call")
+        && !id.is_null()
+        && message
+            .pointer("/params/name")
+            .and_then(Value::as_str)
+            .is_none()
+    {
+        return Err(refuse(
+            JsonRpcKind::InvalidParams,
+            id,
+            "invalid params: tools/call needs params.name, the tool to call (python, bash or text_editor)".into(),
+        ));
+    }
+    Ok(id)
+}
+
+/// For `runcell mcp`: the JSON-RPC error reply to a line of stdin that is not a message
+/// rmcp can take (it would drop it without a word), or `None` for one it can.
+pub fn stdio_refusal(line: &[u8]) -> Option<Value> {
+    let refusal = match check_message(line) {
+        Err(r) => r,
+        Ok(id) => match serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(line) {
+            Ok(_) => return None,
+            Err(e) => JsonRpcRefusal {
+                kind: JsonRpcKind::InvalidRequest,
+                id,
+                message: format!("invalid request: {e}"),
+            },
+        },
+    };
+    Some(refusal.body())
+}
+
+/// rmcp's own refusals (415, 406, 404 for an unknown session, ...) have a plain-text body:
+/// the same status with that text as a JSON-RPC error.
+async fn as_jsonrpc(resp: Response, id: Value) -> Response {
+    let plain = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|t| !t.starts_with("application/json") && !t.starts_with("text/event-stream"));
+    let status = resp.status();
+    if !status.is_client_error() || !plain {
+        return resp;
+    }
+    let text = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let kind = if status == axum::http::StatusCode::NOT_FOUND {
+        JsonRpcKind::UnknownSession
+    } else {
+        JsonRpcKind::Transport(status)
+    };
+    JsonRpcRefusal {
+        kind,
+        id,
+        message: if text.is_empty() {
+            status.to_string()
+        } else {
+            text
+        },
+    }
+    .into_response()
 }
 
 /// The `/v1` authentication: 401 with the API's error envelope, or the tenant for the handler.

@@ -159,6 +159,11 @@ async fn the_page_works_in_headless_chromium() {
     tokio::task::spawn_blocking(move || run_phase("analyst", &base, &[]))
         .await
         .expect("analyst phase");
+    // Long output, elapsed time, a phone: in a session of its own.
+    let base = srv.base.clone();
+    tokio::task::spawn_blocking(move || run_phase("long", &base, &[]))
+        .await
+        .expect("long phase");
 
     // What the browser did really reached the engine and the audit log.
     let (rows, _) = srv

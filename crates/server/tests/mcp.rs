@@ -204,3 +204,300 @@ async fn mcp_without_sessions_names_the_session_to_reuse() {
     assert!(text(&r).contains("42"), "{}", text(&r));
     client.cancel().await.expect("close");
 }
+
+/// A raw `POST /mcp` with `body` as is; the status and the body as JSON (or text).
+async fn post_raw(
+    srv: &Server,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/mcp", srv.base))
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_owned());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("send");
+    let (status, h) = (resp.status(), resp.headers().clone());
+    let text = resp.text().await.expect("body");
+    // A streamed reply: its one `data:` line.
+    let json = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: ").filter(|d| d.starts_with('{')))
+        .unwrap_or(&text);
+    let v = serde_json::from_str(json).unwrap_or(Value::String(text.clone()));
+    (status, v, h)
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// A session-less (2026-07-28) `tools/call` of `tool` from the client named `client`.
+async fn sessionless_call(srv: &Server, client: &str, tool: &str, args: Value) -> Value {
+    sessionless_call_as(srv, None, client, tool, args).await
+}
+
+/// [`sessionless_call`] with an API key.
+async fn sessionless_call_as(
+    srv: &Server,
+    key: Option<&str>,
+    client: &str,
+    tool: &str,
+    args: Value,
+) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool, "arguments": args, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": client, "version": "1"}}}});
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut headers = vec![
+        JSON,
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", tool),
+    ];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a));
+    }
+    let (status, v, _) = post_raw(srv, &headers, &body.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["result"].clone()
+}
+
+fn result_text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What MCP clients that are not rmcp's send when something is off gets a JSON-RPC answer
+/// with the code the spec names, not a plain-text status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_mcp_messages_get_json_rpc_errors() {
+    let srv = start().await;
+    let code = |v: &Value| v["error"]["code"].as_i64();
+
+    let (s, v, _) = post_raw(&srv, &[JSON], "{not json").await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, Some(-32700)),
+        "{v}"
+    );
+    assert_eq!(v["id"], Value::Null);
+    assert_eq!(v["jsonrpc"], "2.0");
+
+    let (s, v, _) = post_raw(&srv, &[JSON], r#"{"id": 1, "method": "ping"}"#).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, Some(-32600)),
+        "{v}"
+    );
+    assert_eq!(v["id"], 1);
+    // The same without a content type: still the JSON-RPC verdict, not 415 in plain text.
+    let (s, v, _) = post_raw(&srv, &[], r#"{"id": 1, "method": "ping"}"#).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, Some(-32600)),
+        "{v}"
+    );
+    let (s, v, _) = post_raw(
+        &srv,
+        &[JSON],
+        r#"[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]"#,
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, Some(-32600)),
+        "{v}"
+    );
+    // A JSON-RPC message without a content type: rmcp's 415, as JSON-RPC.
+    let (s, v, _) = post_raw(
+        &srv,
+        &[],
+        r#"{"jsonrpc": "2.0", "id": 2, "method": "ping"}"#,
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some(-32600)),
+        "{v}"
+    );
+    assert_eq!(v["id"], 2);
+
+    // tools/call without a name: invalid params, in a session-less request and in a session.
+    let no_name =
+        r#"{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"arguments": {}}}"#;
+    let (s, v, _) = post_raw(
+        &srv,
+        &[
+            JSON,
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+        ],
+        no_name,
+    )
+    .await;
+    assert_eq!((s, code(&v)), (StatusCode::OK, Some(-32602)), "{v}");
+    assert_eq!(v["id"], 3);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let (s, _, h) = post_raw(&srv, &[JSON], &init.to_string()).await;
+    assert_eq!(s, StatusCode::OK);
+    let sid = h["mcp-session-id"].to_str().expect("session id").to_owned();
+    let in_session = [
+        JSON,
+        ("mcp-session-id", sid.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let (s, v, _) = post_raw(&srv, &in_session, no_name).await;
+    assert_eq!((s, code(&v)), (StatusCode::OK, Some(-32602)), "{v}");
+
+    // MCP requires the Origin checked on every request, the event stream's GET included.
+    let get = |origin: &'static str| {
+        reqwest::Client::new()
+            .get(format!("{}/mcp", srv.base))
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", sid.clone())
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("origin", origin)
+            .send()
+    };
+    let resp = get("http://evil.example").await.expect("get");
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let (s, _, _) = post_raw(
+        &srv,
+        &[JSON, ("origin", "http://evil.example")],
+        &init.to_string(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    // DELETE ends the MCP session (204); then, and for any unknown id, 404.
+    let delete = |id: String| {
+        reqwest::Client::new()
+            .delete(format!("{}/mcp", srv.base))
+            .header("mcp-session-id", id)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+    };
+    assert_eq!(
+        delete(sid.clone()).await.expect("delete").status(),
+        StatusCode::NO_CONTENT
+    );
+    let resp = delete(sid.clone()).await.expect("delete again");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(code(&v), Some(-32600), "{v}");
+    let resp = delete("no-such-session".into())
+        .await
+        .expect("delete unknown");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let (s, v, _) = post_raw(
+        &srv,
+        &in_session,
+        r#"{"jsonrpc": "2.0", "id": 9, "method": "ping"}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    assert_eq!(v["id"], 9);
+}
+
+/// Session-less clients (the Python SDK's default) keep their state: each client of a tenant
+/// has one default session, reused by its calls, expiring soon when unused, and a tenant
+/// keeps a bounded number of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_clients_keep_one_default_session_each() {
+    let srv = common::start_engine_with(None, |c| c.limits.defaults.memory_mb = 256).await;
+    let r = sessionless_call(&srv, "agent-a", "python", json!({"code": "secret = 6*7"})).await;
+    assert_eq!(r["isError"], false, "{r}");
+    let session = r["structuredContent"]["session_id"]
+        .as_str()
+        .expect("session_id in the result")
+        .to_owned();
+    assert!(result_text(&r).contains(&session), "the model is told: {r}");
+    let r = sessionless_call(&srv, "agent-a", "python", json!({"code": "secret + 1"})).await;
+    assert!(result_text(&r).contains("43"), "{r}");
+    assert_eq!(r["structuredContent"]["session_id"], session.as_str());
+    let r = sessionless_call(
+        &srv,
+        "agent-a",
+        "bash",
+        json!({"command": "echo kept > f.txt"}),
+    )
+    .await;
+    assert_eq!(
+        r["structuredContent"]["session_id"],
+        session.as_str(),
+        "{r}"
+    );
+    let r = sessionless_call(
+        &srv,
+        "agent-a",
+        "text_editor",
+        json!({"command": "view", "path": "f.txt"}),
+    )
+    .await;
+    assert!(result_text(&r).contains("kept"), "{r}");
+    assert_eq!(
+        r["structuredContent"]["session_id"],
+        session.as_str(),
+        "{r}"
+    );
+
+    // Another client of the tenant has its own.
+    let r = sessionless_call(&srv, "agent-b", "python", json!({"code": "secret"})).await;
+    assert!(result_text(&r).contains("NameError"), "{r}");
+    assert_ne!(r["structuredContent"]["session_id"], session.as_str());
+
+    // The default session expires after a short idle time, not the usual 20 minutes.
+    let info = srv.get(&format!("/v1/sessions/{session}"), None).await;
+    assert_eq!(info["limits"]["idle_timeout_s"], 600, "{info}");
+
+    // Past the bound, the client unused the longest loses its session.
+    for i in 0..7 {
+        sessionless_call(
+            &srv,
+            &format!("agent-{i}"),
+            "bash",
+            json!({"command": "true"}),
+        )
+        .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.session_ids(None).await.contains(&session) {
+        assert!(
+            Instant::now() < deadline,
+            "agent-a's session outlived the bound"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids = srv.session_ids(None).await;
+    assert_eq!(ids.len(), 8, "{ids:?}");
+}
+
+/// Default sessions are per API key's tenant: the same client name under another key is
+/// another session, and neither sees the other's variables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_sessions_are_the_tenants() {
+    let srv = start().await;
+    let (_, key_a) = srv.store.create_key("a", "tenant-a").expect("key a");
+    let (_, key_b) = srv.store.create_key("b", "tenant-b").expect("key b");
+    let code = |c: &str| json!({ "code": c });
+    let r = sessionless_call_as(&srv, Some(&key_a), "sdk", "python", code("v = 'a'")).await;
+    let sa = r["structuredContent"]["session_id"].clone();
+    let r = sessionless_call_as(&srv, Some(&key_b), "sdk", "python", code("v")).await;
+    assert!(result_text(&r).contains("NameError"), "{r}");
+    assert_ne!(r["structuredContent"]["session_id"], sa);
+    let r = sessionless_call_as(&srv, Some(&key_a), "sdk", "python", code("v")).await;
+    assert!(result_text(&r).contains("'a'"), "{r}");
+    assert_eq!(r["structuredContent"]["session_id"], sa);
+    assert_eq!(srv.session_ids(Some(&key_a)).await.len(), 1);
+    assert_eq!(srv.session_ids(Some(&key_b)).await.len(), 1);
+}

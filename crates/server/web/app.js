@@ -208,6 +208,11 @@ function sessionView(id) {
     const label = h('span', { class: 'cell-count', title: 'execution count' }, '[ ]');
     const outEl = h('div', { class: 'cell-output', 'aria-live': 'polite' });
     const foot = h('div', { class: 'cell-foot' });
+    // The cell's state where it stays in view (the head sticks to the top while its long
+    // output scrolls by): the time a running cell has taken, then its status.
+    const state = h('span', { class: 'cell-state', 'aria-live': 'polite' });
+    // Long output sits in a scroll box (the page stays short); this shows it all.
+    const showAll = h('button', { class: 'btn btn-small show-all', type: 'button', hidden: true }, 'Show all output');
     const cell = { running: false };
     const editor = new Editor({
       value: code,
@@ -223,11 +228,18 @@ function sessionView(id) {
       cells.splice(cells.indexOf(cell), 1);
       if (!cells.length) addCell().editor.focus();
     });
+    const output = new Output(outEl);
+    output.onGrow = () => fitOutput(cell);
+    showAll.addEventListener('click', () => {
+      const all = outEl.classList.toggle('show-all');
+      showAll.textContent = all ? 'Collapse output' : 'Show all output';
+      if (!all) cell.el.scrollIntoView({ block: 'nearest' });
+    });
     Object.assign(cell, {
-      editor, label, foot, runBtn, output: new Output(outEl),
+      editor, label, foot, runBtn, state, showAll, output, outEl,
       el: h('section', { class: 'cell' },
-        h('div', { class: 'cell-head' }, label, runBtn, delBtn),
-        editor.el, outEl, foot),
+        h('div', { class: 'cell-head' }, label, runBtn, state, delBtn),
+        editor.el, outEl, showAll, foot),
     });
     if (after) {
       after.el.after(cell.el);
@@ -249,9 +261,17 @@ function sessionView(id) {
     if (!code.trim() || cell.running) return;
     cell.running = true;
     cell.el.classList.add('running');
+    cell.runBtn.disabled = true;
     cell.label.textContent = '[*]';
     cell.foot.replaceChildren();
     cell.output.clear();
+    fitOutput(cell);
+    const started = performance.now();
+    const tick = () => {
+      cell.state.replaceChildren(h('span', { class: 'badge badge-busy' }, 'running'), ` ${formatMs(Math.round(performance.now() - started))}`);
+    };
+    tick();
+    const ticker = setInterval(tick, 100);
     setStatus('busy');
     try {
       const resp = await api.request('POST', api.sessionPath(id, '/execute'), {
@@ -267,8 +287,12 @@ function sessionView(id) {
       cell.label.textContent = '[!]';
       cell.output.note(e.message || String(e), 'out-failure');
     } finally {
+      clearInterval(ticker);
+      // No end event (a failed request): no status to show.
+      if (cell.state.querySelector('.badge-busy')) cell.state.replaceChildren();
       cell.running = false;
       cell.el.classList.remove('running');
+      cell.runBtn.disabled = false;
     }
     if (!live) return;
     refreshInfo();
@@ -283,9 +307,37 @@ function sessionView(id) {
     }
     const ex = ev.execution;
     cell.label.textContent = `[${ex.execution_count ?? ' '}]`;
-    if (ex.truncated && (ex.truncated.stdout || ex.truncated.stderr)) cell.output.note('Output was truncated at the cap.');
+    if (ex.truncated && (ex.truncated.stdout || ex.truncated.stderr)) {
+      // The stream stopped at the cap's first half; the Execution keeps the head and the
+      // tail (where the last lines, often the ones that matter, are): show that instead.
+      if (ev.type === 'end') {
+        cell.output.clear();
+        cell.output.execution(ex);
+      }
+      cell.output.note('Output was truncated at the cap: its head and tail are shown.');
+    }
     cell.foot.replaceChildren(statusBadge(ex.status), h('span', { class: 'muted' }, usageText(ex.usage)));
+    cell.state.replaceChildren(statusBadge(ex.status), ex.usage ? ` ${formatMs(ex.usage.wall_ms)}` : '');
     cell.el.dataset.status = ex.status;
+    fitOutput(cell);
+  }
+
+  // The scroll box and its button: shown when the output is taller than the box. Measured
+  // once a frame at most, however many events arrive.
+  function fitOutput(cell) {
+    if (cell.fitting) return;
+    cell.fitting = true;
+    requestAnimationFrame(() => {
+      cell.fitting = false;
+      const el = cell.outEl;
+      const long = el.classList.contains('show-all') || el.scrollHeight > el.clientHeight + 1;
+      cell.showAll.hidden = !long;
+      if (!long) return;
+      // Following a running cell's output, unless the reader scrolled up in it.
+      if (cell.running && !el.classList.contains('show-all') && el.scrollHeight - el.scrollTop - el.clientHeight < 80) {
+        el.scrollTop = el.scrollHeight;
+      }
+    });
   }
 
   const addBtn = h('button', { class: 'btn add-cell', type: 'button' }, '+ Code cell');
@@ -385,7 +437,12 @@ function sessionView(id) {
         finish(c, { execution: ex });
       }
     });
-    addCell().editor.focus();
+    // A notebook opens at its top. With history, focusing the new cell at the bottom must not
+    // scroll there (nor, on a phone, open the keyboard over the notebook).
+    const fresh = addCell();
+    if (!cells.some((c) => c !== fresh)) fresh.editor.focus();
+    else if (!matchMedia('(max-width: 640px)').matches) fresh.editor.focus({ preventScroll: true });
+    window.scrollTo(0, 0);
     loadFiles();
   })();
   return () => {

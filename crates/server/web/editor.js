@@ -115,8 +115,8 @@ export class Editor {
     this.paint();
   }
 
-  focus() {
-    this.input.focus();
+  focus(options) {
+    this.input.focus(options);
   }
 
   paint() {

@@ -161,11 +161,17 @@ export class Output {
   constructor(el) {
     this.el = el;
     this.last = null;
+    /** Called after anything is added (the owner fits its scroll box). */
+    this.onGrow = null;
   }
 
   clear() {
     this.el.replaceChildren();
     this.last = null;
+  }
+
+  grew() {
+    if (this.onGrow) this.onGrow();
   }
 
   stream(name, text) {
@@ -175,21 +181,25 @@ export class Output {
       this.el.append(this.last);
     }
     this.last.append(document.createTextNode(stripAnsi(text)));
+    this.grew();
   }
 
   result(r) {
     this.last = null;
     this.el.append(h('div', { class: 'out-result' }, renderBundle(r.data || {})));
+    this.grew();
   }
 
   error(e) {
     this.last = null;
     this.el.append(renderError(e));
+    this.grew();
   }
 
   note(text, cls = 'out-note') {
     this.last = null;
     this.el.append(h('div', { class: cls }, text));
+    this.grew();
   }
 
   /** A whole Execution (from the audit log or a non-streamed reply). */

@@ -1,5 +1,5 @@
 // The web page as an analyst uses it, in headless Chromium (driven by playwright-core).
-// Run by tests/browser.rs with RUNCELL_URL, PHASE (analyst | keys), ARTIFACTS, CHROMIUM and
+// Run by tests/browser.rs with RUNCELL_URL, PHASE (analyst | keys | long), ARTIFACTS, CHROMIUM and
 // PLAYWRIGHT_DIR (where npm installed the pinned playwright-core). Exits non-zero on the first
 // failed check; screenshots go to ARTIFACTS either way.
 
@@ -149,9 +149,22 @@ async function analyst(browser) {
   await page.keyboard.press('Control+Enter');
   await cell4.locator('.out-stdout', { hasText: 'first' }).waitFor({ timeout: LONG });
   assert.equal(await cell4.locator('.cell-count').textContent(), '[*]', 'still running when the first line shows');
+  // A running cell says for how long, and cannot be started again.
+  assert.ok(await cell4.locator('button.run').isDisabled(), 'Run is disabled while the cell runs');
+  const elapsed = async () => {
+    const m = (await cell4.locator('.cell-state').textContent()).match(/running ([\d.]+) (ms|s)/);
+    assert.ok(m, 'a running cell shows its elapsed time');
+    return Number(m[1]) * (m[2] === 's' ? 1000 : 1);
+  };
+  const t1 = await elapsed();
+  await page.waitForTimeout(400);
+  const t2 = await elapsed();
+  assert.ok(t1 >= 0 && t2 > t1, `the elapsed time runs: ${t1} then ${t2} ms`);
   assert.ok(!(await cell4.locator('.cell-output').textContent()).includes('second'), 'the second line is not there yet');
   await cell4.locator('.out-stdout', { hasText: 'second' }).waitFor({ timeout: LONG });
   await cell4.locator('.cell-count', { hasText: '[4]' }).waitFor();
+  await cell4.locator('.cell-state .badge-ok').waitFor();
+  assert.ok(await cell4.locator('button.run').isEnabled(), 'Run is enabled again once the cell is done');
 
   // Interrupt a long cell; the state survives it.
   await page.getByRole('button', { name: '+ Code cell' }).click();
@@ -291,6 +304,82 @@ async function keys(browser) {
   await context.close();
 }
 
+/** Whether `locator`'s box is inside the viewport. */
+async function inView(page, locator) {
+  const box = await locator.boundingBox();
+  const vp = page.viewportSize();
+  return !!box && box.y >= 0 && box.y + box.height <= vp.height;
+}
+
+async function pageHeight(page) {
+  return page.evaluate(() => document.documentElement.scrollHeight);
+}
+
+// A cell with 300,000 lines of output (1 MiB after the server's cap): the page stays a page,
+// the output scrolls in a box with "Show all", the cell's status stays in view; on a phone,
+// the notebook opens at its top.
+async function long(browser) {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+  const page = await context.newPage();
+  watch(page);
+  await page.goto(BASE + '/');
+  await page.getByRole('button', { name: 'New session' }).click();
+  await page.waitForURL(/#\/s\/ses_/);
+  const url = page.url();
+  for (let i = 0; i < 4; i++) {
+    const cell = page.locator('.cell').nth(i);
+    await typeInto(page, cell, `print("cell ${i}")`);
+    await page.keyboard.press('Shift+Enter');
+    await cell.locator('.cell-foot .badge-ok').waitFor({ timeout: LONG });
+  }
+  const cell = page.locator('.cell').nth(4);
+  await typeInto(page, cell, 'for i in range(300_000):\n    print("line", i)');
+  await page.keyboard.press('Control+Enter');
+  await cell.locator('.cell-foot .badge-ok').waitFor({ timeout: LONG });
+  await cell.locator('.out-stdout', { hasText: 'line 299999' }).waitFor();
+  const printed = await cell.locator('.out-stdout').evaluate((el) => el.textContent.length);
+  assert.ok(printed > 1_000_000, `the page holds the whole (capped) 1 MiB output: ${printed} characters`);
+  const out = cell.locator('.cell-output');
+  const inner = await out.evaluate((el) => el.scrollHeight);
+  assert.ok(inner > 100_000, `the output is all there, in its box: ${inner} px`);
+  const height = await pageHeight(page);
+  assert.ok(height < 6000, `the page stays short with a 300,000-line output: ${height} px`);
+  // The status is in view with the cell, below the box.
+  await cell.scrollIntoViewIfNeeded();
+  await cell.locator('.cell-head').evaluate((el) => el.scrollIntoView({ block: 'start' }));
+  assert.ok(await inView(page, cell.locator('.cell-foot .badge-ok')), 'the status under the box is in view');
+  await shot(page, '12-long-output-1366');
+
+  // Show all: the whole output in the page; the head (count, Run, status) sticks in view.
+  const showAll = cell.getByRole('button', { name: 'Show all output' });
+  assert.ok(await showAll.isVisible(), 'a long output offers "Show all"');
+  await showAll.click();
+  const full = await pageHeight(page);
+  assert.ok(full > 100_000, `"Show all" shows it all: ${full} px`);
+  await page.evaluate((y) => window.scrollTo(0, y), Math.round(full / 2));
+  assert.ok(await inView(page, cell.locator('.cell-state .badge-ok')), 'the status stays in view mid-output');
+  await cell.getByRole('button', { name: 'Collapse output' }).click();
+  const again = await pageHeight(page);
+  assert.ok(again < 6000, `collapsed again: ${again} px`);
+
+  // A phone opens the notebook (history, then a new cell) at its top.
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 } });
+  const p2 = await phone.newPage();
+  watch(p2);
+  await p2.goto(url);
+  await p2.locator('.cell .out-stdout', { hasText: 'line 299999' }).waitFor({ timeout: LONG });
+  await p2.locator('.cell').nth(5).waitFor();
+  await p2.waitForTimeout(300);
+  assert.equal(await p2.evaluate(() => window.scrollY), 0, 'the notebook opens at its top');
+  assert.ok(await inView(p2, p2.locator('.cell').first().locator('.cell-head')), 'the first cell is in view');
+  const phoneHeight = await pageHeight(p2);
+  assert.ok(phoneHeight < 8000, `the page stays short on a phone: ${phoneHeight} px`);
+  await noHorizontalScroll(p2, 'long output at 390 px');
+  await shot(p2, '13-long-output-390');
+  await phone.close();
+  await context.close();
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM,
   headless: true,
@@ -301,6 +390,7 @@ let failed = null;
 try {
   if (PHASE === 'analyst') await analyst(browser);
   else if (PHASE === 'keys') await keys(browser);
+  else if (PHASE === 'long') await long(browser);
   else throw new Error(`unknown PHASE ${PHASE}`);
 } catch (e) {
   failed = e;
