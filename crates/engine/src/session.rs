@@ -327,7 +327,7 @@ impl SessionManager {
             limits.disk_mb << 20,
             lease,
         )
-        .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        .map_err(crate::core::workspace_error)?;
         Ok(Arc::new(workspace))
     }
 
@@ -398,6 +398,7 @@ impl SessionManager {
 
     /// Creates a session and starts its kernel; returns once it is ready.
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
+        crate::bounds::check_metadata(&req.metadata)?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
         let policy = self.core.tenant_policy(&req.owner)?;
@@ -979,7 +980,7 @@ struct CellStart {
     owner: String,
     limits: SessionLimits,
     language: Language,
-    before: BTreeMap<String, runcell_sandbox::FileStat>,
+    before: Option<runcell_sandbox::Snapshot>,
     started_at: DateTime<Utc>,
 }
 
@@ -1033,7 +1034,7 @@ impl Runner {
             owner,
             limits,
             language,
-            before: self.workspace.snapshot().unwrap_or_default(),
+            before: self.workspace.snapshot().ok(),
             started_at: Utc::now(),
         }
     }
@@ -1130,7 +1131,8 @@ impl Runner {
             }
         };
         let finished_at = Utc::now();
-        let after = self.workspace.snapshot().unwrap_or_default();
+        let after = self.workspace.snapshot().ok();
+        let diff = diff_files(start.before.as_ref(), after.as_ref());
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1187,6 +1189,7 @@ impl Runner {
                 stdout: outcome.stdout.truncated(),
                 stderr: outcome.stderr.truncated(),
                 results: outcome.dropped.count > 0,
+                files: diff.truncated,
             },
             results: outcome
                 .results
@@ -1197,7 +1200,7 @@ impl Runner {
                 })
                 .collect(),
             error,
-            files: diff_files(&start.before, &after),
+            files: diff.files,
             usage: UsageInfo {
                 wall_ms: outcome.wall.as_millis() as u64,
                 cpu_ms: outcome.cpu.as_millis() as u64,

@@ -22,10 +22,7 @@ impl From<JsonRejection> for ApiError {
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!(
-                "the request body is too large: files are limited to {} MiB",
-                runcell_engine::MAX_FILE_BYTES >> 20
-            ))
+            ApiError::body_too_large()
         } else {
             ApiError::invalid(r.body_text())
         }

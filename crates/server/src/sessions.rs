@@ -154,7 +154,14 @@ pub async fn create_session(
     state
         .metrics
         .observe_session_start(started.elapsed().as_secs_f64());
-    crate::persist_session(&state, &info).await?;
+    if let Err(e) = crate::persist_session(&state, &info).await {
+        // A session the store does not know would be lost at the next start, and the client,
+        // told it failed, would never delete it: end it now (a full disk, say).
+        let engine = state.engine.clone();
+        let id = info.id.clone();
+        let _ = blocking(move || engine.sessions().delete(&id)).await;
+        return Err(e);
+    }
     Ok((StatusCode::CREATED, Json(info)))
 }
 
