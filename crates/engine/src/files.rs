@@ -86,6 +86,12 @@ impl Engine {
         Ok(entry(path, st))
     }
 
+    /// Walks of the session's workspace tree so far (every cell takes two; an upload none).
+    #[cfg(feature = "test-support")]
+    pub fn workspace_scans(&self, session: &str) -> Result<u64, EngineError> {
+        Ok(self.sessions().workspace(session)?.scans())
+    }
+
     pub fn read_file(&self, session: &str, path: &str) -> Result<Vec<u8>, EngineError> {
         let ws = self.sessions().workspace(session)?;
         ws.read_file(path, MAX_FILE_BYTES).map_err(map_err)
