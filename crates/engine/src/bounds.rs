@@ -61,8 +61,12 @@ impl Bound {
     pub fn display(&self) -> String {
         let v = self.value;
         match self.unit {
-            "bytes" if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{} MiB ({v} bytes)", v >> 20),
-            "bytes" if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{} KiB ({v} bytes)", v >> 10),
+            "bytes" if v >= 1 << 20 && v.is_multiple_of(1 << 20) => {
+                format!("{} MiB ({v} bytes)", v >> 20)
+            }
+            "bytes" if v >= 1 << 10 && v.is_multiple_of(1 << 10) => {
+                format!("{} KiB ({v} bytes)", v >> 10)
+            }
             unit => format!("{v} {unit}"),
         }
     }
