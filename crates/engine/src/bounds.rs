@@ -41,6 +41,14 @@ pub const MAX_METADATA_KEY_BYTES: usize = 64;
 pub const MAX_METADATA_VALUE_BYTES: usize = 512;
 pub const MAX_METADATA_BYTES: usize = 16 << 10;
 
+/// A session's `env`: variables at most, bytes of one `NAME=value`, and of all of them. The
+/// kernel is started with them: Linux refuses (E2BIG) any single string over 128 KiB and an
+/// environment past a quarter of the stack limit, so these stay well below both, with room
+/// for runcell's own variables.
+pub const MAX_ENV_VARS: usize = 256;
+pub const MAX_ENV_VAR_BYTES: usize = 32 << 10;
+pub const MAX_ENV_BYTES: usize = 256 << 10;
+
 /// File changes one execution reports at most (`files`); past it `truncated.files` says the
 /// list is partial. A cell may touch every file of a workspace of hundreds of thousands.
 pub const MAX_FILE_CHANGES: usize = 1000;
@@ -119,6 +127,24 @@ pub const BOUNDS: &[Bound] = &[
     Bound {
         name: "metadata",
         value: MAX_METADATA_BYTES as u64,
+        unit: "bytes",
+        refusal: "400 invalid_request",
+    },
+    Bound {
+        name: "env variables",
+        value: MAX_ENV_VARS as u64,
+        unit: "variables",
+        refusal: "400 invalid_request",
+    },
+    Bound {
+        name: "env variable",
+        value: MAX_ENV_VAR_BYTES as u64,
+        unit: "bytes",
+        refusal: "400 invalid_request",
+    },
+    Bound {
+        name: "env",
+        value: MAX_ENV_BYTES as u64,
         unit: "bytes",
         refusal: "400 invalid_request",
     },
@@ -205,6 +231,35 @@ pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), EngineE
     Ok(())
 }
 
+/// `Err(InvalidRequest)` for an environment over any of the `MAX_ENV_*` bounds, naming it.
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
+    let bad = |m: String| Err(EngineError::InvalidRequest(format!("env: {m}")));
+    if env.len() > MAX_ENV_VARS {
+        return bad(format!(
+            "{} variables, over the limit of {MAX_ENV_VARS}",
+            env.len()
+        ));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        // `NAME=value` and its NUL, as the kernel counts it.
+        let len = k.len() + v.len() + 2;
+        if len > MAX_ENV_VAR_BYTES {
+            return bad(format!(
+                "{:?}… is {len} bytes as NAME=value, over the limit of {MAX_ENV_VAR_BYTES} bytes",
+                prefix(k)
+            ));
+        }
+        total += len;
+    }
+    if total > MAX_ENV_BYTES {
+        return bad(format!(
+            "{total} bytes in all, over the limit of {MAX_ENV_BYTES} bytes"
+        ));
+    }
+    Ok(())
+}
+
 /// The first few characters of `s`, for a message about a string too long to quote.
 fn prefix(s: &str) -> &str {
     let mut end = s.len().min(16);
@@ -242,6 +297,27 @@ mod tests {
             .map(|i| kv(&format!("{i:0>60}"), &"v".repeat(500)))
             .collect();
         assert!(msg(ok(&big)).contains("over the limit of 16384 bytes"));
+    }
+
+    #[test]
+    fn env_is_held_to_every_bound() {
+        let env = |pairs: Vec<(String, String)>| check_env(&pairs.into_iter().collect());
+        assert!(env(vec![("A".into(), "x".repeat(30 << 10))]).is_ok());
+        let too_long = env(vec![("A".into(), "x".repeat(200_000))]);
+        assert!(
+            matches!(&too_long, Err(EngineError::InvalidRequest(m)) if m.contains("over the limit of 32768 bytes")),
+            "{too_long:?}"
+        );
+        let many = env((0..=MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect());
+        assert!(
+            matches!(&many, Err(EngineError::InvalidRequest(m)) if m.contains("257 variables"))
+        );
+        let big = env((0..10)
+            .map(|i| (format!("V{i}"), "x".repeat(30_000)))
+            .collect());
+        assert!(matches!(&big, Err(EngineError::InvalidRequest(m)) if m.contains("in all")));
     }
 
     /// docs/api.md's Limits section lists every bound with its value.

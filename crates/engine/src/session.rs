@@ -399,6 +399,7 @@ impl SessionManager {
     /// Creates a session and starts its kernel; returns once it is ready.
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         crate::bounds::check_metadata(&req.metadata)?;
+        crate::bounds::check_env(&req.env)?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
         let policy = self.core.tenant_policy(&req.owner)?;

@@ -147,7 +147,8 @@ fn error_of(status: StatusCode, body: &Value, want: StatusCode, code: &str) -> S
         .to_owned()
 }
 
-/// Metadata is bounded (it was not: 60 MB were taken, and every listing returned them), a
+/// Metadata and env are bounded (they were not: 60 MB of metadata were taken, and every
+/// listing returned them; a 200 KB variable failed the kernel's start with a 500), a
 /// body over the limit names the body limit, and `timeout_s: 0` says what it must be.
 #[tokio::test(flavor = "multi_thread")]
 async fn every_bound_is_refused_quoting_itself() {
@@ -161,6 +162,10 @@ async fn every_bound_is_refused_quoting_itself() {
     let (s, v) = new_session(&srv, json!({ "metadata": many })).await;
     let m = error_of(s, &v, StatusCode::BAD_REQUEST, "invalid_request");
     assert!(m.contains("65 keys, over the limit of 64"), "{m}");
+    // A variable the kernel's execve would refuse (E2BIG: it was a 500).
+    let (s, v) = new_session(&srv, json!({"env": {"BIG": "x".repeat(200_000)}})).await;
+    let m = error_of(s, &v, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(m.contains("over the limit of 32768 bytes"), "{m}");
     let (s, v) = new_session(&srv, json!({"metadata": {"user": "alice"}})).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let id = v["id"].as_str().expect("id").to_owned();
