@@ -89,6 +89,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .split_for_parts();
     let mut api = api;
     document_forbidden(&mut api);
+    document_no_space(&mut api);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
@@ -134,6 +135,35 @@ pub fn metrics_app(state: &AppState, listen: SocketAddr) -> Router {
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Every operation that writes (POST, PUT, DELETE) may be refused with 507
+/// `insufficient_storage` when the server's disk is full, whatever its handler.
+fn document_no_space(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let response = ResponseBuilder::new()
+        .description(
+            "insufficient_storage: the server's disk is full; nothing was recorded, and the \
+             same request works once space is freed",
+        )
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    for item in api.paths.paths.values_mut() {
+        for op in [&mut item.put, &mut item.post, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            op.responses
+                .responses
+                .entry("507".to_owned())
+                .or_insert_with(|| response.clone().into());
+        }
+    }
 }
 
 /// Every operation may be refused with 403 `forbidden` by the `Host`/`Origin` check, which

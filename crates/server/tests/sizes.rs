@@ -196,4 +196,26 @@ async fn every_bound_is_refused_quoting_itself() {
     let (s, v) = (resp.status(), resp.json().await.expect("json"));
     let m = error_of(s, &v, StatusCode::BAD_REQUEST, "invalid_request");
     assert!(m.contains("positive") && !m.contains("between 0"), "{m}");
+
+    // Every write may be a 507 on a full disk, and the document says so.
+    let doc: Value = srv
+        .http
+        .get(format!("{}/openapi.json", srv.base))
+        .send()
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    for (path, method) in [
+        ("/v1/sessions", "post"),
+        ("/v1/sessions/{id}/execute", "post"),
+        ("/v1/sessions/{id}/files/{path}", "put"),
+        ("/v1/execute", "post"),
+    ] {
+        assert!(
+            doc["paths"][path][method]["responses"]["507"].is_object(),
+            "{method} {path} documents no 507"
+        );
+    }
 }
