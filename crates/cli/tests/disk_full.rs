@@ -197,6 +197,12 @@ fn a_full_data_dir_refuses_writes_with_507_serves_reads_and_recovers() {
     assert_eq!(ids, vec![first["id"].as_str().expect("id")], "{ex}");
     let (status, _) = send(c.get(format!("{b}/v1/sessions/{sid}/files")));
     assert_eq!(status, 200);
+    // A delete the store cannot record changes nothing: the session is still there.
+    assert_no_space("delete", send(c.delete(format!("{b}/v1/sessions/{sid}"))));
+    let (status, s) = send(c.get(format!("{b}/v1/sessions/{sid}")));
+    assert_eq!((status, &s["status"]), (200, &json!("ready")), "{s}");
+    let (status, e) = send(execute("x"));
+    assert_no_space("execute after the refused delete", (status, e));
     drop(srv);
 
     // A server starts on the full disk (filled again: stopping may have freed a little).

@@ -254,12 +254,15 @@ pub async fn delete_session(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let info = lookup(&state, &tenant, &id).await?;
+    // The record first: when the store cannot take it (a full disk: 507), nothing has
+    // changed and the client can retry; the other way round the session would be gone yet
+    // still recorded, and come back `dead` at the next start.
+    crate::forget_session(&state, &id).await?;
     if info.status != runcell_engine::SessionStatus::Dead {
         let engine = state.engine.clone();
         let id2 = id.clone();
         blocking(move || engine.sessions().delete(&id2)).await?;
     }
-    crate::forget_session(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
