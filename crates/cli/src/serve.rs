@@ -357,6 +357,15 @@ pub fn serve(
         }
     }
     let store = crate::audit::open_store(data_dir)?;
+    if store.is_exclusive() {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            "the data dir's filesystem is full: the database is open for this server alone \
+             (runcell keys and runcell audit wait until it stops); reads are served, writes get \
+             507 insufficient_storage until space is freed, then work again; restart the \
+             server afterwards to share the database again"
+        );
+    }
     let signer = std::sync::Arc::new(crate::audit::signer(data_dir)?);
     let checkpoint_interval_s = args
         .audit_checkpoint_interval_s

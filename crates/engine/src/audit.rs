@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::core::{AuditItem, AuditSink};
+use crate::core::{AuditItem, AuditSink, RecordError};
 use crate::session::Reply;
 use crate::{EngineError, Execution};
 
@@ -171,15 +171,15 @@ fn write(sink: &dyn AuditSink, queue: Receiver<Pending>, running: &AtomicUsize) 
         // A sink that panics fails its batch, not the writer (which would fail every later
         // execution).
         let results = panic::catch_unwind(AssertUnwindSafe(|| sink.record_batch(&items)))
-            .unwrap_or_else(|_| vec![Err("the audit store panicked".to_owned()); items.len()]);
+            .unwrap_or_else(|_| {
+                vec![Err(RecordError::Failed("the audit store panicked".into())); items.len()]
+            });
         drop(items);
         let mut results = results.into_iter();
         for p in batch.drain(..) {
             let result = match results.next() {
                 Some(Ok(())) => Ok(p.execution),
-                Some(Err(e)) => Err(EngineError::Internal(format!(
-                    "cannot record the execution: {e}"
-                ))),
+                Some(Err(e)) => Err(e.into_engine()),
                 None => Err(EngineError::Internal(
                     "cannot record the execution: the audit store gave no answer for it".into(),
                 )),
@@ -214,11 +214,11 @@ mod tests {
     }
 
     impl AuditSink for Sink {
-        fn record(&self, _: &str, _: &Execution, _: &str) -> Result<(), String> {
+        fn record(&self, _: &str, _: &Execution, _: &str) -> Result<(), RecordError> {
             unreachable!("the writer records in batches")
         }
 
-        fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), String>> {
+        fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), RecordError>> {
             self.entered.fetch_add(1, Ordering::SeqCst);
             let mut shut = self.shut.lock().expect("lock");
             while *shut {
@@ -232,7 +232,7 @@ mod tests {
             items
                 .iter()
                 .map(|i| match i.execution.id.starts_with("bad") {
-                    true => Err("refused".to_owned()),
+                    true => Err(RecordError::Failed("refused".into())),
                     false => {
                         self.recorded
                             .lock()

@@ -56,7 +56,7 @@ impl Engine {
             limits,
             channel: false,
         };
-        let before = workspace.snapshot().unwrap_or_default();
+        let before = workspace.snapshot().ok();
         let started_at = chrono::Utc::now();
         let out = self
             .core
@@ -78,6 +78,7 @@ impl Engine {
                 stdout: out.stdout.truncated(),
                 stderr: out.stderr.truncated(),
                 results: false,
+                files: false,
             },
             usage: UsageInfo {
                 wall_ms: out.usage.wall.as_millis() as u64,
@@ -88,8 +89,9 @@ impl Engine {
         };
         // Commands are code too: they go into the audit log like cells (language bash,
         // execution_count 0 as they are not cells of the kernel).
-        let after = workspace.snapshot().unwrap_or_default();
-        let record = command_execution(session, &output, started_at, before, after);
+        let after = workspace.snapshot().ok();
+        let diff = crate::oneshot::diff_files(before.as_ref(), after.as_ref());
+        let record = command_execution(session, &output, started_at, diff);
         self.core.audit(&info.owner, &record, command)?;
         Ok(output)
     }
@@ -99,8 +101,7 @@ fn command_execution(
     session: &str,
     out: &CommandOutput,
     started_at: chrono::DateTime<chrono::Utc>,
-    before: std::collections::BTreeMap<String, runcell_sandbox::FileStat>,
-    after: std::collections::BTreeMap<String, runcell_sandbox::FileStat>,
+    diff: crate::oneshot::FileDiff,
 ) -> Execution {
     use crate::model::{ErrorInfo, ExecutionStatus, KilledBy};
     let status = match (out.usage.killed_by, out.exit_code) {
@@ -117,14 +118,17 @@ fn command_execution(
         status,
         stdout: out.stdout.clone(),
         stderr: out.stderr.clone(),
-        truncated: out.truncated,
+        truncated: Truncated {
+            files: diff.truncated,
+            ..out.truncated
+        },
         results: Vec::new(),
         error: (status != ExecutionStatus::Ok).then(|| ErrorInfo {
             name: "ExitCode".into(),
             value: out.exit_code.to_string(),
             traceback: String::new(),
         }),
-        files: crate::oneshot::diff_files(&before, &after),
+        files: diff.files,
         usage: out.usage,
         started_at,
         finished_at: chrono::Utc::now(),
@@ -148,9 +152,7 @@ mod tests {
             },
         };
         let t = chrono::Utc::now();
-        let rec = |o: &CommandOutput| {
-            command_execution("ses_1", o, t, Default::default(), Default::default())
-        };
+        let rec = |o: &CommandOutput| command_execution("ses_1", o, t, Default::default());
         use crate::model::{ExecutionStatus, KilledBy};
         assert_eq!(rec(&out(0, None)).status, ExecutionStatus::Ok);
         let e = rec(&out(3, None));

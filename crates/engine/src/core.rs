@@ -26,15 +26,46 @@ const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// (the store implements it). An error fails the execution's reply: nothing is acknowledged
 /// that was not recorded.
 pub trait AuditSink: Send + Sync {
-    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String>;
+    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError>;
 
     /// Records several executions, in order, sharing one commit where the store can; one
     /// result per item, in order. Sessions' executions come this way, from one writer thread.
-    fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), String>> {
+    fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), RecordError>> {
         items
             .iter()
             .map(|i| self.record(i.owner, i.execution, i.code))
             .collect()
+    }
+}
+
+/// Why an [`AuditSink`] could not record an execution.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// The store has no room (its disk is full): nothing was recorded, and recording works
+    /// again once space is freed.
+    #[error("{0}")]
+    NoSpace(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for RecordError {
+    fn from(message: String) -> Self {
+        RecordError::Failed(message)
+    }
+}
+
+impl RecordError {
+    /// The engine's error for an execution this failed to record.
+    pub(crate) fn into_engine(self) -> EngineError {
+        match self {
+            RecordError::NoSpace(m) => {
+                EngineError::InsufficientStorage(format!("cannot record the execution: {m}"))
+            }
+            RecordError::Failed(m) => {
+                EngineError::Internal(format!("cannot record the execution: {m}"))
+            }
+        }
     }
 }
 
@@ -154,7 +185,7 @@ impl Core {
         match &self.audit {
             Some(a) => a
                 .record(owner, execution, code)
-                .map_err(|e| EngineError::Internal(format!("cannot record the execution: {e}"))),
+                .map_err(RecordError::into_engine),
             None => Ok(()),
         }
     }
@@ -423,10 +454,37 @@ pub(crate) fn io_error(
     path: &Path,
 ) -> impl FnOnce(std::io::Error) -> EngineError {
     let path = path.to_owned();
-    move |source| EngineError::Io {
-        action,
-        path,
-        source,
+    move |source| {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            tracing::warn!(action, path = %path.display(), "the data dir is full");
+            return no_space(action);
+        }
+        EngineError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
+/// A write to the data dir that found no room (the path stays in the server's log).
+pub(crate) fn no_space(action: &str) -> EngineError {
+    EngineError::InsufficientStorage(format!(
+        "the server's data directory is full (cannot {action} a file there); retry once space is freed"
+    ))
+}
+
+/// A workspace that could not be made: no room in the data dir for its mount point, or the
+/// host cannot give one now.
+pub(crate) fn workspace_error(e: runcell_sandbox::WorkspaceError) -> EngineError {
+    match &e {
+        runcell_sandbox::WorkspaceError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::StorageFull =>
+        {
+            tracing::warn!(error = %chain(&e), "the data dir is full");
+            no_space("create")
+        }
+        _ => EngineError::Unavailable(chain(&e)),
     }
 }
 

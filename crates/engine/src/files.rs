@@ -5,11 +5,9 @@ use chrono::{DateTime, Utc};
 use runcell_sandbox::WorkspaceError;
 use serde::Serialize;
 
+use crate::bounds::MAX_FILE_BYTES;
 use crate::core::Engine;
 use crate::EngineError;
-
-/// Largest file a single upload or download moves (DESIGN.md §7).
-pub const MAX_FILE_BYTES: u64 = 100 << 20;
 
 /// One file in a listing.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -55,9 +53,24 @@ fn map_err(e: WorkspaceError) -> EngineError {
     }
 }
 
+fn entry(path: String, st: runcell_sandbox::FileStat) -> FileEntry {
+    FileEntry {
+        mime: crate::mime_of(&path),
+        size: st.size,
+        modified_at: DateTime::<Utc>::from(st.modified),
+        path,
+    }
+}
+
 impl Engine {
-    /// Writes a file into the session's workspace (parents created), owned by the sandbox user.
-    pub fn write_file(&self, session: &str, path: &str, data: &[u8]) -> Result<(), EngineError> {
+    /// Writes a file into the session's workspace (parents created), owned by the sandbox
+    /// user, and returns its listing entry.
+    pub fn write_file(
+        &self,
+        session: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<FileEntry, EngineError> {
         if data.len() as u64 > MAX_FILE_BYTES {
             return Err(EngineError::LimitExceeded(format!(
                 "files are limited to {} MiB",
@@ -65,7 +78,18 @@ impl Engine {
             )));
         }
         let ws = self.sessions().workspace(session)?;
-        ws.write_file(path, data).map_err(map_err)
+        let st = ws.write_file(path, data).map_err(map_err)?;
+        // The name the listing would give it: the path as checked, components joined by `/`.
+        let path = runcell_sandbox::validate_relative(path)
+            .map_err(map_err)?
+            .join("/");
+        Ok(entry(path, st))
+    }
+
+    /// Walks of the session's workspace tree so far (every cell takes two; an upload none).
+    #[cfg(feature = "test-support")]
+    pub fn workspace_scans(&self, session: &str) -> Result<u64, EngineError> {
+        Ok(self.sessions().workspace(session)?.scans())
     }
 
     pub fn read_file(&self, session: &str, path: &str) -> Result<Vec<u8>, EngineError> {
@@ -84,12 +108,7 @@ impl Engine {
         let files = ws.list(dir).map_err(map_err)?;
         Ok(files
             .into_iter()
-            .map(|(path, st)| FileEntry {
-                mime: crate::mime_of(&path),
-                size: st.size,
-                modified_at: DateTime::<Utc>::from(st.modified),
-                path,
-            })
+            .map(|(path, st)| entry(path, st))
             .collect())
     }
 }

@@ -19,16 +19,19 @@ mod zygote;
 
 use std::path::PathBuf;
 
-pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, SANDBOX_PYTHON};
+pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, RecordError, SANDBOX_PYTHON};
 pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
     MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
 };
 pub use bounds::{
-    check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
+    check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
+    MAX_ENV_BYTES, MAX_ENV_VARS, MAX_ENV_VAR_BYTES, MAX_FILE_BYTES, MAX_FILE_CHANGES,
+    MAX_METADATA_BYTES, MAX_METADATA_KEYS, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES,
+    MAX_REQUEST_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 pub use commands::CommandOutput;
-pub use files::{FileEntry, MAX_FILE_BYTES};
+pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
@@ -76,6 +79,10 @@ pub enum EngineError {
     /// The caller called the request off before it ran.
     #[error("the execution was cancelled before it started")]
     Cancelled,
+    /// Where runcell keeps its data (the database, the data dir) has no room: nothing was
+    /// recorded or written, and the same request works again once space is freed.
+    #[error("insufficient storage: {0}")]
+    InsufficientStorage(String),
     /// Something runcell itself failed at (the audit log, a thread).
     #[error("internal error: {0}")]
     Internal(String),

@@ -83,6 +83,12 @@ pub struct Truncated {
     /// (Absent in records written before it existed.)
     #[serde(default)]
     pub results: bool,
+    /// `files` lists only part of what changed: more than
+    /// [`MAX_FILE_CHANGES`](crate::MAX_FILE_CHANGES) changes, or a workspace that could not
+    /// be read whole (then nothing unseen is reported deleted). (Absent in records written
+    /// before it existed.)
+    #[serde(default)]
+    pub files: bool,
 }
 
 /// A Jupyter MIME bundle.
@@ -228,7 +234,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"id":"ex_1","session_id":null,"language":"python","execution_count":1,
-              "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false,"results":false},
+              "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false,"results":false,"files":false},
               "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
               "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},

@@ -1,7 +1,6 @@
 //! One-shot executions: a fresh sandbox and workspace per run, destroyed afterwards
 //! (`runcell run`, `POST /v1/execute`).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -9,9 +8,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use runcell_sandbox::{
-    Bind, ExitStatus, FileStat, KillReason, Launch, Limits, RunOptions, Stream, UidLease, Workspace,
+    Bind, ExitStatus, KillReason, Launch, Limits, RunOptions, Snapshot, Stream, UidLease, Workspace,
 };
 
+use crate::bounds::MAX_FILE_CHANGES;
 use crate::core::{base_env, Engine};
 use crate::limits::LimitsRequest;
 use crate::model::{
@@ -86,8 +86,8 @@ impl Engine {
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let ws_path = self.core.config.data_dir.join("workspaces").join(&id);
-        let workspace = Workspace::create(&ws_path, disk_bytes, lease)
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        let workspace =
+            Workspace::create(&ws_path, disk_bytes, lease).map_err(crate::core::workspace_error)?;
         for f in &req.files {
             workspace
                 .write_file(&f.path, &f.content)
@@ -98,7 +98,7 @@ impl Engine {
                     other => EngineError::InvalidRequest(crate::chain(&other)),
                 })?;
         }
-        let before = workspace.snapshot().unwrap_or_default();
+        let before = workspace.snapshot().ok();
 
         let input = ProgramDir::create(
             &self.core.config.data_dir.join("tmp"),
@@ -139,7 +139,8 @@ impl Engine {
             )
             .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
         let finished_at = Utc::now();
-        let after = workspace.snapshot().unwrap_or_default();
+        let after = workspace.snapshot().ok();
+        let diff = diff_files(before.as_ref(), after.as_ref());
         drop(input);
         drop(workspace);
 
@@ -157,10 +158,11 @@ impl Engine {
                 stdout: outcome.stdout.truncated(),
                 stderr: outcome.stderr.truncated(),
                 results: false,
+                files: diff.truncated,
             },
             results: Vec::new(),
             error,
-            files: diff_files(&before, &after),
+            files: diff.files,
             usage: UsageInfo {
                 wall_ms: outcome.usage.wall.as_millis() as u64,
                 cpu_ms: outcome.usage.cpu.as_millis() as u64,
@@ -330,14 +332,25 @@ fn python_error(stderr: &str) -> Option<ErrorInfo> {
 }
 
 /// The files a run created, modified or deleted.
-pub(crate) fn diff_files(
-    before: &BTreeMap<String, FileStat>,
-    after: &BTreeMap<String, FileStat>,
-) -> Vec<FileChange> {
+pub(crate) fn diff_files(before: Option<&Snapshot>, after: Option<&Snapshot>) -> FileDiff {
+    let (Some(before), Some(after)) = (before, after) else {
+        // Without both pictures nothing can be said; an empty one would make every file
+        // look created or deleted.
+        return FileDiff {
+            files: Vec::new(),
+            truncated: true,
+        };
+    };
     let mut out = Vec::new();
-    for (path, stat) in after {
-        let change = match before.get(path) {
-            None => FileChangeKind::Created,
+    let mut truncated = false;
+    for (path, stat) in &after.files {
+        let change = match before.files.get(path) {
+            None if before.complete => FileChangeKind::Created,
+            // Perhaps there all along, where the first walk did not reach.
+            None => {
+                truncated = true;
+                continue;
+            }
             Some(old) if old != stat => FileChangeKind::Modified,
             Some(_) => continue,
         };
@@ -348,15 +361,40 @@ pub(crate) fn diff_files(
             change,
         });
     }
-    for path in before.keys().filter(|p| !after.contains_key(*p)) {
-        out.push(FileChange {
-            path: path.clone(),
-            size: 0,
-            mime: crate::mime_of(path),
-            change: FileChangeKind::Deleted,
-        });
+    if after.complete {
+        for path in before
+            .files
+            .keys()
+            .filter(|p| !after.files.contains_key(*p))
+        {
+            out.push(FileChange {
+                path: path.clone(),
+                size: 0,
+                mime: crate::mime_of(path),
+                change: FileChangeKind::Deleted,
+            });
+        }
+    } else if before.files.keys().any(|p| !after.files.contains_key(p)) {
+        // Never a false deletion: a file the second walk did not reach may well exist.
+        truncated = true;
     }
-    out
+    if out.len() > MAX_FILE_CHANGES {
+        out.truncate(MAX_FILE_CHANGES);
+        truncated = true;
+    }
+    FileDiff {
+        files: out,
+        truncated,
+    }
+}
+
+/// What changed in a workspace between two snapshots.
+#[derive(Debug, Default)]
+pub(crate) struct FileDiff {
+    /// Created and modified files by path, then deleted ones, at most [`MAX_FILE_CHANGES`].
+    pub(crate) files: Vec<FileChange>,
+    /// More changed than `files` says (see [`Truncated::files`]).
+    pub(crate) truncated: bool,
 }
 
 #[cfg(test)]
@@ -378,15 +416,28 @@ mod tests {
         assert!(python_error("plain failure").is_none());
     }
 
+    use runcell_sandbox::FileStat;
+    use std::collections::BTreeMap;
+
+    fn snapshot(files: &[(&str, u64, std::time::SystemTime)], complete: bool) -> Snapshot {
+        Snapshot {
+            files: files
+                .iter()
+                .map(|&(p, size, modified)| (p.to_owned(), FileStat { size, modified }))
+                .collect::<BTreeMap<_, _>>(),
+            complete,
+        }
+    }
+
     #[test]
     fn file_diff_reports_created_modified_deleted() {
         let t0 = std::time::SystemTime::UNIX_EPOCH;
         let t1 = t0 + Duration::from_secs(1);
-        let st = |size, modified| FileStat { size, modified };
-        let before = BTreeMap::from([("a.txt".into(), st(1, t0)), ("b.csv".into(), st(2, t0))]);
-        let after = BTreeMap::from([("a.txt".into(), st(1, t1)), ("c.png".into(), st(3, t1))]);
-        let d = diff_files(&before, &after);
+        let before = snapshot(&[("a.txt", 1, t0), ("b.csv", 2, t0)], true);
+        let after = snapshot(&[("a.txt", 1, t1), ("c.png", 3, t1)], true);
+        let d = diff_files(Some(&before), Some(&after));
         let got: Vec<_> = d
+            .files
             .iter()
             .map(|f| (f.path.as_str(), f.change, f.mime.as_str()))
             .collect();
@@ -398,5 +449,46 @@ mod tests {
                 ("b.csv", FileChangeKind::Deleted, "text/csv"),
             ]
         );
+        assert!(!d.truncated);
+    }
+
+    /// A walk that did not see everything never turns an unseen file into a deletion (or an
+    /// old file into a new one); the diff says it is partial instead.
+    #[test]
+    fn an_incomplete_snapshot_reports_no_false_change() {
+        let t0 = std::time::SystemTime::UNIX_EPOCH;
+        let t1 = t0 + Duration::from_secs(1);
+        let full = snapshot(&[("a", 1, t0), ("b", 1, t0), ("c", 1, t0)], true);
+        let part = snapshot(&[("a", 2, t1)], false);
+        let d = diff_files(Some(&full), Some(&part));
+        let got: Vec<_> = d
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.change))
+            .collect();
+        assert_eq!(got, vec![("a", FileChangeKind::Modified)]);
+        assert!(d.truncated);
+        let d = diff_files(Some(&part), Some(&full));
+        assert!(
+            d.files.iter().all(|f| f.change != FileChangeKind::Created),
+            "{:?}",
+            d.files
+        );
+        assert!(d.truncated);
+        let d = diff_files(Some(&full), None);
+        assert!(d.files.is_empty() && d.truncated);
+    }
+
+    #[test]
+    fn file_changes_past_the_bound_are_summarised() {
+        let t0 = std::time::SystemTime::UNIX_EPOCH;
+        let names: Vec<String> = (0..MAX_FILE_CHANGES + 5)
+            .map(|i| format!("f{i:05}"))
+            .collect();
+        let files: Vec<_> = names.iter().map(|n| (n.as_str(), 1, t0)).collect();
+        let d = diff_files(Some(&snapshot(&[], true)), Some(&snapshot(&files, true)));
+        assert_eq!(d.files.len(), MAX_FILE_CHANGES);
+        assert!(d.truncated);
+        assert_eq!(d.files[0].path, "f00000");
     }
 }

@@ -341,7 +341,7 @@ impl SessionManager {
             limits.disk_mb << 20,
             lease,
         )
-        .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+        .map_err(crate::core::workspace_error)?;
         Ok(Arc::new(workspace))
     }
 
@@ -412,6 +412,8 @@ impl SessionManager {
 
     /// Creates a session and starts its kernel; returns once it is ready.
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
+        crate::bounds::check_metadata(&req.metadata)?;
+        crate::bounds::check_env(&req.env)?;
         let _slot = self.creation_slot()?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
@@ -1024,7 +1026,7 @@ struct CellStart {
     owner: String,
     limits: SessionLimits,
     language: Language,
-    before: BTreeMap<String, runcell_sandbox::FileStat>,
+    before: Option<runcell_sandbox::Snapshot>,
     started_at: DateTime<Utc>,
 }
 
@@ -1078,7 +1080,7 @@ impl Runner {
             owner,
             limits,
             language,
-            before: self.workspace.snapshot().unwrap_or_default(),
+            before: self.workspace.snapshot().ok(),
             started_at: Utc::now(),
         }
     }
@@ -1175,7 +1177,8 @@ impl Runner {
             }
         };
         let finished_at = Utc::now();
-        let after = self.workspace.snapshot().unwrap_or_default();
+        let after = self.workspace.snapshot().ok();
+        let diff = diff_files(start.before.as_ref(), after.as_ref());
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1232,6 +1235,7 @@ impl Runner {
                 stdout: outcome.stdout.truncated(),
                 stderr: outcome.stderr.truncated(),
                 results: outcome.dropped.count > 0,
+                files: diff.truncated,
             },
             results: outcome
                 .results
@@ -1242,7 +1246,7 @@ impl Runner {
                 })
                 .collect(),
             error,
-            files: diff_files(&start.before, &after),
+            files: diff.files,
             usage: UsageInfo {
                 wall_ms: outcome.wall.as_millis() as u64,
                 cpu_ms: outcome.cpu.as_millis() as u64,

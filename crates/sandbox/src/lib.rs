@@ -36,5 +36,7 @@ pub use supervisor::{
     Running, RunningHandle, Sandbox, SandboxError, Stream, Usage,
 };
 pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
-pub use workspace::{validate_relative, FileStat, Workspace, WorkspaceError, MAX_PATH_BYTES};
+pub use workspace::{
+    validate_relative, FileStat, Snapshot, Workspace, WorkspaceError, MAX_PATH_BYTES,
+};
 pub use zygote::{Zygote, ZygoteConfig, ZygoteError, ZYGOTE_ARG};

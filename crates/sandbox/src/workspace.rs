@@ -41,6 +41,21 @@ pub struct Workspace {
     /// The root directory, opened by the first snapshot and rewound by the next ones (two
     /// snapshots a cell: reopening it each time was two path walks and two closes).
     root: std::sync::Mutex<Option<rustix::fs::Dir>>,
+    /// Entries a walk takes at most: the tmpfs's inode quota, so a walk of a workspace the
+    /// sandbox filled to its quota is still complete (a walk that stopped short would make
+    /// every file it did not reach look deleted).
+    max_entries: usize,
+    /// Walks of the tree so far (snapshots and listings): an upload must not cost one.
+    scans: std::sync::atomic::AtomicU64,
+}
+
+/// The regular files of a workspace at one moment, and whether the walk saw all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub files: BTreeMap<String, FileStat>,
+    /// `false` when a directory could not be read (descriptors exhausted, say) or the walk
+    /// reached its bound: a file missing from `files` may still exist.
+    pub complete: bool,
 }
 
 impl Workspace {
@@ -86,6 +101,8 @@ impl Workspace {
             lease,
             size_bytes,
             root: std::sync::Mutex::new(None),
+            max_entries: inodes as usize,
+            scans: Default::default(),
         })
     }
 
@@ -126,6 +143,8 @@ impl Workspace {
             lease,
             size_bytes: st.f_blocks * st.f_bsize as u64,
             root: std::sync::Mutex::new(None),
+            max_entries: (st.f_files as usize).max(MIN_WALK_ENTRIES),
+            scans: Default::default(),
         })
     }
 
@@ -148,9 +167,16 @@ impl Workspace {
         self.size_bytes
     }
 
-    /// Writes `data` to `rel` (creating parent directories), owned by the sandbox user. Never
-    /// follows a symlink: an existing symlink anywhere on the way is an error.
-    pub fn write_file(&self, rel: &str, data: &[u8]) -> Result<(), WorkspaceError> {
+    /// Walks of the tree done so far ([`Workspace::snapshot`], [`Workspace::list`]).
+    pub fn scans(&self) -> u64 {
+        self.scans.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes `data` to `rel` (creating parent directories), owned by the sandbox user, and
+    /// returns what it wrote as a listing would show it, from the descriptor written (no walk
+    /// of the directory: an upload of N files would otherwise cost N walks). Never follows a
+    /// symlink: an existing symlink anywhere on the way is an error.
+    pub fn write_file(&self, rel: &str, data: &[u8]) -> Result<FileStat, WorkspaceError> {
         let parts = validate_relative(rel)?;
         let (file_name, dirs) = parts.split_last().ok_or(WorkspaceError::InvalidPath {
             path: rel.to_owned(),
@@ -190,7 +216,11 @@ impl Workspace {
         // SAFETY: fchown on our own descriptor.
         cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
         file.write_all(data).map_err(|e| io_err("write", e))?;
-        Ok(())
+        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
+        Ok(FileStat {
+            size: meta.len(),
+            modified: meta.modified().map_err(|e| io_err("stat", e))?,
+        })
     }
 
     /// Reads `rel`; never through a symlink.
@@ -252,8 +282,10 @@ impl Workspace {
     /// The files under directory `rel` ("" for the whole workspace), relative to the workspace.
     pub fn list(&self, rel: &str) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
         if rel.is_empty() || rel == "." {
-            return self.snapshot();
+            return self.snapshot().map(|s| s.files);
         }
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let parts = validate_relative(rel)?;
         let mut dir = open_dir_nofollow(None, &self.path).map_err(|source| WorkspaceError::Io {
             action: "open",
@@ -274,9 +306,9 @@ impl Workspace {
             path: PathBuf::from(rel),
             source: e.into(),
         })?;
-        let mut out = BTreeMap::new();
-        walk(&mut dir, &parts.join("/"), 0, &mut out);
-        Ok(out)
+        let mut walk = Walk::new(self.max_entries);
+        walk.dir(&mut dir, &parts.join("/"), 0);
+        Ok(walk.out.files)
     }
 
     /// Opens the directory holding `rel` (no symlink on the way) and returns it with the name.
@@ -315,8 +347,10 @@ impl Workspace {
 
     /// Every regular file under the workspace with its size and modification time, keyed by
     /// relative path. Symlinks and special files are skipped, never followed.
-    pub fn snapshot(&self) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
-        let mut out = BTreeMap::new();
+    pub fn snapshot(&self) -> Result<Snapshot, WorkspaceError> {
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut walk = Walk::new(self.max_entries);
         let mut root = self.root.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *root {
             Some(dir) => dir.rewind(),
@@ -331,9 +365,9 @@ impl Workspace {
             }
         }
         if let Some(dir) = &mut *root {
-            walk(dir, "", 0, &mut out);
+            walk.dir(dir, "", 0);
         }
-        Ok(out)
+        Ok(walk.out)
     }
 }
 
@@ -354,77 +388,121 @@ pub struct FileStat {
     pub modified: SystemTime,
 }
 
+/// Directories deeper than this are not entered (in any walk, so what lies below is
+/// consistently unseen, never reported deleted).
 const MAX_DEPTH: usize = 64;
-const MAX_ENTRIES: usize = 100_000;
+/// The bound of a walk of a workspace whose inode quota is unknown or smaller.
+const MIN_WALK_ENTRIES: usize = 1024;
 
-/// Reads `dir` from where it stands (a fresh or rewound stream) and everything below it.
-fn walk(
-    dir: &mut rustix::fs::Dir,
-    prefix: &str,
-    depth: usize,
-    out: &mut BTreeMap<String, FileStat>,
-) {
-    use rustix::fs::FileType;
-    if depth > MAX_DEPTH {
-        return;
+/// One walk of a tree: what it found, and whether it saw everything.
+struct Walk {
+    out: Snapshot,
+    max_entries: usize,
+}
+
+impl Walk {
+    fn new(max_entries: usize) -> Walk {
+        Walk {
+            out: Snapshot {
+                files: BTreeMap::new(),
+                complete: true,
+            },
+            max_entries,
+        }
     }
-    // Entries come from the descriptor itself (getdents): exactly the directory we opened,
-    // whatever happened to its path since.
-    let Ok(fd) = dir.fd().map(|fd| fd.as_raw_fd()) else {
-        return;
-    };
-    while let Some(Ok(entry)) = dir.read() {
-        if out.len() >= MAX_ENTRIES {
+
+    /// Reads `dir` from where it stands (a fresh or rewound stream) and everything below it.
+    fn dir(&mut self, dir: &mut rustix::fs::Dir, prefix: &str, depth: usize) {
+        use rustix::fs::FileType;
+        if depth > MAX_DEPTH {
             return;
         }
-        let Ok(name) = entry.file_name().to_str() else {
-            continue;
+        // Entries come from the descriptor itself (getdents): exactly the directory we opened,
+        // whatever happened to its path since.
+        let Ok(fd) = dir.fd().map(|fd| fd.as_raw_fd()) else {
+            self.out.complete = false;
+            return;
         };
-        if name == "." || name == ".." {
-            continue;
-        }
-        let rel = if prefix.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{prefix}/{name}")
-        };
-        // The entry's type saves a stat for directories and whatever is neither (tmpfs
-        // reports it; other file systems may say "unknown", and then the stat decides).
-        let kind = match entry.file_type() {
-            FileType::Unknown => match fstatat_nofollow(fd, name) {
-                Ok(st) => FileType::from_raw_mode(st.st_mode),
-                Err(_) => continue,
-            },
-            k => k,
-        };
-        match kind {
-            FileType::RegularFile => {
-                let Ok(stat) = fstatat_nofollow(fd, name) else {
-                    continue;
-                };
-                // A file replaced by something else since getdents is not a file.
-                if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
-                    continue;
+        loop {
+            let entry = match dir.read() {
+                None => break,
+                Some(Ok(e)) => e,
+                Some(Err(_)) => {
+                    self.out.complete = false;
+                    break;
                 }
-                let modified = SystemTime::UNIX_EPOCH
-                    + std::time::Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32);
-                out.insert(
-                    rel,
-                    FileStat {
-                        size: stat.st_size as u64,
-                        modified,
-                    },
-                );
+            };
+            if self.out.files.len() >= self.max_entries {
+                self.out.complete = false;
+                return;
             }
-            FileType::Directory => {
-                // O_NOFOLLOW: a directory swapped for a symlink since getdents is not entered.
-                let sub = open_dir_at_nofollow(fd, name)
-                    .and_then(|fd| rustix::fs::Dir::new(fd).map_err(io::Error::from));
-                if let Ok(mut sub) = sub {
-                    walk(&mut sub, &rel, depth + 1, out);
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let rel = if prefix.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{prefix}/{name}")
+            };
+            // The entry's type saves a stat for directories and whatever is neither (tmpfs
+            // reports it; other file systems may say "unknown", and then the stat decides).
+            let kind = match entry.file_type() {
+                FileType::Unknown => match fstatat_nofollow(fd, name) {
+                    Ok(st) => FileType::from_raw_mode(st.st_mode),
+                    // Removed since getdents: gone, not unseen.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(_) => {
+                        self.out.complete = false;
+                        continue;
+                    }
+                },
+                k => k,
+            };
+            match kind {
+                FileType::RegularFile => {
+                    let stat = match fstatat_nofollow(fd, name) {
+                        Ok(st) => st,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(_) => {
+                            self.out.complete = false;
+                            continue;
+                        }
+                    };
+                    // A file replaced by something else since getdents is not a file.
+                    if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+                        continue;
+                    }
+                    let modified = SystemTime::UNIX_EPOCH
+                        + std::time::Duration::new(stat.st_mtime as u64, stat.st_mtime_nsec as u32);
+                    self.out.files.insert(
+                        rel,
+                        FileStat {
+                            size: stat.st_size as u64,
+                            modified,
+                        },
+                    );
                 }
+                FileType::Directory => {
+                    // O_NOFOLLOW: a directory swapped for a symlink since getdents is not
+                    // entered.
+                    let sub = open_dir_at_nofollow(fd, name)
+                        .and_then(|fd| rustix::fs::Dir::new(fd).map_err(io::Error::from));
+                    match sub {
+                        Ok(mut sub) => self.dir(&mut sub, &rel, depth + 1),
+                        // Removed, or now a symlink (ELOOP, ENOTDIR): nothing of ours below it.
+                        Err(e)
+                            if matches!(
+                                e.raw_os_error(),
+                                Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+                            ) => {}
+                        Err(_) => self.out.complete = false,
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
 }

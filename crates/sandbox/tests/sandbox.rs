@@ -118,7 +118,7 @@ fn workspace_is_size_capped_by_the_kernel() {
         "both writes hit the 4 MiB cap: {out:?}"
     );
     assert!(out.stderr.render().contains("No space left on device"));
-    let files = ws.snapshot().expect("snapshot");
+    let files = ws.snapshot().expect("snapshot").files;
     assert!(files["big"].size <= 4 << 20);
 }
 
@@ -147,7 +147,7 @@ fn planted_symlinks_are_never_followed_by_the_host() {
         "host secret"
     );
     // Listing skips them.
-    let files = ws.snapshot().expect("snapshot");
+    let files = ws.snapshot().expect("snapshot").files;
     assert!(files.is_empty(), "{files:?}");
 }
 
@@ -167,7 +167,8 @@ fn repeated_snapshots_see_every_change_at_every_depth() {
     };
     let names = |ws: &runcell_sandbox::Workspace| -> Vec<(String, u64)> {
         let files = ws.snapshot().expect("snapshot");
-        files.into_iter().map(|(k, v)| (k, v.size)).collect()
+        assert!(files.complete);
+        files.files.into_iter().map(|(k, v)| (k, v.size)).collect()
     };
     assert_eq!(names(&ws), Vec::<(String, u64)>::new());
     run("echo hi > a.txt; mkdir -p d/e; printf 12345 > d/e/deep.txt");

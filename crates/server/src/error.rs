@@ -23,6 +23,9 @@ pub enum ErrorCode {
     /// The server has no room now (admission control, connections, sessions); comes with
     /// `Retry-After`.
     Unavailable,
+    /// The disk where the server keeps its data is full: nothing was recorded or written,
+    /// and the same request works once space is freed (reads keep working meanwhile).
+    InsufficientStorage,
     Internal,
 }
 
@@ -38,6 +41,7 @@ impl ErrorCode {
             ErrorCode::LimitExceeded => StatusCode::BAD_REQUEST,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -116,13 +120,22 @@ impl ApiError {
         }
     }
 
+    /// A request body over [`runcell_engine::MAX_REQUEST_BYTES`], quoting it.
+    pub fn body_too_large() -> Self {
+        Self::too_large(format!(
+            "the request body is over the limit of {} bytes ({} MiB)",
+            runcell_engine::MAX_REQUEST_BYTES,
+            runcell_engine::MAX_REQUEST_BYTES >> 20
+        ))
+    }
+
     /// A multipart body that could not be read: too large (413) or malformed (400).
     pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
         if let Some(slow) = crate::connections::body_too_slow(&e) {
             return Self::too_slow(slow.to_string());
         }
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Self::too_large(e.body_text())
+            Self::body_too_large()
         } else {
             Self::invalid(e.body_text())
         }
@@ -147,6 +160,13 @@ impl ApiError {
         }
     }
 
+    /// 507: the data dir or the database has no room; `message` holds no host path.
+    pub fn no_space(message: impl Into<String>) -> Self {
+        let message = message.into();
+        tracing::warn!(%message, "refused a write: no space left");
+        Self::new(ErrorCode::InsufficientStorage, message)
+    }
+
     /// Logs the real cause; the client gets a generic message.
     pub fn internal(cause: impl std::fmt::Display) -> Self {
         tracing::error!(error = %cause, "internal error");
@@ -168,6 +188,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::PayloadTooLarge(m) => ApiError::too_large(m),
             EngineError::AtCapacity(m) => ApiError::new(ErrorCode::Unavailable, m),
+            EngineError::InsufficientStorage(m) => ApiError::no_space(m),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
         }

@@ -25,10 +25,7 @@ impl From<BytesRejection> for ApiError {
             return ApiError::too_slow(slow.to_string());
         }
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!(
-                "the request body is too large: files are limited to {} MiB",
-                runcell_engine::MAX_FILE_BYTES >> 20
-            ))
+            ApiError::body_too_large()
         } else {
             ApiError::invalid(r.body_text())
         }

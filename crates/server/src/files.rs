@@ -69,23 +69,9 @@ async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> Ap
         let d = sha2::Sha256::digest(&data);
         d.iter().map(|b| format!("{b:02x}")).collect::<String>()
     };
-    let entry = blocking(move || {
-        engine.write_file(&id2, &path2, &data)?;
-        let parts: Vec<&str> = path2.rsplitn(2, '/').collect();
-        let name = parts[0];
-        let dir = parts.get(1).copied().unwrap_or("");
-        let listing = engine.list_files(&id2, dir)?;
-        let full = if dir.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{dir}/{name}")
-        };
-        listing
-            .into_iter()
-            .find(|f| f.path == full)
-            .ok_or_else(|| runcell_engine::EngineError::Internal("the upload vanished".into()))
-    })
-    .await?;
+    // The entry comes from the file written, never from a listing: a listing of the
+    // directory per part made an upload of N parts O(N²), and wrong past the listing's bound.
+    let entry = blocking(move || engine.write_file(&id2, &path2, &data)).await?;
     crate::record_upload(state, id, &entry, sha256).await?;
     Ok(entry)
 }

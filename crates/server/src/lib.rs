@@ -39,8 +39,8 @@ pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use state::{AppState, OPEN_TENANT};
 
-/// Largest request body: an upload of the 100 MiB file limit, plus multipart framing.
-pub const MAX_BODY_BYTES: usize = (100 << 20) + (1 << 20);
+/// Largest request body ([`runcell_engine::MAX_REQUEST_BYTES`]).
+pub const MAX_BODY_BYTES: usize = runcell_engine::MAX_REQUEST_BYTES;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -91,6 +91,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .split_for_parts();
     let mut api = api;
     document_forbidden(&mut api);
+    document_no_space(&mut api);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
@@ -139,6 +140,35 @@ pub fn metrics_app(state: &AppState, listen: SocketAddr) -> Router {
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Every operation that writes (POST, PUT, DELETE) may be refused with 507
+/// `insufficient_storage` when the server's disk is full, whatever its handler.
+fn document_no_space(api: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let response = ResponseBuilder::new()
+        .description(
+            "insufficient_storage: the server's disk is full; nothing was recorded, and the \
+             same request works once space is freed",
+        )
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
+    for item in api.paths.paths.values_mut() {
+        for op in [&mut item.put, &mut item.post, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            op.responses
+                .responses
+                .entry("507".to_owned())
+                .or_insert_with(|| response.clone().into());
+        }
+    }
 }
 
 /// Every operation may be refused with 403 `forbidden` by the `Host`/`Origin` check, which
@@ -209,16 +239,25 @@ pub async fn serve_with(
 pub struct StoreAudit(pub Store);
 
 impl AuditSink for StoreAudit {
-    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), String> {
+    fn record(
+        &self,
+        owner: &str,
+        execution: &Execution,
+        code: &str,
+    ) -> Result<(), runcell_engine::RecordError> {
         let rec = new_execution(owner, execution, code)?;
         self.0
             .append_execution(&rec)
-            .map_err(|e| runcell_engine::error_chain(&e))?;
+            .map_err(|e| record_error(&e))?;
         Ok(())
     }
 
-    fn record_batch(&self, items: &[runcell_engine::AuditItem<'_>]) -> Vec<Result<(), String>> {
-        let mut results: Vec<Option<Result<(), String>>> = Vec::with_capacity(items.len());
+    fn record_batch(
+        &self,
+        items: &[runcell_engine::AuditItem<'_>],
+    ) -> Vec<Result<(), runcell_engine::RecordError>> {
+        let mut results: Vec<Option<Result<(), runcell_engine::RecordError>>> =
+            Vec::with_capacity(items.len());
         let mut recs = Vec::with_capacity(items.len());
         for i in items {
             match new_execution(i.owner, i.execution, i.code) {
@@ -226,7 +265,7 @@ impl AuditSink for StoreAudit {
                     recs.push(r);
                     results.push(None);
                 }
-                Err(e) => results.push(Some(Err(e))),
+                Err(e) => results.push(Some(Err(e.into()))),
             }
         }
         let mut appended = self.0.append_executions(&recs).into_iter();
@@ -235,8 +274,10 @@ impl AuditSink for StoreAudit {
             .map(|r| {
                 r.unwrap_or_else(|| match appended.next() {
                     Some(Ok(_)) => Ok(()),
-                    Some(Err(e)) => Err(runcell_engine::error_chain(&e)),
-                    None => Err("the store gave no answer for this execution".into()),
+                    Some(Err(e)) => Err(record_error(&e)),
+                    None => Err(runcell_engine::RecordError::Failed(
+                        "the store gave no answer for this execution".into(),
+                    )),
                 })
             })
             .collect()
@@ -312,20 +353,26 @@ pub fn recover_sessions(
             (Err(e), _) => Err(e.to_string()),
             (_, Err(e)) => Err(e),
         };
-        match result {
+        let updated = match result {
             Ok(info) => {
                 recovered += 1;
-                store.update_session_status(
-                    &s.id,
-                    "ready",
-                    info.last_active_at,
-                    info.expires_at,
-                )?;
+                store.update_session_status(&s.id, "ready", info.last_active_at, info.expires_at)
             }
             Err(why) => {
                 dead += 1;
                 tracing::warn!(session = %s.id, reason = %why, "session could not be recovered; marked dead");
-                store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)?;
+                store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)
+            }
+        };
+        match updated {
+            // A full disk must not keep the server from starting (the operator frees space
+            // through it). The row keeps its old status, which the next start settles again.
+            Err(e) if e.is_storage_full() => tracing::warn!(
+                session = %s.id,
+                "the disk is full: the session's status is not updated in the store"
+            ),
+            other => {
+                other?;
             }
         }
     }
@@ -362,7 +409,21 @@ pub(crate) fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Invalid(m) => ApiError::invalid(m),
         StoreError::NotFound(m) => ApiError::not_found(m),
+        e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
         other => ApiError::internal(runcell_engine::error_chain(&other)),
+    }
+}
+
+/// What a client is told when the database cannot take a write.
+const NO_SPACE: &str =
+    "the server's disk is full: nothing was recorded; retry once the operator frees space";
+
+/// The audit sink's word for a store error.
+fn record_error(e: &StoreError) -> runcell_engine::RecordError {
+    if e.is_storage_full() {
+        runcell_engine::RecordError::NoSpace(NO_SPACE.into())
+    } else {
+        runcell_engine::RecordError::Failed(runcell_engine::error_chain(e))
     }
 }
 

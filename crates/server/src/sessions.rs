@@ -154,7 +154,14 @@ pub async fn create_session(
     state
         .metrics
         .observe_session_start(started.elapsed().as_secs_f64());
-    crate::persist_session(&state, &info).await?;
+    if let Err(e) = crate::persist_session(&state, &info).await {
+        // A session the store does not know would be lost at the next start, and the client,
+        // told it failed, would never delete it: end it now (a full disk, say).
+        let engine = state.engine.clone();
+        let id = info.id.clone();
+        let _ = blocking(move || engine.sessions().delete(&id)).await;
+        return Err(e);
+    }
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -247,6 +254,10 @@ pub async fn delete_session(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     lookup(&state, &tenant, &id).await?;
+    // The record first: when the store cannot take it (a full disk: 507), nothing has
+    // changed and the client can retry; the other way round the session would be gone yet
+    // still recorded, and come back `dead` at the next start.
+    crate::forget_session(&state, &id).await?;
     // Dead or not, a session the engine holds is ended there: one whose kernel could not be
     // restarted (out of descriptors, say) is dead yet still listed and mounted. Only the
     // dead sessions of an earlier server are the store's alone.
@@ -257,7 +268,6 @@ pub async fn delete_session(
         other => other,
     })
     .await?;
-    crate::forget_session(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -72,9 +72,54 @@ pub enum StoreError {
     /// The operating system's random number generator failed.
     #[error("random number generator failed")]
     Random(#[source] getrandom::Error),
+    /// The filesystem holding the database is full (SQLITE_FULL): nothing was written, and
+    /// writes work again once space is freed. Reads are unaffected.
+    #[error("the database's filesystem is full")]
+    Full(#[source] rusqlite::Error),
     /// Any other SQLite error.
     #[error("sqlite error")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[source] rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        if is_full(&e) {
+            StoreError::Full(e)
+        } else {
+            StoreError::Sqlite(e)
+        }
+    }
+}
+
+/// SQLite's own word for a full disk (it reports ENOSPC on a write as SQLITE_FULL), or a
+/// shared-memory index it could not grow for want of space (SQLITE_IOERR_SHMSIZE).
+fn is_full(e: &rusqlite::Error) -> bool {
+    use rusqlite::ffi;
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            f.code == rusqlite::ErrorCode::DiskFull || f.extended_code == ffi::SQLITE_IOERR_SHMSIZE
+        }
+        _ => false,
+    }
+}
+
+impl StoreError {
+    /// Whether the operation failed for want of space where the store writes (the database,
+    /// its journal, a key file): the caller can say so (HTTP 507) rather than fail blindly,
+    /// and retry once space is freed.
+    pub fn is_storage_full(&self) -> bool {
+        let enospc = |e: &std::io::Error| e.kind() == std::io::ErrorKind::StorageFull;
+        match self {
+            StoreError::Full(_) => true,
+            StoreError::Migration { source, .. } => is_full(source),
+            StoreError::Io { source, .. } => enospc(source),
+            StoreError::AuditKey {
+                source: Some(source),
+                ..
+            } => enospc(source),
+            _ => false,
+        }
+    }
 }
 
 /// Shorthand used throughout the crate.

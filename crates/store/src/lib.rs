@@ -230,6 +230,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn keys_generation(&self) -> u64 {
         0
     }
+    /// Whether the database is open for this process alone: SQLite opened on a disk too full
+    /// for its shared WAL index ([`SqliteStore::open_keyed`]).
+    fn is_exclusive(&self) -> bool {
+        false
+    }
     /// All keys, revoked ones included, oldest first.
     fn list_keys(&self) -> Result<Vec<KeyInfo>>;
     /// Revokes the key with this id, or else the only active key with this name. Returns

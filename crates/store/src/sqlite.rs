@@ -65,6 +65,8 @@ pub struct SqliteStore {
     key: ChainKey,
     /// Executions appended through this store (see `Backend::appended_count`).
     appended: std::sync::atomic::AtomicU64,
+    /// Opened on a full disk, in exclusive locking mode (see `open_exclusive`).
+    exclusive: bool,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -685,7 +687,9 @@ impl SqliteStore {
 
     /// Like [`SqliteStore::open_with`] with the chain key in `chain_key_file`, created if
     /// missing. Refuses ([`StoreError::WrongChainKey`]) a key other than the one the
-    /// database's chains are keyed with.
+    /// database's chains are keyed with. On a filesystem too full to open it as usual, opens
+    /// it for this process alone ([`Backend::is_exclusive`]), so a full disk never keeps a
+    /// server from starting and serving reads.
     pub fn open_keyed(
         path: &Path,
         durability: Durability,
@@ -711,6 +715,21 @@ impl SqliteStore {
         chain_key_file: &Path,
     ) -> Result<SqliteStore> {
         prepare_path(path)?;
+        match Self::open_shared(path, durability, limits, chain_key_file) {
+            Err(e) if e.is_storage_full() => Self::open_exclusive(path, durability, chain_key_file),
+            r => r,
+        }
+    }
+
+    /// The usual open: a writer, a reader and a checkpointer, each its own connection, which
+    /// share the WAL index through the `-shm` file (so other processes, `runcell keys` say,
+    /// can use the database meanwhile).
+    fn open_shared(
+        path: &Path,
+        durability: Durability,
+        limits: WalLimits,
+        chain_key_file: &Path,
+    ) -> Result<SqliteStore> {
         let mut writer = Connection::open_with_flags(path, open_flags())?;
         configure(&writer, durability, true)?;
         migrate(&mut writer)?;
@@ -731,6 +750,40 @@ impl SqliteStore {
             appends: GroupCommit::new(),
             key,
             appended: Default::default(),
+            exclusive: false,
+        })
+    }
+
+    /// The open of last resort, on a filesystem too full for the `-shm` file the WAL index
+    /// lives in (it is created, and grown to 32 KiB, by the first connection of a database
+    /// closed cleanly): one connection in exclusive locking mode keeps the index in its own
+    /// memory and needs no `-shm` at all. Reads work at once and writes as soon as there is
+    /// room again, so a server started on a full disk can serve, and recover by itself; but
+    /// no other process can open the database until this one closes it (`runcell keys` and
+    /// `runcell audit` wait for the server to stop). Migrations that are already applied and
+    /// an existing chain key write nothing; anything else that must write fails as `Full`.
+    fn open_exclusive(
+        path: &Path,
+        durability: Durability,
+        chain_key_file: &Path,
+    ) -> Result<SqliteStore> {
+        let mut conn = Connection::open_with_flags(path, open_flags())?;
+        // Before the first access: only then does SQLite never touch the shared memory.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        configure(&conn, durability, true)?;
+        migrate(&mut conn)?;
+        let key = settle_chain_key(&mut conn, chain_key_file)?;
+        Ok(SqliteStore {
+            // SQLite's own checkpoints, in the commits: there is no second connection.
+            _checkpointer: None,
+            path: Some(path.to_owned()),
+            writer: Mutex::new(conn),
+            reader: None,
+            keys_generation: Default::default(),
+            appends: GroupCommit::new(),
+            key,
+            appended: Default::default(),
+            exclusive: true,
         })
     }
 
@@ -751,6 +804,7 @@ impl SqliteStore {
             appends: GroupCommit::new(),
             key,
             appended: Default::default(),
+            exclusive: false,
         })
     }
 
@@ -777,6 +831,10 @@ impl SqliteStore {
 }
 
 impl Backend for SqliteStore {
+    fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
     fn keys_generation(&self) -> u64 {
         self.keys_generation
             .load(std::sync::atomic::Ordering::SeqCst)
@@ -1257,7 +1315,7 @@ impl Backend for SqliteStore {
     }
 
     fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport> {
-        match &self.path {
+        match self.path.as_ref().filter(|_| !self.exclusive) {
             Some(path) => {
                 // A connection of its own: a long walk must not hold up appends or reads.
                 let mut conn = Connection::open_with_flags(path, open_flags())?;
