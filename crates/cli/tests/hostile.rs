@@ -541,10 +541,12 @@ fn cpu_spin_and_sleep_are_killed_at_the_deadline() {
         assert!((1000..5000).contains(&wall), "wall {wall}");
         assert!(started.elapsed() < Duration::from_secs(10));
     }
-    // The CPU spin used about one CPU for about its second (quota 1 CPU).
+    // The CPU spin's CPU time is accounted (up to one CPU for its second, quota 1 CPU). The
+    // bound is low on purpose: on a loaded 2-core machine the spin may get a fifth of a CPU,
+    // while a broken accounting reports ~0 (a sleeping program uses a few ms).
     let (exec, _) = run_json("python", "while True:\n    pass", &["--timeout", "1"]);
     let cpu = exec["usage"]["cpu_ms"].as_u64().unwrap_or(0);
-    assert!(cpu > 300, "cpu {cpu}");
+    assert!(cpu > 100, "cpu {cpu}");
     // Control: a short program is not killed.
     let (ok, _) = run_json(
         "python",
