@@ -919,8 +919,12 @@ impl Kernel {
         let on_event = &mut |_: CellEvent<'_>| {};
         self.late_done = false;
         self.discard_output = false;
-        let mut ended = None;
+        // What came in one read with the last cell's `done` waits in the decoder.
+        let mut ended = self.take_messages(out, opts, true, on_event)?;
         for _ in 0..CHANNEL_READS {
+            if ended.is_some() {
+                break;
+            }
             let mut fds = [PollFd::new(&self.channel, PollFlags::IN)];
             let zero = Timespec {
                 tv_sec: 0,
