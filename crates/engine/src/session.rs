@@ -782,7 +782,10 @@ impl SessionManager {
             .iter()
             .filter(|(_, e)| {
                 let s = e.lock();
-                s.info.status == SessionStatus::Ready && s.info.expires_at <= now
+                // A dead session (its kernel could not be restarted) expires like an idle
+                // one: nothing will run there again.
+                matches!(s.info.status, SessionStatus::Ready | SessionStatus::Dead)
+                    && s.info.expires_at <= now
             })
             .map(|(id, _)| id.clone())
             .collect();
