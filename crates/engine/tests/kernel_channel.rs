@@ -172,3 +172,28 @@ fn closing_stdout_and_stderr_lasts_one_cell() {
     let e = exec(&engine, &id, "print('back')");
     assert_eq!(e.stdout, "back\n", "{e:?}");
 }
+
+#[test]
+fn closing_stdout_and_stderr_in_a_bash_cell_lasts_one_cell() {
+    let engine = common::engine();
+    let id = engine
+        .sessions()
+        .create(runcell_engine::CreateSession {
+            language: Some(runcell_engine::Language::Bash),
+            ..Default::default()
+        })
+        .expect("bash session")
+        .id;
+    let e = exec(&engine, &id, "exec 1>&- 2>&-");
+    assert_eq!(e.status, ExecutionStatus::Ok, "{e:?}");
+    let e = exec(&engine, &id, "echo out; echo err >&2; x=1");
+    assert_eq!(
+        (e.stdout.as_str(), e.stderr.as_str()),
+        ("out\n", "err\n"),
+        "{e:?}"
+    );
+    let e = exec(&engine, &id, "exec >redirected.txt; echo hidden");
+    assert_eq!(e.stdout, "", "{e:?}");
+    let e = exec(&engine, &id, "echo $x; cat redirected.txt");
+    assert_eq!(e.stdout, "1\nhidden\n", "{e:?}");
+}
