@@ -1058,7 +1058,10 @@ impl Runner {
         mut events: Option<EventSink>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(entry);
-        let opts = self.cell_options(timeout);
+        let opts = CellOptions {
+            ack: events.is_some(),
+            ..self.cell_options(timeout)
+        };
         let kernel = self.ensure_kernel(entry)?;
         let mut on_event = |e: CellEvent<'_>| {
             let Some(sink) = events.as_mut() else { return };

@@ -6,10 +6,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{create, main_text};
-use runcell_engine::{Execution, ExecutionStatus};
+use runcell_engine::{ExecEvent, Execution, ExecutionStatus};
 
 fn exec(engine: &runcell_engine::Engine, id: &str, code: &str) -> Execution {
     engine
@@ -99,7 +100,24 @@ fn output_after_a_forged_done_never_reaches_the_next_cell_even_while_it_runs() {
     assert_eq!(e.status, ExecutionStatus::Ok, "{e:?}");
     assert!(e.usage.wall_ms < 450, "ended by its forged done");
     // Sent while the forging cell still runs: its tail comes during this cell.
-    let next = exec(&engine, &id, "print('next')");
+    let streamed = Arc::new(Mutex::new(String::new()));
+    let sink = streamed.clone();
+    let next = engine
+        .sessions()
+        .execute(
+            &id,
+            "print('next')",
+            None,
+            Some(Box::new(move |ev: ExecEvent<'_>| {
+                if let ExecEvent::Stdout(s) = ev {
+                    sink.lock().expect("lock").push_str(s)
+                }
+            })),
+        )
+        .expect("recorded");
+    // Streamed too: output is held until the kernel says the cell began.
+    let streamed = streamed.lock().expect("lock").clone();
+    assert_eq!(streamed, "", "{next:?}");
     assert!(!next.stdout.contains("after"), "{next:?}");
     assert!(!format!("{:?}", next.results).contains("late display"));
     assert_eq!(next.status, ExecutionStatus::Killed, "{next:?}");
@@ -196,4 +214,34 @@ fn closing_stdout_and_stderr_in_a_bash_cell_lasts_one_cell() {
     assert_eq!(e.stdout, "", "{e:?}");
     let e = exec(&engine, &id, "echo $x; cat redirected.txt");
     assert_eq!(e.stdout, "1\nhidden\n", "{e:?}");
+}
+
+#[test]
+fn streamed_output_still_streams_while_the_cell_runs() {
+    let engine = common::engine();
+    let id = create(&engine);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let session = id.clone();
+    let engine2: runcell_engine::Engine = (*engine).clone();
+    let worker = std::thread::spawn(move || {
+        engine2
+            .sessions()
+            .execute(
+                &session,
+                "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')",
+                None,
+                Some(Box::new(move |ev: ExecEvent<'_>| {
+                    if let ExecEvent::Stdout(s) = ev {
+                        let _ = tx.send(s.to_owned());
+                    }
+                })),
+            )
+            .expect("execute")
+    });
+    let first = rx
+        .recv_timeout(Duration::from_millis(1500))
+        .expect("streamed before the end");
+    assert_eq!(first, "first\n");
+    let e = worker.join().expect("worker");
+    assert_eq!(e.stdout, "first\nsecond\n");
 }

@@ -396,6 +396,8 @@ class Kernel:
             self.protocol_error(msg_id, "execute needs a string 'code'")
             self.done(msg_id, "error")
         else:
+            if message.get("ack") is True:
+                self.channel.send({"type": "started", "id": msg_id})
             self.execute(msg_id, code)
 
     def protocol_error(self, msg_id, text):

@@ -815,7 +815,7 @@ class Kernel:
                 {"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count}
             )
         else:
-            self.execute(msg_id, code)
+            self.execute(msg_id, code, message.get("ack") is True)
 
     def send_protocol_error(self, msg_id, text):
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})
@@ -844,8 +844,13 @@ class Kernel:
 
     # ---- one cell ----
 
-    def execute(self, msg_id, code):
+    def execute(self, msg_id, code, ack=False):
         _restore_std_fds()
+        if ack:
+            # Output from here on is this cell's (the host holds what came before).
+            # Between cells SIGINT is ignored: nothing can cut the write.
+            started = f'{{"type": "started", "id": {_json_string(msg_id)}}}'
+            self.channel.send_frames(self.channel.encode(None, started), interruptible=False)
         self.execution_count += 1
         self.current_id = msg_id
         self.error_sent = False

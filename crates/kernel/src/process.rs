@@ -44,6 +44,10 @@ pub struct CellOptions {
     pub output_kill_bytes: u64,
     /// What the cell's displays and results may take.
     pub results: ResultLimits,
+    /// Hold the output streamed from the pipes until the kernel says the cell has begun
+    /// (`Started`): what comes before is not this cell's (see [`Kernel::settle`]). For
+    /// callers that stream: a reply is corrected afterwards anyway, at no cost per cell.
+    pub ack: bool,
 }
 
 /// Displays and main results one execution keeps at most (docs/api.md "Limits"; over them,
@@ -108,6 +112,7 @@ impl Default for CellOptions {
             output_cap: 1 << 20,
             output_kill_bytes: 2 << 30,
             results: ResultLimits::default(),
+            ack: false,
         }
     }
 }
@@ -193,6 +198,8 @@ pub struct Kernel {
     late_done: bool,
     /// The running cell's output is not only its own (see `take_messages`).
     discard_output: bool,
+    /// With [`CellOptions::ack`], the streamed output (stderr?, bytes) held until `Started`.
+    held: Option<Vec<(bool, Vec<u8>)>>,
     version: String,
     /// Read buffer for the cell's output and messages, kept between cells.
     buf: Vec<u8>,
@@ -281,6 +288,7 @@ impl Kernel {
             last_id: String::new(),
             late_done: false,
             discard_output: false,
+            held: None,
             version,
             buf: Vec::new(),
             async_io: None,
@@ -421,7 +429,9 @@ impl Kernel {
         let frame = runcell_protocol::encode(&HostMessage::Execute {
             id: id.to_owned(),
             code: code.to_owned(),
+            ack: opts.ack,
         })?;
+        self.held = opts.ack.then(Vec::new);
         self.execution_count += 1;
         self.last_id = std::mem::replace(&mut self.cell_id, id.to_owned());
         Ok((started, cpu0, frame))
@@ -623,6 +633,7 @@ impl Kernel {
             Ended::Died => self.bury(None, cpu0, out, buf, on_event)?,
         }
         if std::mem::take(&mut self.discard_output) {
+            self.held = None;
             out.stdout = CappedOutput::new(0);
             out.stderr = CappedOutput::new(0);
             out.results.clear();
@@ -630,6 +641,8 @@ impl Kernel {
             out.dropped = DroppedResults::default();
             out.error = None;
         }
+        // A kernel that ended before its `Started`: what it printed is still this cell's.
+        self.release_held(on_event);
         Ok(())
     }
 
@@ -642,17 +655,40 @@ impl Kernel {
         buf: &mut [u8],
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> io::Result<()> {
+        let held = &mut self.held;
         if stdout {
-            pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                on_event(CellEvent::Stdout(d))
-            })?;
+            pump(
+                &mut self.stdout,
+                &mut out.stdout,
+                buf,
+                &mut |d| match held {
+                    Some(h) => h.push((false, d.to_vec())),
+                    None => on_event(CellEvent::Stdout(d)),
+                },
+            )?;
         }
         if stderr {
-            pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                on_event(CellEvent::Stderr(d))
-            })?;
+            pump(
+                &mut self.stderr,
+                &mut out.stderr,
+                buf,
+                &mut |d| match held {
+                    Some(h) => h.push((true, d.to_vec())),
+                    None => on_event(CellEvent::Stderr(d)),
+                },
+            )?;
         }
         Ok(())
+    }
+
+    /// Streams the output held until `Started` (see [`CellOptions::ack`]).
+    fn release_held(&mut self, on_event: &mut dyn FnMut(CellEvent<'_>)) {
+        for (stderr, d) in self.held.take().unwrap_or_default() {
+            on_event(match stderr {
+                false => CellEvent::Stdout(&d),
+                true => CellEvent::Stderr(&d),
+            });
+        }
     }
 
     /// Ends a dying kernel: kill (with `reason`) or wait for its end, collect the rest of its
@@ -824,6 +860,7 @@ impl Kernel {
                 KernelMessage::Error { id, .. } => {
                     !between && id.as_ref().is_none_or(|id| *id == self.cell_id)
                 }
+                KernelMessage::Started { id } => !between && *id == self.cell_id,
                 KernelMessage::Ready { .. } => false,
             };
             match msg {
@@ -849,6 +886,9 @@ impl Kernel {
                 }
                 // Another cell's, or no cell's: not this one's output.
                 _ if !ours => {}
+                // What the pipes held until now is this cell's: had the real end of a cell
+                // whose `done` was forged come first, this cell would have ended, discarding.
+                KernelMessage::Started { .. } => self.release_held(on_event),
                 KernelMessage::Display { data, .. } | KernelMessage::Result { data, .. }
                     if !Self::admit_result(out, &opts.results, len) =>
                 {
