@@ -1,11 +1,45 @@
 //! `runcell doctor`: every isolation layer and runtime, then a real sandboxed run.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use runcell_engine::{ExecutionStatus, Language, OneShot};
 use runcell_sandbox::doctor::{self, State};
+
+/// Removes the session workspaces a killed runcell process (a `runcell mcp` or a server
+/// killed with -9) left mounted under `data_dir`, when it can prove they are nobody's: no
+/// live process holds their uid lease (a running server's or another `runcell mcp`'s
+/// sessions do), and the data dir's database does not name them (a server recovers those on
+/// its next start). Returns how many went. Without a readable database nothing is removed.
+pub fn sweep_orphans(data_dir: &Path, engine: &runcell_engine::Engine) -> anyhow::Result<usize> {
+    let db = data_dir.join("runcell.db");
+    let known: HashSet<String> = if db.exists() {
+        crate::audit::open_store(data_dir)?
+            .sessions_with_status(&["starting", "ready", "busy", "dead", "expired"])?
+            .into_iter()
+            .map(|s| s.id)
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    Ok(engine
+        .sessions()
+        .sweep_orphan_workspaces(&|id| known.contains(id)))
+}
+
+/// `runcell doctor --clean`: [`sweep_orphans`], saying what it did.
+pub fn clean(data_dir: &Path) -> anyhow::Result<ExitCode> {
+    let engine = crate::engine(data_dir)?;
+    let removed = sweep_orphans(data_dir, &engine)?;
+    println!(
+        "removed {removed} orphaned session workspace{} under {}",
+        if removed == 1 { "" } else { "s" },
+        data_dir.join("workspaces").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
 
 pub fn doctor(data_dir: &Path) -> anyhow::Result<ExitCode> {
     let mut blocked = false;

@@ -66,7 +66,7 @@ enum Command {
     /// Print the model tool definitions (python, bash, text_editor) for a function-calling API.
     Tools(tools::ToolsArgs),
     /// Check every isolation layer of this host and say what is available, degraded or missing.
-    Doctor,
+    Doctor(DoctorArgs),
     /// Manage the Python runtimes sessions run on.
     #[command(subcommand)]
     Runtime(runtime::RuntimeCommand),
@@ -76,6 +76,15 @@ enum Command {
     /// Read and verify the tamper-evident audit log of executions.
     #[command(subcommand)]
     Audit(keys::AuditCommand),
+}
+
+#[derive(Debug, clap::Args)]
+struct DoctorArgs {
+    /// Instead: remove the session workspaces a killed runcell process (`runcell mcp`, or a
+    /// server killed with -9) left mounted under the data dir, when no live process holds
+    /// them and the database does not name them.
+    #[arg(long)]
+    clean: bool,
 }
 
 /// mimalloc for the server's own allocations: under load glibc's allocator (with its
@@ -105,7 +114,8 @@ fn main() -> ExitCode {
         Command::Ask(args) => ask::ask(&data_dir, args),
         Command::Mcp => mcp::mcp(&data_dir),
         Command::Tools(args) => tools::tools(args),
-        Command::Doctor => doctor::doctor(&data_dir),
+        Command::Doctor(DoctorArgs { clean: true }) => doctor::clean(&data_dir),
+        Command::Doctor(DoctorArgs { clean: false }) => doctor::doctor(&data_dir),
         Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
         Command::Keys(cmd) => keys::keys(&data_dir, cmd),
         Command::Audit(cmd) => keys::audit(&data_dir, cmd),

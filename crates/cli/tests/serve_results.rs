@@ -115,7 +115,7 @@ fn a_result_flood_leaves_the_server_bounded() {
     let floods = [
         "from IPython.display import HTML, display\nfor i in range(300):\n    display(HTML('x' * 1_000_000))",
         // Past the kernel: frames written to its channel (fd 3) by the cell itself.
-        "import json, os, struct\nbody = json.dumps({'type': 'display', 'id': 'x', 'data': {'text/html': 'x' * 1_000_000}}).encode()\nframe = struct.pack('>I', len(body)) + body\nfor i in range(300):\n    view = memoryview(frame)\n    while view:\n        view = view[os.write(3, view):]",
+        "import gc, json, os, struct\ncell = next(o for o in gc.get_objects() if type(o).__name__ == 'Kernel' and hasattr(o, 'current_id')).current_id\nbody = json.dumps({'type': 'display', 'id': cell, 'data': {'text/html': 'x' * 1_000_000}}).encode()\nframe = struct.pack('>I', len(body)) + body\nfor i in range(300):\n    view = memoryview(frame)\n    while view:\n        view = view[os.write(3, view):]",
     ];
     for code in floods {
         for stream in [false, true] {

@@ -819,7 +819,10 @@ impl SessionManager {
             .iter()
             .filter(|(_, e)| {
                 let s = e.lock();
-                s.info.status == SessionStatus::Ready && s.info.expires_at <= now
+                // A dead session (its kernel could not be restarted) expires like an idle
+                // one: nothing will run there again.
+                matches!(s.info.status, SessionStatus::Ready | SessionStatus::Dead)
+                    && s.info.expires_at <= now
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -1102,7 +1105,10 @@ impl Runner {
         mut events: Option<EventSink>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(entry);
-        let opts = self.cell_options(timeout);
+        let opts = CellOptions {
+            ack: events.is_some(),
+            ..self.cell_options(timeout)
+        };
         let kernel = self.ensure_kernel(entry)?;
         let mut on_event = |e: CellEvent<'_>| {
             let Some(sink) = events.as_mut() else { return };
@@ -1166,14 +1172,33 @@ impl Runner {
         timeout: Duration,
     ) -> Result<(Execution, String), EngineError> {
         let limits = start.limits;
-        let outcome = match outcome {
-            Ok(o) => o,
+        // A cell that was sent is recorded whatever became of its kernel: one whose channel
+        // failed is ended like one that died.
+        let (outcome, failure) = match outcome {
+            Ok(o) => (o, None),
             Err(e) => {
-                self.kernel = None;
-                if !entry.lock().deleted {
-                    let _ = self.ensure_kernel(entry);
-                }
-                return Err(EngineError::Sandbox(crate::chain(&e)));
+                let opts = self.cell_options(timeout);
+                let failed = runcell_kernel::CellOutcome {
+                    status: CellStatus::KernelDied {
+                        killed_by: Some(KillReason::Signal),
+                        exit: runcell_sandbox::ExitStatus::Signal(9),
+                    },
+                    execution_count: self.kernel.as_ref().map_or(1, Kernel::execution_count),
+                    stdout: runcell_sandbox::CappedOutput::new(opts.output_cap),
+                    stderr: runcell_sandbox::CappedOutput::new(opts.output_cap),
+                    results: Vec::new(),
+                    results_bytes: 0,
+                    dropped: Default::default(),
+                    protocol_error: None,
+                    error: None,
+                    wall: Utc::now()
+                        .signed_duration_since(start.started_at)
+                        .to_std()
+                        .unwrap_or_default(),
+                    cpu: Duration::ZERO,
+                    peak_memory_bytes: 0,
+                };
+                (failed, Some(crate::chain(&e)))
             }
         };
         let finished_at = Utc::now();
@@ -1207,9 +1232,17 @@ impl Runner {
                 // The session restarts at once, so the next cell finds it ready.
                 self.kernel = None;
                 let restarted = !entry.lock().deleted && self.ensure_kernel(entry).is_ok();
-                error = Some(match &outcome.protocol_error {
-                    Some(what) => protocol_error(what, restarted),
-                    None => died_error(k, exit, &limits, timeout, restarted),
+                error = Some(match (&outcome.protocol_error, &failure) {
+                    (Some(what), _) => protocol_error(what, restarted),
+                    (None, Some(why)) => ErrorInfo {
+                        name: "KernelDied".into(),
+                        value: format!(
+                            "the kernel was killed: its channel failed ({why}). {}",
+                            restart_notice(restarted)
+                        ),
+                        traceback: String::new(),
+                    },
+                    (None, None) => died_error(k, exit, &limits, timeout, restarted),
                 });
                 ExecutionStatus::Killed
             }

@@ -20,8 +20,8 @@ status and send the shell SIGINT. bash's own fd 2 is /dev/null (that hides its
 start-up job-control warnings and the newline it prints on SIGINT); each cell
 gets the real stderr through a redirection on its ``source`` command.
 
-Known limits: the rest of an interrupted cell never runs; stdin and stderr
-redirections made with ``exec`` last only until the end of their cell; the
+Known limits: the rest of an interrupted cell never runs; stdin, stdout and
+stderr redirections made with ``exec`` last only until the end of their cell; the
 kernel owns the INT and ERR traps (errtrace, ``set -E``, is on so the ERR trap
 sees failures inside functions) and a read-only PROMPT_COMMAND, and ``exit`` is
 a shell function. A cell that replaces the ERR trap and then fails under
@@ -47,9 +47,10 @@ import time
 CHANNEL_FD = 3
 MAX_FRAME = 64 * 1024 * 1024
 # Descriptor numbers inside bash: high enough to stay clear of the 3-9 that
-# scripts use by hand. Cells never see them (their `source` closes both).
+# scripts use by hand. Cells never see them (their `source` closes them).
 STATUS_FD = 60  # bash -> kernel: the start/end lines
 STDERR_FD = 61  # the host's stderr pipe, lent to each cell as its fd 2
+STDOUT_FD = 62  # the host's stdout pipe, lent to each cell as its fd 1 (an `exec 1>&-` lasts one cell)
 BASH = ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i", "+m", "+o", "history", "+H"]
 EXIT_GRACE = 1.0  # seconds bash gets to exit at EOF before its process group is killed
 RECHECK = 0.2  # seconds after an interrupt to look for processes it missed
@@ -197,17 +198,19 @@ class Shell:
         # Put the pipe's write end and a copy of our stderr at the numbers bash expects.
         os.dup2(status_w, STATUS_FD)
         os.dup2(2, STDERR_FD)
+        os.dup2(1, STDOUT_FD)
         os.close(status_w)
         self.proc = subprocess.Popen(
             BASH,
             stdin=subprocess.PIPE,
             stdout=None,  # bash writes straight into the host's stdout pipe
             stderr=subprocess.DEVNULL,  # bash's own noise; cells get STDERR_FD
-            pass_fds=(STATUS_FD, STDERR_FD),
+            pass_fds=(STATUS_FD, STDERR_FD, STDOUT_FD),
             process_group=0,  # its own group, so an interrupt reaches all its children
         )
         os.close(STATUS_FD)
         os.close(STDERR_FD)
+        os.close(STDOUT_FD)
         self.status_fd = status_r
         self.pending = b""
         self.send_line(BASH_SETUP)
@@ -248,15 +251,17 @@ class Shell:
         program, which then would not get it (bash blocks SIGINT during fork).
         __runcell_status gives the cell the previous cell's $?; its `&& :` keeps
         a non-zero value from tripping `set -e`. The cell's own redirections:
-        stdin from /dev/null (the kernel's commands stay unread), stderr from
-        STDERR_FD, and both kernel fds closed so its processes never inherit them.
+        stdin from /dev/null (the kernel's commands stay unread), stdout and stderr
+        from STDOUT_FD and STDERR_FD (so a cell that closes or replaces them with
+        `exec` does it for itself alone), and the kernel fds closed so its processes
+        never inherit them.
         """
         return (
             f"__runcell_seq={seq}; \\builtin trap - INT; "
             f"\\builtin printf 'start %s\\n' {seq} >&{STATUS_FD}; \\builtin read -r __runcell_go; "
             f"__runcell_status {last_status} && :; "
-            f"\\builtin source {shlex.quote(path)} </dev/null 2>&{STDERR_FD} "
-            f"{STDERR_FD}>&- {STATUS_FD}>&-"
+            f"\\builtin source {shlex.quote(path)} </dev/null 1>&{STDOUT_FD} 2>&{STDERR_FD} "
+            f"{STDOUT_FD}>&- {STDERR_FD}>&- {STATUS_FD}>&-"
         )
 
     def interrupt(self):
@@ -391,6 +396,8 @@ class Kernel:
             self.protocol_error(msg_id, "execute needs a string 'code'")
             self.done(msg_id, "error")
         else:
+            if message.get("ack") is True:
+                self.channel.send({"type": "started", "id": msg_id})
             self.execute(msg_id, code)
 
     def protocol_error(self, msg_id, text):

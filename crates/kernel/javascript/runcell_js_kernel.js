@@ -1205,6 +1205,8 @@ class Kernel {
       this.send({ type: 'done', id, status: 'error', execution_count: this.executionCount });
       this.idle();
     } else {
+      // Output from here on is this cell's (the host holds what came before).
+      if (message.ack === true) this.send({ type: 'started', id });
       this.execute(id, code);
     }
   }

@@ -19,6 +19,7 @@ Start it as ``python3 runcell_kernel.py`` with the channel on fd 3.
 import ast
 import base64
 import builtins
+import fcntl
 import importlib.machinery
 import io
 import json
@@ -814,7 +815,7 @@ class Kernel:
                 {"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count}
             )
         else:
-            self.execute(msg_id, code)
+            self.execute(msg_id, code, message.get("ack") is True)
 
     def send_protocol_error(self, msg_id, text):
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})
@@ -843,7 +844,13 @@ class Kernel:
 
     # ---- one cell ----
 
-    def execute(self, msg_id, code):
+    def execute(self, msg_id, code, ack=False):
+        _restore_std_fds()
+        if ack:
+            # Output from here on is this cell's (the host holds what came before).
+            # Between cells SIGINT is ignored: nothing can cut the write.
+            started = f'{{"type": "started", "id": {_json_string(msg_id)}}}'
+            self.channel.send_frames(self.channel.encode(None, started), interruptible=False)
         self.execution_count += 1
         self.current_id = msg_id
         self.error_sent = False
@@ -1183,6 +1190,39 @@ def _text_stream(fd, name):
     )
 
 
+# Where the duplicates of the output pipes live: far above the descriptors code opens, so a
+# cell that closes a range of low ones (or fd 1 and 2 themselves) leaves them alone.
+SAVED_FD_MIN = 1000
+# (fd, its duplicate) for fds 1 and 2, put back before every cell (see _restore_std_fds).
+_saved_std_fds = ()
+
+
+def _save_std_fds():
+    global _saved_std_fds
+    saved = []
+    for fd in (1, 2):
+        try:
+            try:
+                copy = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, SAVED_FD_MIN)
+            except OSError:  # a descriptor limit under SAVED_FD_MIN
+                copy = os.dup(fd)
+        except OSError:
+            continue
+        saved.append((fd, copy))
+    _saved_std_fds = tuple(saved)
+
+
+def _restore_std_fds():
+    """Put the output pipes back on fds 1 and 2: a cell that closed them (os.close(1)) or
+    pointed them elsewhere would otherwise silence every later cell until a restart.
+    Two dup2 calls a cell; the pipes' duplicates never reach children (close-on-exec)."""
+    for fd, copy in _saved_std_fds:
+        try:
+            os.dup2(copy, fd)
+        except OSError:
+            pass
+
+
 def prepare_process():
     # No KeyboardInterrupt while idle: the host's interrupts are for running cells.
     _ignore_interrupts()
@@ -1195,6 +1235,7 @@ def prepare_process():
     _flush_std()
     sys.stdout = sys.__stdout__ = _text_stream(1, "<stdout>")
     sys.stderr = sys.__stderr__ = _text_stream(2, "<stderr>")
+    _save_std_fds()
     # Like an interactive interpreter: no script arguments, imports from the cwd (/workspace).
     sys.argv = [""]
     script_dir = os.path.dirname(os.path.realpath(__file__))

@@ -44,6 +44,10 @@ pub struct CellOptions {
     pub output_kill_bytes: u64,
     /// What the cell's displays and results may take.
     pub results: ResultLimits,
+    /// Hold the output streamed from the pipes until the kernel says the cell has begun
+    /// (`Started`): what comes before is not this cell's (see [`Kernel::settle`]). For
+    /// callers that stream: a reply is corrected afterwards anyway, at no cost per cell.
+    pub ack: bool,
 }
 
 /// Displays and main results one execution keeps at most (docs/api.md "Limits"; over them,
@@ -108,6 +112,7 @@ impl Default for CellOptions {
             output_cap: 1 << 20,
             output_kill_bytes: 2 << 30,
             results: ResultLimits::default(),
+            ack: false,
         }
     }
 }
@@ -181,7 +186,20 @@ pub struct Kernel {
     stdout: Option<File>,
     stderr: Option<File>,
     decoder: FrameDecoder,
+    /// Cells started on this kernel, counted here: the `execution_count` a kernel reports is
+    /// as forgeable as the rest of its channel (the cell's code can write to it).
     execution_count: u64,
+    /// The id of the running cell, or of the last one between cells: every frame names
+    /// its cell, and frames of any other are not the running cell's.
+    cell_id: String,
+    /// The cell before it.
+    last_id: String,
+    /// Between cells, the real end of a cell whose `done` was forged came (see `settle`).
+    late_done: bool,
+    /// The running cell's output is not only its own (see `take_messages`).
+    discard_output: bool,
+    /// With [`CellOptions::ack`], the streamed output (stderr?, bytes) held until `Started`.
+    held: Option<Vec<(bool, Vec<u8>)>>,
     version: String,
     /// Read buffer for the cell's output and messages, kept between cells.
     buf: Vec<u8>,
@@ -266,6 +284,11 @@ impl Kernel {
             stderr,
             decoder: FrameDecoder::with_keep_limit(MAX_RESULT_BYTES),
             execution_count: 0,
+            cell_id: String::new(),
+            last_id: String::new(),
+            late_done: false,
+            discard_output: false,
+            held: None,
             version,
             buf: Vec::new(),
             async_io: None,
@@ -316,12 +339,23 @@ impl Kernel {
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<CellOutcome, KernelError> {
         let (started, cpu0, frame) = self.begin(id, code, opts)?;
-        self.send(&frame)?;
         let mut out = self.new_outcome(opts);
         // Reused across cells: zeroing 64 KiB per cell showed in profiles.
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(READ_BUF, 0);
-        let result = self.run(&mut out, opts, started, cpu0, &mut buf, on_event);
+        let result = match self.settle(&mut out, opts, &mut buf) {
+            Ok(Some(ended)) => self
+                .end_cell(ended, None, cpu0, &mut out, &mut buf, on_event)
+                .map(|()| note_dropped(&mut out, opts, on_event)),
+            Ok(None) => match self.send(&frame) {
+                Ok(()) => self.run(&mut out, opts, started, cpu0, &mut buf, on_event),
+                Err(KernelError::Gone) => {
+                    self.end_cell(Ended::Died, None, cpu0, &mut out, &mut buf, on_event)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
         self.buf = buf;
         result?;
         out.wall = started.elapsed();
@@ -349,11 +383,23 @@ impl Kernel {
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(READ_BUF, 0);
         let mut out = self.new_outcome(opts);
-        let result = match self.send_async(&frame).await {
-            Ok(()) => {
-                self.run_async(&io, &mut out, opts, started, cpu0, &mut buf)
-                    .await
-            }
+        let on_event = &mut |_: CellEvent<'_>| {};
+        let result = match self.settle(&mut out, opts, &mut buf) {
+            // Waiting for a dying sandbox blocks.
+            Ok(Some(ended)) => blocking(|| {
+                self.end_cell(ended, None, cpu0, &mut out, &mut buf, on_event)
+                    .map(|()| note_dropped(&mut out, opts, on_event))
+            }),
+            Ok(None) => match self.send_async(&frame).await {
+                Ok(()) => {
+                    self.run_async(&io, &mut out, opts, started, cpu0, &mut buf)
+                        .await
+                }
+                Err(KernelError::Gone) => blocking(|| {
+                    self.end_cell(Ended::Died, None, cpu0, &mut out, &mut buf, on_event)
+                }),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         self.buf = buf;
@@ -383,14 +429,18 @@ impl Kernel {
         let frame = runcell_protocol::encode(&HostMessage::Execute {
             id: id.to_owned(),
             code: code.to_owned(),
+            ack: opts.ack,
         })?;
+        self.held = opts.ack.then(Vec::new);
+        self.execution_count += 1;
+        self.last_id = std::mem::replace(&mut self.cell_id, id.to_owned());
         Ok((started, cpu0, frame))
     }
 
     fn new_outcome(&self, opts: &CellOptions) -> CellOutcome {
         CellOutcome {
             status: CellStatus::Ok,
-            execution_count: self.execution_count + 1,
+            execution_count: self.execution_count,
             stdout: CappedOutput::new(opts.output_cap),
             stderr: CappedOutput::new(opts.output_cap),
             results: Vec::new(),
@@ -538,7 +588,7 @@ impl Kernel {
     ) -> Result<(Option<Ended>, bool), KernelError> {
         for _ in 0..CHANNEL_READS {
             let read = self.read_channel(buf)?;
-            if let Some(ended) = self.take_messages(out, opts, on_event)? {
+            if let Some(ended) = self.take_messages(out, opts, false, on_event)? {
                 return Ok((Some(ended), true));
             }
             match read {
@@ -582,6 +632,17 @@ impl Kernel {
             Ended::Kill(reason) => self.bury(Some(reason), cpu0, out, buf, on_event)?,
             Ended::Died => self.bury(None, cpu0, out, buf, on_event)?,
         }
+        if std::mem::take(&mut self.discard_output) {
+            self.held = None;
+            out.stdout = CappedOutput::new(0);
+            out.stderr = CappedOutput::new(0);
+            out.results.clear();
+            out.results_bytes = 0;
+            out.dropped = DroppedResults::default();
+            out.error = None;
+        }
+        // A kernel that ended before its `Started`: what it printed is still this cell's.
+        self.release_held(on_event);
         Ok(())
     }
 
@@ -594,17 +655,40 @@ impl Kernel {
         buf: &mut [u8],
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> io::Result<()> {
+        let held = &mut self.held;
         if stdout {
-            pump(&mut self.stdout, &mut out.stdout, buf, &mut |d| {
-                on_event(CellEvent::Stdout(d))
-            })?;
+            pump(
+                &mut self.stdout,
+                &mut out.stdout,
+                buf,
+                &mut |d| match held {
+                    Some(h) => h.push((false, d.to_vec())),
+                    None => on_event(CellEvent::Stdout(d)),
+                },
+            )?;
         }
         if stderr {
-            pump(&mut self.stderr, &mut out.stderr, buf, &mut |d| {
-                on_event(CellEvent::Stderr(d))
-            })?;
+            pump(
+                &mut self.stderr,
+                &mut out.stderr,
+                buf,
+                &mut |d| match held {
+                    Some(h) => h.push((true, d.to_vec())),
+                    None => on_event(CellEvent::Stderr(d)),
+                },
+            )?;
         }
         Ok(())
+    }
+
+    /// Streams the output held until `Started` (see [`CellOptions::ack`]).
+    fn release_held(&mut self, on_event: &mut dyn FnMut(CellEvent<'_>)) {
+        for (stderr, d) in self.held.take().unwrap_or_default() {
+            on_event(match stderr {
+                false => CellEvent::Stdout(&d),
+                true => CellEvent::Stderr(&d),
+            });
+        }
     }
 
     /// Ends a dying kernel: kill (with `reason`) or wait for its end, collect the rest of its
@@ -736,10 +820,16 @@ impl Kernel {
 
     /// Applies every complete message; `Some` once `done` arrives, or when the kernel broke
     /// the protocol (it is to be killed: the channel can no longer be trusted).
+    ///
+    /// The cell's own code can write to the channel, so every frame is checked against the
+    /// running cell's id: displays, results and errors of another are dropped, and a `done`
+    /// of another breaks the protocol (a kernel ends each cell once, after its output).
+    /// `between`: no cell has been sent yet (see [`Kernel::settle`]).
     fn take_messages(
         &mut self,
         out: &mut CellOutcome,
         opts: &CellOptions,
+        between: bool,
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<Option<Ended>, KernelError> {
         loop {
@@ -748,6 +838,7 @@ impl Kernel {
                 Ok(Some(Frame::Message { msg, len })) => (msg, len),
                 // Over the per-result limit, read past unbuffered: whatever it was, it is
                 // not kept (a kernel's own messages never come this large; see the kernels).
+                Ok(Some(Frame::Skipped { .. })) if between => continue,
                 Ok(Some(Frame::Skipped { len })) => {
                     Self::admit_result(out, &opts.results, len);
                     continue;
@@ -761,7 +852,43 @@ impl Kernel {
                     return Ok(Some(Ended::Kill(reason)));
                 }
             };
+            let ours = match &msg {
+                KernelMessage::Display { id, .. }
+                | KernelMessage::Result { id, .. }
+                | KernelMessage::Done { id, .. } => !between && *id == self.cell_id,
+                // An error about the protocol itself names no cell.
+                KernelMessage::Error { id, .. } => {
+                    !between && id.as_ref().is_none_or(|id| *id == self.cell_id)
+                }
+                KernelMessage::Started { id } => !between && *id == self.cell_id,
+                KernelMessage::Ready { .. } => false,
+            };
             match msg {
+                KernelMessage::Done { id, .. } if !ours => {
+                    if between && id == self.last_id {
+                        // The real end of the last cell, whose `done` its code forged: what
+                        // it printed until now is in the pipes, and is no cell's.
+                        self.late_done = true;
+                        continue;
+                    }
+                    let what = if id == self.last_id {
+                        // Its code went on after its forged `done`, into this cell's time.
+                        self.discard_output = true;
+                        format!(
+                            "execution {id} ended while {} ran: {id} forged its end on the kernel's channel and went on running, so the output here could not be told from its own and was discarded",
+                            self.cell_id
+                        )
+                    } else {
+                        format!("an end of execution {id:?} arrived, which is not the one running")
+                    };
+                    out.protocol_error = Some(what);
+                    return Ok(Some(Ended::Kill(KillReason::Signal)));
+                }
+                // Another cell's, or no cell's: not this one's output.
+                _ if !ours => {}
+                // What the pipes held until now is this cell's: had the real end of a cell
+                // whose `done` was forged come first, this cell would have ended, discarding.
+                KernelMessage::Started { .. } => self.release_held(on_event),
                 KernelMessage::Display { data, .. } | KernelMessage::Result { data, .. }
                     if !Self::admit_result(out, &opts.results, len) =>
                 {
@@ -801,15 +928,13 @@ impl Kernel {
                     on_event(CellEvent::Error(&e));
                     out.error = Some(e);
                 }
+                // The count is the host's (`begin`): the kernel's is ignored.
                 KernelMessage::Done {
                     status,
-                    execution_count,
                     dropped_results,
                     dropped_bytes,
                     ..
                 } => {
-                    self.execution_count = execution_count;
-                    out.execution_count = execution_count;
                     out.dropped.count = out.dropped.count.saturating_add(dropped_results);
                     out.dropped.bytes = out.dropped.bytes.saturating_add(dropped_bytes);
                     return Ok(Some(Ended::Done(status)));
@@ -817,6 +942,71 @@ impl Kernel {
                 KernelMessage::Ready { .. } => {}
             }
         }
+    }
+
+    /// Before a cell is sent: an idle kernel is silent, so whatever waits on its channel
+    /// came from the last cell's code after that cell ended. Its frames are no cell's and
+    /// are dropped; when among them is the real end of a cell whose `done` was forged, what
+    /// that cell printed since is in the pipes and is dropped too, so none of it reaches
+    /// this cell. `Some` when the kernel must go before this cell is sent (it broke the
+    /// protocol, or is gone). One `poll` when there is nothing, as for every honest cell.
+    fn settle(
+        &mut self,
+        out: &mut CellOutcome,
+        opts: &CellOptions,
+        buf: &mut [u8],
+    ) -> Result<Option<Ended>, KernelError> {
+        let on_event = &mut |_: CellEvent<'_>| {};
+        self.late_done = false;
+        self.discard_output = false;
+        // What came in one read with the last cell's `done` waits in the decoder.
+        let mut ended = self.take_messages(out, opts, true, on_event)?;
+        for _ in 0..CHANNEL_READS {
+            if ended.is_some() {
+                break;
+            }
+            let mut fds = [PollFd::new(&self.channel, PollFlags::IN)];
+            let zero = Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            match rustix::event::poll(&mut fds, Some(&zero)) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+            let read = self.read_channel(buf)?;
+            if let Some(e) = self.take_messages(out, opts, true, on_event)? {
+                ended = Some(e);
+                break;
+            }
+            if let ChannelRead::Closed = read {
+                ended = Some(Ended::Died);
+                break;
+            }
+        }
+        if self.late_done || ended.is_some() {
+            self.late_done = false;
+            for stream in [&mut self.stdout, &mut self.stderr] {
+                let mut sink = CappedOutput::new(0);
+                // Bounded: a background process that floods its output does not hold the
+                // cell; what it writes from here on is the next cell's.
+                for _ in 0..CHANNEL_READS {
+                    if pump(stream, &mut sink, buf, &mut |_| {})? {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(Ended::Kill(_)) = ended {
+            if let Some(what) = &mut out.protocol_error {
+                *what = format!(
+                    "{what}, after the last execution ended and before this one was sent; this one was not run"
+                );
+            }
+        }
+        Ok(ended)
     }
 
     /// Waits up to `timeout` for stdout, stderr or the channel to be readable (or closed).

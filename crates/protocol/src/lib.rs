@@ -24,8 +24,14 @@ pub type MimeBundle = BTreeMap<String, String>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum HostMessage {
-    /// Run one cell. The host sends the next only after `Done`.
-    Execute { id: String, code: String },
+    /// Run one cell. The host sends the next only after `Done`. With `ack`, the kernel sends
+    /// `Started` first, when the cell begins (after the end of any cell before it).
+    Execute {
+        id: String,
+        code: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        ack: bool,
+    },
 }
 
 /// How a cell ended, as the kernel saw it.
@@ -47,6 +53,9 @@ pub enum KernelMessage {
         version: String,
         pid: u32,
     },
+    /// The cell begins (only for an `Execute` with `ack`): what the kernel writes to its
+    /// stdout and stderr from here on is this cell's.
+    Started { id: String },
     /// A `display()` call or a figure, in order with the cell's execution.
     Display { id: String, data: MimeBundle },
     /// The value of the cell's last expression.
@@ -74,6 +83,10 @@ pub enum KernelMessage {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -329,9 +342,23 @@ mod tests {
         let exec = serde_json::to_string(&HostMessage::Execute {
             id: "ex_2".into(),
             code: "1+1".into(),
+            ack: false,
         })
         .expect("json");
         assert_eq!(exec, r#"{"type":"execute","id":"ex_2","code":"1+1"}"#);
+        let exec = serde_json::to_string(&HostMessage::Execute {
+            id: "ex_3".into(),
+            code: "1".into(),
+            ack: true,
+        })
+        .expect("json");
+        assert_eq!(
+            exec,
+            r#"{"type":"execute","id":"ex_3","code":"1","ack":true}"#
+        );
+        let started: KernelMessage =
+            serde_json::from_str(r#"{"type": "started", "id": "ex_3"}"#).expect("started");
+        assert_eq!(started, KernelMessage::Started { id: "ex_3".into() });
     }
 
     #[test]
@@ -339,6 +366,7 @@ mod tests {
         let frame = encode(&HostMessage::Execute {
             id: "a".into(),
             code: "b".into(),
+            ack: false,
         })
         .expect("encode");
         let mut d = FrameDecoder::new();
@@ -367,6 +395,7 @@ mod tests {
         let small = encode(&HostMessage::Execute {
             id: "a".into(),
             code: "b".into(),
+            ack: false,
         })
         .expect("encode");
         let big = 10usize << 20;

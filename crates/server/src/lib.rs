@@ -25,7 +25,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::Router;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use runcell_engine::{AuditSink, Execution, SessionInfo};
 use runcell_store::{NewExecution, SessionRecord, Store, StoreError};
 use utoipa::OpenApi;
@@ -376,6 +376,8 @@ pub fn recover_sessions(
             }
         }
     }
+    // Dead sessions past their expiry are forgotten, and their workspaces swept below.
+    dead_sessions(store);
     // Workspaces no row names: warm sessions of the killed server, or sessions it started
     // but never recorded. Nobody can reach them; they only hold disk and memory.
     let known: std::collections::HashSet<String> = store
@@ -387,6 +389,32 @@ pub fn recover_sessions(
         .sessions()
         .sweep_orphan_workspaces(&|id| known.contains(id));
     Ok((recovered, dead))
+}
+
+/// Whether a session only the store remembers as dead is past its idle expiry; it is then
+/// forgotten (its row and uploads deleted), as a live session expires after its idle timeout.
+pub(crate) fn forget_if_expired(store: &Store, rec: &SessionRecord, now: DateTime<Utc>) -> bool {
+    if rec.expires_at > now {
+        return false;
+    }
+    if let Err(e) = store.delete_session(&rec.id) {
+        tracing::warn!(session = %rec.id, error = %runcell_engine::error_chain(&e), "cannot forget an expired dead session");
+    } else {
+        tracing::info!(session = %rec.id, "dead session expired");
+    }
+    true
+}
+
+/// The sessions only the store remembers as dead and not yet expired (those past their expiry
+/// are forgotten on the way).
+pub(crate) fn dead_sessions(store: &Store) -> Vec<SessionRecord> {
+    let now = Utc::now();
+    store
+        .sessions_with_status(&["dead"])
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| !forget_if_expired(store, r, now))
+        .collect()
 }
 
 /// What the API shows of a session only the store remembers (its kernel is gone).

@@ -69,13 +69,22 @@ pub async fn metrics(
 /// The Prometheus text exposition, with the live sessions counted now.
 pub(crate) async fn metrics_text(State(state): State<AppState>) -> Response {
     let engine = state.engine.clone();
+    let store = state.store.clone();
     let statuses = tokio::task::spawn_blocking(move || {
-        engine
+        let mut statuses: Vec<_> = engine
             .sessions()
             .list()
             .into_iter()
             .map(|s| s.status)
-            .collect::<Vec<_>>()
+            .collect();
+        // Dead with an earlier server process: still listed (and answering 409) until they
+        // expire, so counted too.
+        let dead = crate::dead_sessions(&store).len();
+        statuses.extend(std::iter::repeat_n(
+            runcell_engine::SessionStatus::Dead,
+            dead,
+        ));
+        statuses
     })
     .await
     .unwrap_or_default();

@@ -66,7 +66,7 @@ pub(crate) async fn owned(state: &AppState, tenant: &Tenant, id: &str) -> ApiRes
     let info = lookup(state, tenant, id).await?;
     if info.status == runcell_engine::SessionStatus::Dead {
         return Err(ApiError::ended(format!(
-            "session {id} is dead: its kernel ended with a previous server process"
+            "session {id} is dead: its kernel ended (with a previous server process, or it could not be restarted); delete it and create another"
         )));
     }
     Ok(info)
@@ -90,7 +90,9 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
             .get_session(&tenant2, &id2)
             .ok()
             .flatten()
-            .filter(|r| r.status == "dead")
+            .filter(|r| {
+                r.status == "dead" && !crate::forget_if_expired(&store, r, chrono::Utc::now())
+            })
             .and_then(|r| crate::dead_session(&r)),
     })
     .await
@@ -187,9 +189,10 @@ pub async fn list_sessions(
         let mut live = engine.sessions().list();
         // Sessions whose kernel died with an earlier server are reported, never missing.
         let dead = store.list_sessions(&owner).unwrap_or_default();
+        let now = chrono::Utc::now();
         live.extend(
             dead.iter()
-                .filter(|r| r.status == "dead")
+                .filter(|r| r.status == "dead" && !crate::forget_if_expired(&store, r, now))
                 .filter_map(crate::dead_session),
         );
         live

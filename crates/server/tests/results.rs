@@ -83,10 +83,12 @@ impl Drop for RssSampler {
 const MIB: usize = 1 << 20;
 
 /// Python that writes display frames of ~1 MB straight to the kernel's channel (fd 3),
-/// past the kernel's own limits, as hostile code can.
+/// past the kernel's own limits, as hostile code can (naming the running cell, found in the
+/// kernel's memory: frames naming another are dropped).
 const FORGED_FLOOD: &str = r#"
-import json, os, struct
-body = json.dumps({'type': 'display', 'id': 'x', 'data': {'text/html': 'x' * 1_000_000}}).encode()
+import gc, json, os, struct
+cell = next(o for o in gc.get_objects() if type(o).__name__ == 'Kernel' and hasattr(o, 'current_id')).current_id
+body = json.dumps({'type': 'display', 'id': cell, 'data': {'text/html': 'x' * 1_000_000}}).encode()
 frame = struct.pack('>I', len(body)) + body
 for i in range(300):
     view = memoryview(frame)
