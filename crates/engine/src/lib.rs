@@ -53,10 +53,14 @@ pub enum EngineError {
     /// This host cannot run code safely right now (a mandatory isolation layer is missing).
     #[error("runcell cannot run code on this host: {0}")]
     Unavailable(String),
-    /// The host has no room for another sandbox right now (its committed-memory budget, or
-    /// the session cap its descriptors and uids allow); retrying later may succeed.
+    /// The host has no room for another sandbox right now (the session cap its descriptors
+    /// and uids allow); retrying later may succeed, as soon as any sandbox ends.
     #[error("at capacity: {0}")]
     AtCapacity(String),
+    /// The server's committed-memory budget for sandboxes is used up (admission control);
+    /// retrying later may succeed, once sessions holding memory end.
+    #[error("{0}")]
+    OverCommitted(String),
     /// The sandbox failed while running the code.
     #[error("sandbox failure: {0}")]
     Sandbox(String),

@@ -536,7 +536,7 @@ fn tenant_name(owner: &str) -> String {
 }
 
 fn at_capacity(memory_mb: u64, committed_mb: u64, budget_mb: u64) -> EngineError {
-    EngineError::AtCapacity(format!(
+    EngineError::OverCommitted(format!(
         "the server is at capacity: {committed_mb} of its {budget_mb} MiB for sandboxes are committed and this needs {memory_mb} MiB more (serve --max-committed-memory-mb); retry later or ask for less memory"
     ))
 }
@@ -655,7 +655,7 @@ mod tests {
         ));
         assert!(matches!(
             l.reserve(1, 2048, Admit::Checked),
-            Err(EngineError::AtCapacity(_))
+            Err(EngineError::OverCommitted(_))
         ));
         drop(b);
         drop(a);

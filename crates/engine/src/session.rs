@@ -322,7 +322,7 @@ impl SessionManager {
         let budget = self.core.config.limits.committed_memory_mb;
         loop {
             match self.core.ledger.reserve(memory_mb, budget, Admit::Checked) {
-                Err(EngineError::AtCapacity(_)) if evict && self.pool.evict_one() => continue,
+                Err(EngineError::OverCommitted(_)) if evict && self.pool.evict_one() => continue,
                 other => return other,
             }
         }

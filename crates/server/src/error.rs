@@ -65,6 +65,8 @@ pub struct ApiError {
     /// Overrides the code's usual status (409 for a session that has ended).
     status: Option<StatusCode>,
     message: String,
+    /// `Retry-After` seconds, for a refusal that passes with time (503, some 429s).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -73,6 +75,7 @@ impl ApiError {
             code,
             status: None,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -96,9 +99,16 @@ impl ApiError {
         Self::new(ErrorCode::PayloadTooLarge, message)
     }
 
-    /// The server is at capacity: 503, with `Retry-After`.
+    /// The server is at capacity (connections, sessions): 503. A place frees as soon as one
+    /// client is done, so one second is a fair first wait.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Unavailable, message)
+        Self::new(ErrorCode::Unavailable, message).retry_after(1)
+    }
+
+    /// Asks the client to wait `seconds` before trying again (`Retry-After`).
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// A request body that arrived too slowly (`serve --body-timeout`, `--body-min-rate`):
@@ -108,6 +118,7 @@ impl ApiError {
             code: ErrorCode::InvalidRequest,
             status: Some(StatusCode::REQUEST_TIMEOUT),
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -117,6 +128,7 @@ impl ApiError {
             code: ErrorCode::InvalidRequest,
             status: Some(StatusCode::METHOD_NOT_ALLOWED),
             message: format!("this route does not serve {method}"),
+            retry_after: None,
         }
     }
 
@@ -147,6 +159,7 @@ impl ApiError {
             code: ErrorCode::SessionBusy,
             status: Some(StatusCode::CONFLICT),
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -157,6 +170,7 @@ impl ApiError {
             code: ErrorCode::Internal,
             status: Some(StatusCode::BAD_GATEWAY),
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -187,7 +201,10 @@ impl From<EngineError> for ApiError {
                 ApiError::new(ErrorCode::LimitExceeded, m)
             }
             EngineError::PayloadTooLarge(m) => ApiError::too_large(m),
-            EngineError::AtCapacity(m) => ApiError::new(ErrorCode::Unavailable, m),
+            EngineError::AtCapacity(m) => ApiError::unavailable(m),
+            // Memory comes back when sessions end; nobody knows when: a few seconds.
+            EngineError::OverCommitted(m) => ApiError::new(ErrorCode::Unavailable, m)
+                .retry_after(runcell_engine::RETRY_AFTER.as_secs()),
             EngineError::InsufficientStorage(m) => ApiError::no_space(m),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             other => ApiError::internal(other),
@@ -213,16 +230,15 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = self.code;
+        let retry_after_set = self.retry_after;
         let (status, body) = self.parts();
         let mut resp = (status, Json(body)).into_response();
         let retry_after = match code {
             // Executions on a session are short on average; one second is a fair first wait.
             ErrorCode::SessionBusy if status == StatusCode::TOO_MANY_REQUESTS => Some(1),
-            // Room comes back when a session ends; nobody knows when: a few seconds.
-            ErrorCode::Unavailable => Some(runcell_engine::RETRY_AFTER.as_secs()),
             _ => None,
         };
-        if let Some(s) = retry_after {
+        if let Some(s) = retry_after_set.or(retry_after) {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(s),
