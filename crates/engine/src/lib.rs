@@ -25,7 +25,8 @@ pub use crate::limits::{
     MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
 };
 pub use bounds::{
-    check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
+    check_code, MAX_CODE_BYTES, MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_RESULTS, MAX_RESULTS_BYTES,
+    MAX_RESULT_BYTES,
 };
 pub use commands::CommandOutput;
 pub use files::{FileEntry, MAX_FILE_BYTES};

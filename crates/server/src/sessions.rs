@@ -106,11 +106,14 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
 pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
-            ApiError::invalid(format!(
-                "timeout_s {s} is not a number of seconds runcell can wait"
-            ))
-        }),
+        // A positive time below a nanosecond is still a positive (tiny) limit, not zero.
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+            .map(|d| Some(d.max(Duration::from_nanos(1))))
+            .map_err(|_| {
+                ApiError::invalid(format!(
+                    "timeout_s {s} is not a number of seconds runcell can wait"
+                ))
+            }),
         Some(_) => Err(ApiError::invalid(
             "timeout_s must be a positive number of seconds",
         )),
