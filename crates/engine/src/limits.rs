@@ -250,6 +250,20 @@ impl LimitPolicy {
         Ok(())
     }
 
+    /// Each limit a request may name, with the least and the most [`LimitPolicy::resolve`]
+    /// accepts (the OpenAPI document states them).
+    pub fn ranges(&self) -> [(&'static str, f64, f64); 6] {
+        let m = &self.max;
+        [
+            ("memory_mb", MIN_MEMORY_MB as f64, m.memory_mb as f64),
+            ("cpu", MIN_CPU, m.cpu),
+            ("pids", MIN_PIDS as f64, m.pids as f64),
+            ("disk_mb", 1.0, m.disk_mb as f64),
+            ("exec_timeout_s", 1.0, m.exec_timeout_s as f64),
+            ("idle_timeout_s", 1.0, m.idle_timeout_s as f64),
+        ]
+    }
+
     /// `name value exceeds this server's maximum of max (serve --max-name)`.
     fn over(
         &self,

@@ -13,6 +13,7 @@ pub mod mcp;
 mod metrics;
 mod misc;
 mod oneshot;
+mod openapi;
 mod sessions;
 mod state;
 mod web;
@@ -89,6 +90,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .split_for_parts();
     let mut api = api;
     document_forbidden(&mut api);
+    openapi::document(&mut api, &state.engine.config().limits);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))

@@ -35,7 +35,10 @@ pub struct InputFileBody {
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteOnceRequest,
-    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody), (status = 503, body = ErrorBody)))]
+    responses((status = 200, body = Execution, description = "the finished execution, whatever its status (`ok`, `error`, `timeout`, `killed`)"),
+        (status = 400, body = ErrorBody, description = "`invalid_request` (bad base64, a bad file path), or `limit_exceeded`: a limit or `timeout_s` over the server's maximum"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: code over 1 MiB or a file over the file size limit"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn execute_once(
     State(state): State<AppState>,
     tenant: Tenant,

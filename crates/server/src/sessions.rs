@@ -132,9 +132,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = CreateSessionRequest,
-    responses((status = 201, body = SessionInfo),
+    responses((status = 201, body = SessionInfo, description = "the session, ready to run code"),
         (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
-        (status = 401, body = ErrorBody),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: `env` over 64 KiB"),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,
@@ -163,7 +163,8 @@ pub async fn create_session(
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
     params(("metadata.KEY" = Option<String>, Query, description = "only sessions whose metadata KEY equals this value")),
-    responses((status = 200, body = SessionList)))]
+    responses((status = 200, body = SessionList, description = "the tenant's sessions, live and dead"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a query parameter other than `metadata.KEY`")))]
 pub async fn list_sessions(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -232,7 +233,7 @@ fn form_pairs(q: &str) -> Vec<(String, String)> {
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = SessionInfo, description = "the session"), (status = 404, body = ErrorBody, description = "no such session of this tenant")))]
 pub async fn get_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -243,7 +244,7 @@ pub async fn get_session(
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "ended: its kernel stopped, its workspace removed"), (status = 404, body = ErrorBody, description = "no such session of this tenant")))]
 pub async fn delete_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -261,7 +262,7 @@ pub async fn delete_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/interrupt", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Interrupted), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Interrupted, description = "whether an execution got the interrupt"), (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited")))]
 pub async fn interrupt_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -275,7 +276,9 @@ pub async fn interrupt_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/restart", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+    responses((status = 200, body = SessionInfo, description = "the session with a fresh kernel (variables gone, files kept)"), (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 429, body = ErrorBody, description = "`session_busy`: the session is busy; see `Retry-After`"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn restart_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -314,7 +317,10 @@ impl Drop for CancelOnDrop {
     request_body = ExecuteRequest,
     responses(
         (status = 200, body = Execution, description = "the finished execution; with `Accept: application/x-ndjson`, a stream of events ending with `{\"type\":\"end\",\"execution\":...}`"),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody)))]
+        (status = 400, body = ErrorBody, description = "`invalid_request`, or `limit_exceeded`: a `timeout_s` over the server's maximum"),
+        (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: code over 1 MiB"),
+        (status = 429, body = ErrorBody, description = "`session_busy`: the session's queue is full; see `Retry-After`")))]
 pub async fn execute(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -440,7 +446,11 @@ fn stream_execution(
 #[utoipa::path(post, path = "/v1/sessions/{id}/commands", tag = "sessions",
     params(("id" = String, Path)),
     request_body = CommandRequest,
-    responses((status = 200, body = CommandOutput), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = CommandOutput, description = "the command's output and exit status, whatever it was"),
+        (status = 400, body = ErrorBody, description = "`invalid_request` (a NUL byte), or `limit_exceeded`: a `timeout_s` over the server's maximum"),
+        (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: a command over 128 KiB"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn run_command(
     State(state): State<AppState>,
     tenant: Tenant,
