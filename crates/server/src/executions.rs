@@ -58,7 +58,8 @@ fn with_code(row: runcell_store::ExecutionRow) -> serde_json::Value {
 #[utoipa::path(get, path = "/v1/executions", tag = "executions",
     params(ListQuery),
     responses((status = 200, body = ExecutionList, description = "the tenant's executions, newest first"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a `limit` out of range, a malformed `before` cursor or an unknown parameter")))]
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a `limit` out of range or an unknown parameter"),
+        (status = 404, body = ErrorBody, description = "the `before` cursor names no execution of this tenant")))]
 pub async fn list_executions(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -16,6 +16,18 @@ use crate::extract::ApiQuery;
 use crate::sessions::{blocking, owned};
 use crate::state::{AppState, Tenant};
 
+/// The multipart upload's shape, for the document: any number of file parts, at least one.
+#[derive(Debug, ToSchema)]
+#[allow(
+    dead_code,
+    reason = "the OpenAPI shape of the multipart body the handler reads"
+)]
+pub struct UploadForm {
+    /// A file, stored under its file name (or its part name).
+    #[schema(value_type = String, format = Binary)]
+    pub file: Vec<u8>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FileList {
     pub files: Vec<FileEntry>,
@@ -48,7 +60,7 @@ pub async fn list_files(
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path, description = "relative to /workspace")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    request_body(content = Option<Vec<u8>>, content_type = "application/octet-stream", description = "the file's bytes; none: an empty file"),
     responses((status = 201, body = FileEntry, description = "stored"), (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process"),
         (status = 413, body = ErrorBody, description = "`payload_too_large`: over the file size limit")))]
 pub async fn put_file(
@@ -95,7 +107,7 @@ async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> Ap
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), ListQuery),
-    request_body(content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name (below `?path=dir` if given)"),
+    request_body(content = UploadForm, content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name (below `?path=dir` if given)"),
     responses((status = 201, body = FileList, description = "the files stored"),
         (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, a part without a file name, no part at all, or a bad path"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process"),
         (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit")))]

@@ -18,11 +18,13 @@ pub struct ExecuteOnceRequest {
     pub language: Option<Language>,
     pub code: String,
     /// Files placed in /workspace first.
+    #[serde(default, deserialize_with = "crate::extract::objects")]
     pub files: Option<Vec<InputFileBody>>,
     /// Bytes on the program's stdin (UTF-8 text).
     pub stdin: Option<String>,
     /// Wall-clock limit in seconds (default 60).
     pub timeout_s: Option<f64>,
+    #[serde(default, deserialize_with = "crate::extract::object")]
     pub limits: Option<LimitsRequest>,
 }
 
@@ -30,6 +32,10 @@ pub struct ExecuteOnceRequest {
 #[serde(deny_unknown_fields)]
 pub struct InputFileBody {
     pub path: String,
+    /// Standard base64, padded, with no stray bits in the last symbol.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
+    )]
     pub content_base64: String,
 }
 

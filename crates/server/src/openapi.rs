@@ -27,6 +27,43 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
         }
     }
     document_ranges(api, limits);
+    for (_, op) in operations(api) {
+        document_bytes(op);
+    }
+}
+
+/// Raw bytes (an upload, a download) are a binary string, not utoipa's array of integers;
+/// an upload may be empty (an empty file).
+fn document_bytes(op: &mut Operation) {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    let binary = || {
+        RefOr::T(Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+                .build(),
+        ))
+    };
+    let raw = |media: &str| media == "application/octet-stream" || media == "*/*";
+    if let Some(RefOr::T(body)) = op.request_body.as_mut() {
+        if body.content.keys().any(|m| raw(m)) {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
+        for (media, c) in body.content.iter_mut() {
+            if let (true, RefOr::T(c)) = (raw(media), c) {
+                c.schema = Some(binary());
+            }
+        }
+    }
+    for reply in op.responses.responses.values_mut() {
+        if let RefOr::T(reply) = reply {
+            for (media, c) in reply.content.iter_mut() {
+                if let (true, RefOr::T(c)) = (raw(media), c) {
+                    c.schema = Some(binary());
+                }
+            }
+        }
+    }
 }
 
 const UNAUTHORIZED: &str = "`unauthorized`: no API key (`Authorization: Bearer KEY`), or one that \

@@ -25,8 +25,11 @@ use crate::state::{AppState, Tenant};
 pub struct CreateSessionRequest {
     /// `python` (default).
     pub language: Option<Language>,
+    #[serde(default, deserialize_with = "crate::extract::object")]
     pub limits: Option<LimitsRequest>,
-    /// Extra environment variables for the kernel.
+    /// Extra environment variables for the kernel: names without `=`, no NUL byte anywhere,
+    /// 64 KiB in all.
+    #[schema(value_type = Option<BTreeMap<EnvName, EnvValue>>, inline)]
     pub env: Option<BTreeMap<String, String>>,
     /// Free-form labels, filterable with `?metadata.k=v`.
     pub metadata: Option<BTreeMap<String, String>>,
@@ -34,6 +37,18 @@ pub struct CreateSessionRequest {
     /// interpreter of its own: its own address-space layout and hash secret).
     pub start: Option<Start>,
 }
+
+/// An environment variable's name, for the document.
+#[derive(ToSchema)]
+#[schema(pattern = r"^[^=\x00]+$")]
+#[allow(dead_code, reason = "the OpenAPI shape of env's names")]
+pub struct EnvName(String);
+
+/// An environment variable's value, for the document.
+#[derive(ToSchema)]
+#[schema(pattern = r"^[^\x00]*$")]
+#[allow(dead_code, reason = "the OpenAPI shape of env's values")]
+pub struct EnvValue(String);
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionList {
@@ -51,6 +66,8 @@ pub struct ExecuteRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandRequest {
+    /// Run as `bash -c COMMAND`: no program argument can hold a NUL byte.
+    #[schema(pattern = r"^[^\x00]*$")]
     pub command: String,
     pub timeout_s: Option<f64>,
 }
