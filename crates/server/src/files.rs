@@ -16,18 +16,6 @@ use crate::extract::ApiQuery;
 use crate::sessions::{blocking, owned};
 use crate::state::{AppState, Tenant};
 
-/// The multipart upload's shape, for the document: any number of file parts, at least one.
-#[derive(Debug, ToSchema)]
-#[allow(
-    dead_code,
-    reason = "the OpenAPI shape of the multipart body the handler reads"
-)]
-pub struct UploadForm {
-    /// A file, stored under its file name (or its part name).
-    #[schema(value_type = String, format = Binary)]
-    pub file: Vec<u8>,
-}
-
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FileList {
     pub files: Vec<FileEntry>,
@@ -107,7 +95,7 @@ async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> Ap
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), ListQuery),
-    request_body(content = UploadForm, content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name (below `?path=dir` if given)"),
+    request_body(content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name, or its part name (below `?path=dir` if given)"),
     responses((status = 201, body = FileList, description = "the files stored"),
         (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, a part without a file name, no part at all, or a bad path"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process"),
         (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit")))]

@@ -27,9 +27,37 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
         }
     }
     document_ranges(api, limits);
-    for (_, op) in operations(api) {
+    for (path, op) in operations(api) {
         document_bytes(op);
+        if path == "/v1/sessions/{id}/files" {
+            document_upload(op);
+        }
     }
+}
+
+/// The multipart upload: parts of any name, each a file, at least one.
+fn document_upload(op: &mut Operation) {
+    use utoipa::openapi::schema::{
+        AdditionalProperties, KnownFormat, ObjectBuilder, SchemaFormat, Type,
+    };
+    let Some(RefOr::T(body)) = op.request_body.as_mut() else {
+        return;
+    };
+    let Some(RefOr::T(form)) = body.content.get_mut("multipart/form-data") else {
+        return;
+    };
+    let file = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+        .build();
+    let mut schema = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            file,
+        )))))
+        .build();
+    schema.min_properties = Some(1);
+    form.schema = Some(RefOr::T(Schema::Object(schema)));
 }
 
 /// Raw bytes (an upload, a download) are a binary string, not utoipa's array of integers;
