@@ -216,6 +216,7 @@ fn the_openapi_document_is_valid_and_the_server_keeps_to_it_under_schemathesis()
             .env("NO_COLOR", "1"),
         HARD_LIMIT,
     );
+    println!("{report}");
     assert!(
         ok,
         "Schemathesis found the server breaking its document:\n{report}"
