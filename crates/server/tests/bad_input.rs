@@ -108,3 +108,86 @@ async fn nul_bytes_and_oversized_environments_are_refused() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bodies_are_objects_limits_whole_numbers_and_an_unknown_cursor_is_not_found() {
+    let srv = common::start().await;
+    // serde builds a struct from an array of its fields; no schema of the API allows one.
+    let got = post(&srv, "/v1/sessions/x/execute", json!(["print(1)"])).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request", "object");
+    let got = post(&srv, "/v1/sessions", json!({"limits": [null, null]})).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request", "limits");
+    let got = post(
+        &srv,
+        "/v1/execute",
+        json!({"code": "1", "files": [["a", "YQ=="]]}),
+    )
+    .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request", "files");
+    // JSON Schema's integer: 64.0 is one.
+    let (s, v) = post(&srv, "/v1/sessions", json!({"limits": {"disk_mb": 64.0}})).await;
+    assert_eq!(
+        (s, &v["limits"]["disk_mb"]),
+        (StatusCode::CREATED, &json!(64)),
+        "{v}"
+    );
+    let got = post(&srv, "/v1/sessions", json!({"limits": {"disk_mb": 64.5}})).await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "whole number",
+    );
+
+    let resp = srv
+        .http
+        .get(format!("{}/v1/executions?before=ex_nothing", srv.base))
+        .send()
+        .await
+        .expect("send");
+    let got = (resp.status(), resp.json::<Value>().await.expect("json"));
+    assert_error(&got, StatusCode::NOT_FOUND, "not_found", "ex_nothing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_document_states_the_statuses_security_and_ranges_of_this_server() {
+    let srv = common::start().await;
+    let doc: Value = srv
+        .http
+        .get(format!("{}/openapi.json", srv.base))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(doc.get("security"), None, "security is per operation");
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("ops") {
+            let responses = op["responses"].as_object().expect("responses");
+            for (status, r) in responses {
+                assert!(
+                    r["description"].as_str().is_some_and(|d| !d.is_empty()),
+                    "{method} {path} {status} has no description"
+                );
+            }
+            let keyed = path != "/healthz";
+            assert_eq!(op.get("security").is_some(), keyed, "{method} {path}");
+            assert_eq!(responses.contains_key("401"), keyed, "{method} {path}");
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let named = format!("{{{}}}", p["name"].as_str().unwrap_or_default());
+                let in_path = path.contains(&named);
+                assert_eq!(p["in"] == "path", in_path, "{method} {path} {p}");
+                assert_eq!(p["required"] == true, in_path, "{method} {path} {p}");
+            }
+        }
+    }
+    let limits = &doc["components"]["schemas"]["LimitsRequest"]["properties"];
+    let max = srv.engine.config().limits.max;
+    assert_eq!(limits["memory_mb"]["minimum"], 16);
+    assert_eq!(limits["memory_mb"]["maximum"], max.memory_mb);
+    assert_eq!(limits["pids"]["maximum"], max.pids);
+    let timeout = &doc["components"]["schemas"]["ExecuteRequest"]["properties"]["timeout_s"];
+    assert_eq!(timeout["exclusiveMinimum"], 0);
+    assert_eq!(timeout["maximum"], max.exec_timeout_s);
+}
