@@ -15,7 +15,10 @@ pub mod provider;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use provider::{Client, ModelReply, ProviderConfig, ProviderKind, ToolReply, ToolUse, Turn};
+pub use provider::{
+    default_models, Client, ModelReply, ProviderConfig, ProviderKind, ToolReply, ToolUse, Turn,
+    DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
+};
 
 /// What can stop a run before an answer.
 #[derive(Debug, thiserror::Error)]

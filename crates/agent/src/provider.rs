@@ -54,12 +54,28 @@ impl ProviderKind {
         }
     }
 
+    /// The model used when none is named.
     pub fn default_model(self) -> &'static str {
         match self {
-            ProviderKind::OpenAi => "gpt-4.1",
-            ProviderKind::Anthropic => "claude-sonnet-4-5",
+            ProviderKind::OpenAi => DEFAULT_OPENAI_MODEL,
+            ProviderKind::Anthropic => DEFAULT_ANTHROPIC_MODEL,
         }
     }
+}
+
+/// The default OpenAI model: not on OpenAI's deprecation list, and a Chat Completions model
+/// that takes the request the agent sends (`max_tokens`, tools).
+pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1";
+/// The default Anthropic model: the newest Sonnet the SDK names, on no deprecation list
+/// (claude-sonnet-4-5, the previous default, reached its end of life on 2026-11-30). Check
+/// the providers' deprecation pages when bumping the agent's dependencies.
+pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-5-5";
+
+/// `gpt-4.1 for openai, ... for anthropic`: the defaults as `--help` states them.
+pub fn default_models() -> String {
+    [ProviderKind::OpenAi, ProviderKind::Anthropic]
+        .map(|k| format!("{} for {}", k.default_model(), k.name()))
+        .join(", ")
 }
 
 /// Where the model is and how to talk to it.
@@ -577,4 +593,25 @@ pub fn parse_anthropic(v: &Value) -> Result<ModelReply, AgentError> {
         calls,
         raw: Value::Array(content.clone()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_without_a_model_gets_the_one_default_constant() {
+        for (kind, constant) in [
+            (ProviderKind::OpenAi, DEFAULT_OPENAI_MODEL),
+            (ProviderKind::Anthropic, DEFAULT_ANTHROPIC_MODEL),
+        ] {
+            let cfg = ProviderConfig::from_env(kind, None, Some("http://127.0.0.1:9".into()));
+            let cfg = cfg.expect("a config");
+            assert_eq!(cfg.model, constant);
+            assert_eq!(kind.default_model(), constant);
+            assert!(default_models().contains(&format!("{constant} for {}", kind.name())));
+        }
+        // Retired 2026-11-30 (the Anthropic SDK warns on every request naming it).
+        assert_ne!(DEFAULT_ANTHROPIC_MODEL, "claude-sonnet-4-5");
+    }
 }

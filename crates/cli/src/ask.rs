@@ -23,8 +23,8 @@ pub struct AskArgs {
     /// The model API: any OpenAI-compatible Chat Completions endpoint, or Anthropic Messages.
     #[arg(long, default_value = "openai", value_parser = parse_provider, env = "RUNCELL_PROVIDER")]
     provider: ProviderKind,
-    /// The model (default: gpt-4.1 for openai, claude-sonnet-4-5 for anthropic).
-    #[arg(long, value_name = "M", env = "RUNCELL_MODEL")]
+    #[arg(long, value_name = "M", env = "RUNCELL_MODEL",
+        help = format!("The model (default: {})", runcell_agent::default_models()))]
     model: Option<String>,
     /// The API's base URL (default https://api.openai.com/v1 or https://api.anthropic.com);
     /// e.g. http://localhost:11434/v1 for Ollama (no key needed then).

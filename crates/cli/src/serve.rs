@@ -36,8 +36,8 @@ pub struct ServeArgs {
     /// ANTHROPIC_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
-    /// The chat's model (default: gpt-4.1 for openai, claude-sonnet-4-5 for anthropic).
-    #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL")]
+    #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",
+        help = format!("The chat's model (default: {})", runcell_agent::default_models()))]
     agent_model: Option<String>,
     /// The chat's API base URL, e.g. http://localhost:11434/v1 for Ollama (no key needed then).
     #[arg(long, value_name = "URL", env = "RUNCELL_AGENT_BASE_URL")]

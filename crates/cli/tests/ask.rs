@@ -515,3 +515,32 @@ fn out_never_follows_a_planted_link_nor_overwrites_and_prints_names_escaped() {
     );
     assert!(stderr.contains("1 of 5 files not saved"), "{stderr}");
 }
+
+/// The model defaults `--help` states are the agent's own (one place), for `ask` and for the
+/// chat of `serve`.
+#[test]
+fn help_states_the_default_models() {
+    let data = tempfile::tempdir().expect("tempdir");
+    for (cmd, flag) in [("ask", "--model"), ("serve", "--agent-model")] {
+        let out = runcell(data.path())
+            .args([cmd, "--help"])
+            .output()
+            .expect("help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{cmd} --help: {out:?}");
+        let line = help
+            .lines()
+            .skip_while(|l| !l.contains(flag))
+            .take(2)
+            .collect::<String>();
+        for model in [
+            runcell_agent::DEFAULT_OPENAI_MODEL,
+            runcell_agent::DEFAULT_ANTHROPIC_MODEL,
+        ] {
+            assert!(
+                line.contains(model),
+                "{cmd} --help {flag} names {model}: {line}"
+            );
+        }
+    }
+}

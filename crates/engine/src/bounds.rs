@@ -180,8 +180,15 @@ pub fn check_code(code: &str) -> Result<(), EngineError> {
 }
 
 /// `Err(PayloadTooLarge)` for a command over [`MAX_COMMAND_BYTES`], naming the cap.
+/// `Err(InvalidRequest)` for a NUL byte, which no program argument can hold.
 pub(crate) fn check_command(command: &str) -> Result<(), EngineError> {
-    check("the command", command, MAX_COMMAND_BYTES)
+    check("the command", command, MAX_COMMAND_BYTES)?;
+    if command.contains('\0') {
+        return Err(EngineError::InvalidRequest(
+            "the command contains a NUL byte, which no program argument can hold".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn check(what: &str, text: &str, limit: usize) -> Result<(), EngineError> {
@@ -242,6 +249,17 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
     }
     let mut total = 0;
     for (k, v) in env {
+        // `execve` takes `NAME=value` strings ending in NUL: a name must be a name, and no
+        // NUL can be passed anywhere.
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return bad(format!("invalid variable name {:?}", prefix(k)));
+        }
+        if v.contains('\0') {
+            return bad(format!(
+                "the value of {:?} contains a NUL byte, which no environment can hold",
+                prefix(k)
+            ));
+        }
         // `NAME=value` and its NUL, as the kernel counts it.
         let len = k.len() + v.len() + 2;
         if len > MAX_ENV_VAR_BYTES {

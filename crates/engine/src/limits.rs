@@ -36,12 +36,39 @@ const MIN_CPU: f64 = 0.01;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
+    #[serde(default, deserialize_with = "whole_number")]
     pub memory_mb: Option<u64>,
     pub cpu: Option<f64>,
+    #[serde(default, deserialize_with = "whole_number")]
     pub pids: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
     pub disk_mb: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
     pub exec_timeout_s: Option<u64>,
+    #[serde(default, deserialize_with = "whole_number")]
     pub idle_timeout_s: Option<u64>,
+}
+
+/// An integer as JSON Schema counts them: `4` or `4.0` (a number with no fraction), which
+/// JSON clients and generated ones may send alike.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(u64),
+        Float(f64),
+    }
+    match Option::<Number>::deserialize(d)? {
+        None => Ok(None),
+        Some(Number::Int(v)) => Ok(Some(v)),
+        Some(Number::Float(v)) if v.fract() == 0.0 && (0.0..u64::MAX as f64).contains(&v) => {
+            Ok(Some(v as u64))
+        }
+        Some(Number::Float(v)) => Err(D::Error::custom(format!(
+            "invalid value {v}: expected a whole number of at least 0"
+        ))),
+    }
 }
 
 /// A session's resolved limits, as reported in its Session object.
@@ -248,6 +275,20 @@ impl LimitPolicy {
             ));
         }
         Ok(())
+    }
+
+    /// Each limit a request may name, with the least and the most [`LimitPolicy::resolve`]
+    /// accepts (the OpenAPI document states them).
+    pub fn ranges(&self) -> [(&'static str, f64, f64); 6] {
+        let m = &self.max;
+        [
+            ("memory_mb", MIN_MEMORY_MB as f64, m.memory_mb as f64),
+            ("cpu", MIN_CPU, m.cpu),
+            ("pids", MIN_PIDS as f64, m.pids as f64),
+            ("disk_mb", 1.0, m.disk_mb as f64),
+            ("exec_timeout_s", 1.0, m.exec_timeout_s as f64),
+            ("idle_timeout_s", 1.0, m.idle_timeout_s as f64),
+        ]
     }
 
     /// `name value exceeds this server's maximum of max (serve --max-name)`.

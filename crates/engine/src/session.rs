@@ -434,13 +434,6 @@ impl SessionManager {
             (None, _) => Start::Cold,
         };
         self.start_sweeper();
-        for k in req.env.keys() {
-            if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(EngineError::InvalidRequest(format!(
-                    "invalid environment variable name {k:?}"
-                )));
-            }
-        }
         // The quota first (the tenant's own business), then the server's room.
         self.core
             .ledger

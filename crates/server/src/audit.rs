@@ -74,7 +74,8 @@ pub struct CheckpointDoc {
 }
 
 #[utoipa::path(get, path = "/v1/audit/public-key", tag = "executions",
-    responses((status = 200, body = PublicKey), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = PublicKey, description = "the key checkpoints are signed with"),
+        (status = 404, body = ErrorBody, description = "this server has no signing key")))]
 pub async fn public_key(
     State(state): State<AppState>,
     _tenant: Tenant,
@@ -90,7 +91,8 @@ pub async fn public_key(
 /// A checkpoint of the caller's tenant when API keys are in use; of every tenant on an open
 /// (keyless, loopback) server, whose one tenant-less user sees everything anyway.
 #[utoipa::path(get, path = "/v1/audit/checkpoint", tag = "executions",
-    responses((status = 200, body = CheckpointDoc), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = CheckpointDoc, description = "a signed statement of the chain heads now"),
+        (status = 404, body = ErrorBody, description = "this server has no signing key")))]
 pub async fn checkpoint(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -52,7 +52,7 @@ const NOT_CONFIGURED: &str = "chat is not configured on this server: start it wi
 or ANTHROPIC_API_KEY)";
 
 #[utoipa::path(get, path = "/v1/chat", tag = "chat",
-    responses((status = 200, body = ChatInfo)))]
+    responses((status = 200, body = ChatInfo, description = "whether the chat is on, and with which model")))]
 pub async fn chat_info(State(state): State<AppState>, _tenant: Tenant) -> Json<ChatInfo> {
     Json(match &state.chat {
         Some(c) => ChatInfo {
@@ -136,7 +136,11 @@ fn call_source(name: &str, input: &serde_json::Value, raw: &str) -> String {
     request_body(content_type = "multipart/form-data", description = "a `question` text part and any number of file parts, uploaded into /workspace under their file names"),
     responses(
         (status = 200, content_type = "application/x-ndjson", description = "events as the loop runs: `session`, then per step `model`, `tool_call`, `tool_result`; last `end` with the answer and the files produced, or with `status` and `error`"),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody, description = "no model provider is configured")))]
+        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, or an unexpected part"),
+        (status = 404, body = ErrorBody, description = "no model provider is configured"),
+        (status = 409, body = ErrorBody, description = "the session the loop ran in ended under it"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn chat(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -11,11 +11,13 @@ use crate::extract::{ApiQuery, Path};
 use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this session's executions.
     pub session_id: Option<String>,
-    /// Page size, 1..=1000 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next` cursor of the previous page.
     pub before: Option<String>,
@@ -55,7 +57,9 @@ fn with_code(row: runcell_store::ExecutionRow) -> serde_json::Value {
 
 #[utoipa::path(get, path = "/v1/executions", tag = "executions",
     params(ListQuery),
-    responses((status = 200, body = ExecutionList), (status = 400, body = ErrorBody)))]
+    responses((status = 200, body = ExecutionList, description = "the tenant's executions, newest first"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a `limit` out of range or an unknown parameter"),
+        (status = 404, body = ErrorBody, description = "the `before` cursor names no execution of this tenant")))]
 pub async fn list_executions(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -85,7 +89,8 @@ pub async fn list_executions(
 
 #[utoipa::path(get, path = "/v1/executions/{id}", tag = "executions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Object, description = "an Execution plus its code"), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Object, description = "an Execution plus its code"),
+        (status = 404, body = ErrorBody, description = "no execution of this tenant has this id")))]
 pub async fn get_execution(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -102,7 +107,7 @@ pub async fn get_execution(
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify", tag = "executions",
-    responses((status = 200, body = VerifyResult)))]
+    responses((status = 200, body = VerifyResult, description = "whether the tenant's hash chain is intact, and where it breaks")))]
 pub async fn verify(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -22,6 +22,7 @@ pub struct FileList {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// A directory relative to /workspace (default: all files).
@@ -30,7 +31,8 @@ pub struct ListQuery {
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), ListQuery),
-    responses((status = 200, body = FileList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = FileList, description = "the files below the directory"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn list_files(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -46,8 +48,9 @@ pub async fn list_files(
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path, description = "relative to /workspace")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, body = FileEntry), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+    request_body(content = Option<Vec<u8>>, content_type = "application/octet-stream", description = "the file's bytes; none: an empty file"),
+    responses((status = 201, body = FileEntry, description = "stored"), (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: over the file size limit")))]
 pub async fn put_file(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -78,8 +81,10 @@ async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> Ap
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/files", tag = "files",
     params(("id" = String, Path), ListQuery),
-    request_body(content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name (below `?path=dir` if given)"),
-    responses((status = 201, body = FileList), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
+    request_body(content_type = "multipart/form-data", description = "one or more file parts; each is stored under its file name, or its part name (below `?path=dir` if given)"),
+    responses((status = 201, body = FileList, description = "the files stored"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, a part without a file name, no part at all, or a bad path"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit")))]
 pub async fn upload_multipart(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -115,7 +120,8 @@ pub async fn upload_multipart(
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "*/*", body = Vec<u8>, description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown)"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn get_file(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -179,7 +185,7 @@ fn content_disposition(name: &str) -> String {
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "deleted"), (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn delete_file(
     State(state): State<AppState>,
     tenant: Tenant,

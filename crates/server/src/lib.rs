@@ -14,6 +14,7 @@ pub mod mcp;
 mod metrics;
 mod misc;
 mod oneshot;
+mod openapi;
 mod sessions;
 mod state;
 mod web;
@@ -92,6 +93,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let mut api = api;
     document_forbidden(&mut api);
     document_no_space(&mut api);
+    openapi::document(&mut api, &state.engine.config().limits);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))

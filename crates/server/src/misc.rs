@@ -28,7 +28,8 @@ pub struct Health {
 /// For a probe, never refused: once keys exist, a caller without a valid one learns only that
 /// the server is up (the zygote's pid and preloaded modules, the pool's size, are for the
 /// operator).
-#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = Health)))]
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, body = Health, description = "the server is up")))]
 pub async fn healthz(
     State(state): State<AppState>,
     tenant: Result<Tenant, ApiError>,
@@ -51,7 +52,7 @@ pub async fn healthz(
 /// executions, naming none); `--metrics-listen` moves them to a listener of their own.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, content_type = "text/plain", body = String, description = "Prometheus text exposition"),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody, description = "served by the metrics listener (`serve --metrics-listen`)")))]
+        (status = 404, body = ErrorBody, description = "served by the metrics listener (`serve --metrics-listen`)")))]
 pub async fn metrics(
     State(state): State<AppState>,
     tenant: Result<Tenant, ApiError>,

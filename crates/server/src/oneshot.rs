@@ -18,11 +18,13 @@ pub struct ExecuteOnceRequest {
     pub language: Option<Language>,
     pub code: String,
     /// Files placed in /workspace first.
+    #[serde(default, deserialize_with = "crate::extract::objects")]
     pub files: Option<Vec<InputFileBody>>,
     /// Bytes on the program's stdin (UTF-8 text).
     pub stdin: Option<String>,
     /// Wall-clock limit in seconds (default 60).
     pub timeout_s: Option<f64>,
+    #[serde(default, deserialize_with = "crate::extract::object")]
     pub limits: Option<LimitsRequest>,
 }
 
@@ -30,12 +32,18 @@ pub struct ExecuteOnceRequest {
 #[serde(deny_unknown_fields)]
 pub struct InputFileBody {
     pub path: String,
+    /// Standard base64, padded, with no stray bits in the last symbol.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
+    )]
     pub content_base64: String,
 }
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteOnceRequest,
-    responses((status = 200, body = Execution), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody),
+    responses((status = 200, body = Execution, description = "the finished execution, whatever its status (`ok`, `error`, `timeout`, `killed`)"),
+        (status = 400, body = ErrorBody, description = "`invalid_request` (bad base64, a bad file path), or `limit_exceeded`: a limit or `timeout_s` over the server's maximum"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: code over 1 MiB or a file over the file size limit"),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sandboxes as its descriptors allow; see `Retry-After`")))]
 pub async fn execute_once(
     State(state): State<AppState>,

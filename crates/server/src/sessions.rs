@@ -25,8 +25,11 @@ use crate::state::{AppState, Tenant};
 pub struct CreateSessionRequest {
     /// `python` (default).
     pub language: Option<Language>,
+    #[serde(default, deserialize_with = "crate::extract::object")]
     pub limits: Option<LimitsRequest>,
-    /// Extra environment variables for the kernel.
+    /// Extra environment variables for the kernel: names without `=`, no NUL byte anywhere,
+    /// at most 256 variables of 32 KiB each (`NAME=value`), 256 KiB in all.
+    #[schema(value_type = Option<BTreeMap<EnvName, EnvValue>>, inline)]
     pub env: Option<BTreeMap<String, String>>,
     /// Free-form labels, filterable with `?metadata.k=v`.
     pub metadata: Option<BTreeMap<String, String>>,
@@ -34,6 +37,18 @@ pub struct CreateSessionRequest {
     /// interpreter of its own: its own address-space layout and hash secret).
     pub start: Option<Start>,
 }
+
+/// An environment variable's name, for the document.
+#[derive(ToSchema)]
+#[schema(pattern = r"^[^=\x00]+$")]
+#[allow(dead_code, reason = "the OpenAPI shape of env's names")]
+pub struct EnvName(String);
+
+/// An environment variable's value, for the document.
+#[derive(ToSchema)]
+#[schema(pattern = r"^[^\x00]*$")]
+#[allow(dead_code, reason = "the OpenAPI shape of env's values")]
+pub struct EnvValue(String);
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionList {
@@ -51,6 +66,8 @@ pub struct ExecuteRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandRequest {
+    /// Run as `bash -c COMMAND`: no program argument can hold a NUL byte.
+    #[schema(pattern = r"^[^\x00]*$")]
     pub command: String,
     pub timeout_s: Option<f64>,
 }
@@ -108,11 +125,14 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
 pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
-            ApiError::invalid(format!(
-                "timeout_s {s} is not a number of seconds runcell can wait"
-            ))
-        }),
+        // A positive time below a nanosecond is still a positive (tiny) limit, not zero.
+        Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
+            .map(|d| Some(d.max(Duration::from_nanos(1))))
+            .map_err(|_| {
+                ApiError::invalid(format!(
+                    "timeout_s {s} is not a number of seconds runcell can wait"
+                ))
+            }),
         Some(_) => Err(ApiError::invalid(
             "timeout_s must be a positive number of seconds",
         )),
@@ -131,7 +151,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = CreateSessionRequest,
-    responses((status = 201, body = SessionInfo),
+    responses((status = 201, body = SessionInfo, description = "the session, ready to run code"),
         (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
         (status = 401, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sessions as its descriptors allow; see `Retry-After`")))]
@@ -169,7 +189,8 @@ pub async fn create_session(
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
     params(("metadata.KEY" = Option<String>, Query, description = "only sessions whose metadata KEY equals this value")),
-    responses((status = 200, body = SessionList)))]
+    responses((status = 200, body = SessionList, description = "the tenant's sessions, live and dead"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a query parameter other than `metadata.KEY`")))]
 pub async fn list_sessions(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -239,7 +260,7 @@ fn form_pairs(q: &str) -> Vec<(String, String)> {
 
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = SessionInfo, description = "the session"), (status = 404, body = ErrorBody, description = "no such session of this tenant")))]
 pub async fn get_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -250,7 +271,7 @@ pub async fn get_session(
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = ErrorBody)))]
+    responses((status = 204, description = "ended: its kernel stopped, its workspace removed"), (status = 404, body = ErrorBody, description = "no such session of this tenant")))]
 pub async fn delete_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -276,7 +297,7 @@ pub async fn delete_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/interrupt", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Interrupted), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Interrupted, description = "whether an execution got the interrupt"), (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited")))]
 pub async fn interrupt_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -290,7 +311,9 @@ pub async fn interrupt_session(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/restart", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)))]
+    responses((status = 200, body = SessionInfo, description = "the session with a fresh kernel (variables gone, files kept)"), (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 429, body = ErrorBody, description = "`session_busy`: the session is busy; see `Retry-After`"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn restart_session(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -329,7 +352,10 @@ impl Drop for CancelOnDrop {
     request_body = ExecuteRequest,
     responses(
         (status = 200, body = Execution, description = "the finished execution; with `Accept: application/x-ndjson`, a stream of events ending with `{\"type\":\"end\",\"execution\":...}`"),
-        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 429, body = ErrorBody)))]
+        (status = 400, body = ErrorBody, description = "`invalid_request`, or `limit_exceeded`: a `timeout_s` over the server's maximum"),
+        (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: code over 1 MiB"),
+        (status = 429, body = ErrorBody, description = "`session_busy`: the session's queue is full; see `Retry-After`")))]
 pub async fn execute(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -455,7 +481,11 @@ fn stream_execution(
 #[utoipa::path(post, path = "/v1/sessions/{id}/commands", tag = "sessions",
     params(("id" = String, Path)),
     request_body = CommandRequest,
-    responses((status = 200, body = CommandOutput), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = CommandOutput, description = "the command's output and exit status, whatever it was"),
+        (status = 400, body = ErrorBody, description = "`invalid_request` (a NUL byte), or `limit_exceeded`: a `timeout_s` over the server's maximum"),
+        (status = 404, body = ErrorBody, description = "no such session of this tenant"), (status = 409, body = ErrorBody, description = "the session is dead (its kernel ended with a previous server process) or ended while the request waited"),
+        (status = 413, body = ErrorBody, description = "`payload_too_large`: a command over 128 KiB"),
+        (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn run_command(
     State(state): State<AppState>,
     tenant: Tenant,

@@ -1269,7 +1269,10 @@ impl Backend for SqliteStore {
                     |r| r.get(0),
                 )
                 .optional()?
-                .ok_or_else(|| StoreError::Invalid(format!("before: no execution {cursor:?}")))?,
+                // A cursor names an execution: one that does not exist is not found, like its id.
+                .ok_or_else(|| {
+                    StoreError::NotFound(format!("execution {cursor:?} (the `before` cursor)"))
+                })?,
         };
         // Fetch one extra row to know whether there is a next page.
         let fetch = i64::try_from(limit).unwrap_or(1000) + 1;

@@ -1,0 +1,224 @@
+//! The OpenAPI document as clients that nobody here wrote read it: `openapi-spec-validator`
+//! validates the document `runcell serve` serves, then Schemathesis (every check, with an
+//! API key) fuzzes the real server with it for a bounded time. Any 5xx, any reply its
+//! operation does not document, any schema violation fails the test with Schemathesis's
+//! report. Both tools are pinned in tests/openapi/requirements.txt and installed in a venv
+//! under target/ on first use (PyPI).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Test cases per operation and phase: enough to reach every status of every operation,
+/// few enough that the run stays within its time budget on 2 cores.
+const MAX_EXAMPLES: &str = "8";
+/// Schemathesis's own time budget (seconds), and the test's hard bound on the whole run.
+const FUZZ_SECONDS: &str = "150";
+const HARD_LIMIT: Duration = Duration::from_secs(240);
+
+fn target_dir() -> PathBuf {
+    // CARGO_TARGET_TMPDIR is target/tmp.
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .to_owned()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi")
+}
+
+/// A venv with the pinned tools: created, or re-created when the pins changed.
+fn venv() -> PathBuf {
+    let dir = target_dir().join("openapi-venv");
+    let requirements = fixtures().join("requirements.txt");
+    let pins = std::fs::read(&requirements).expect("requirements.txt");
+    let stamp = dir.join("installed-requirements.txt");
+    if std::fs::read(&stamp).ok().as_deref() == Some(&pins[..]) {
+        return dir;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = Command::new("/usr/bin/python3")
+        .args(["-m", "venv"])
+        .arg(&dir)
+        .status()
+        .expect("run python3 -m venv (the OpenAPI test needs python3 and python3-venv)");
+    assert!(
+        status.success(),
+        "python3 -m venv failed: apt-get install -y python3-venv"
+    );
+    let status = Command::new(dir.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+        .arg(&requirements)
+        .status()
+        .expect("run pip");
+    assert!(
+        status.success(),
+        "pip install -r {} failed",
+        requirements.display()
+    );
+    std::fs::write(&stamp, &pins).expect("stamp");
+    dir
+}
+
+fn runcell(data: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runcell"));
+    c.env("RUNCELL_DATA_DIR", data).env("NO_COLOR", "1");
+    c
+}
+
+/// `runcell serve`, stopped with SIGTERM (its sessions ended) when dropped.
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// A small server: sessions of at most 64 MiB, and room for many of them, so what the fuzzer
+/// creates neither swamps the machine nor meets the (documented, but 5xx) 503 of a full one;
+/// short time limits, so a fuzzed `sleep` does not hold a worker long.
+fn serve(data: &Path, port: u16) -> Serve {
+    let mut child = runcell(data)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--no-zygote", "--warm-sessions", "0"])
+        .args(["--max-memory-mb", "64", "--default-memory-mb", "64"])
+        .args(["--max-disk-mb", "64", "--default-disk-mb", "64"])
+        .args(["--max-pids", "64", "--default-pids", "64"])
+        .args(["--max-committed-memory-mb", "16384"])
+        .args([
+            "--max-exec-timeout-s",
+            "10",
+            "--default-exec-timeout-s",
+            "5",
+        ])
+        .args([
+            "--max-idle-timeout-s",
+            "300",
+            "--default-idle-timeout-s",
+            "300",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = lines.next().expect("serve exited early").expect("line");
+        if line.contains("runcell serving on") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "serve did not start");
+    }
+    // The server's log goes on to the test's output (shown when it fails): a 500's cause.
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if line.contains("ERROR") {
+                eprintln!("serve: {line}");
+            }
+        }
+    });
+    Serve(child)
+}
+
+/// Runs `cmd` to its end or until `limit`, whichever comes first; (success, stdout+stderr).
+fn run_bounded(cmd: &mut Command, limit: Duration) -> (bool, String) {
+    let out_path = tempfile::NamedTempFile::new().expect("tmp");
+    let file = out_path.reopen().expect("reopen");
+    let mut child = cmd
+        .stdout(file.try_clone().expect("clone"))
+        .stderr(file)
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(out_path.path()).unwrap_or_default();
+    match status {
+        Some(s) => (s.success(), output),
+        None => (false, format!("{output}\n(killed after {limit:?})")),
+    }
+}
+
+#[test]
+fn the_openapi_document_is_valid_and_the_server_keeps_to_it_under_schemathesis() {
+    let venv = venv();
+    let data = runcell_engine::testing::data_dir_with_runtime(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "runcell-openapi-test-",
+    );
+    let out = runcell(&data)
+        .args(["keys", "create", "--name", "fuzz"])
+        .output()
+        .expect("keys create");
+    assert!(out.status.success(), "{out:?}");
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("the key")
+        .trim()
+        .to_owned();
+    let port = free_port();
+    let _server = serve(&data, port);
+    let base = format!("http://127.0.0.1:{port}");
+
+    let doc = reqwest::blocking::get(format!("{base}/openapi.json"))
+        .and_then(|r| r.error_for_status())
+        .and_then(|r| r.text())
+        .expect("GET /openapi.json");
+    let work = tempfile::tempdir().expect("tempdir");
+    let doc_path = work.path().join("openapi.json");
+    std::fs::write(&doc_path, &doc).expect("write the document");
+    let (ok, report) = run_bounded(
+        Command::new(venv.join("bin/openapi-spec-validator"))
+            .args(["--validation-errors", "all"])
+            .arg(&doc_path),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "the served OpenAPI document is not valid:\n{report}");
+
+    let (ok, report) = run_bounded(
+        Command::new(venv.join("bin/schemathesis"))
+            .arg("--config-file")
+            .arg(fixtures().join("schemathesis.toml"))
+            .args(["run", &format!("{base}/openapi.json")])
+            // Every check runs (Schemathesis's default, as with `--checks all`), less the
+            // exceptions tests/openapi/schemathesis.toml names with their reasons: a `--checks`
+            // flag would override them.
+            .args(["-H", &format!("Authorization: Bearer {key}")])
+            .args(["--max-examples", MAX_EXAMPLES, "--max-time", FUZZ_SECONDS])
+            .args(["--workers", "2", "--request-timeout", "30", "--no-color"])
+            // Hypothesis keeps its example database in the working directory.
+            .current_dir(work.path())
+            .env("NO_COLOR", "1"),
+        HARD_LIMIT,
+    );
+    println!("{report}");
+    assert!(
+        ok,
+        "Schemathesis found the server breaking its document:\n{report}"
+    );
+}

@@ -1,0 +1,184 @@
+//! What the OpenAPI document says beyond each handler's declaration: the answers every
+//! operation may get from the layers in front of it (the key check, the request parsing), the
+//! security each operation needs, and the ranges this server's limit policy accepts.
+
+use runcell_engine::LimitPolicy;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::schema::Object;
+use utoipa::openapi::security::SecurityRequirement;
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
+
+/// Completes the document for a server with `limits`.
+pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
+    // Security is per operation: `/healthz` answers every probe.
+    api.security = None;
+    for (path, op) in operations(api) {
+        let open = path == "/healthz";
+        if !open {
+            op.security = Some(vec![SecurityRequirement::new(
+                "api_key",
+                Vec::<String>::new(),
+            )]);
+            add(op, "401", UNAUTHORIZED);
+        }
+        // Every body and every parameter is parsed before the handler runs.
+        if op.request_body.is_some() || op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
+            add(op, "400", BAD_REQUEST);
+        }
+    }
+    document_ranges(api, limits);
+    for (path, op) in operations(api) {
+        document_bytes(op);
+        if path == "/v1/sessions/{id}/files" {
+            document_upload(op);
+        }
+    }
+}
+
+/// The multipart upload: parts of any name, each a file, at least one.
+fn document_upload(op: &mut Operation) {
+    use utoipa::openapi::schema::{
+        AdditionalProperties, KnownFormat, ObjectBuilder, SchemaFormat, Type,
+    };
+    let Some(RefOr::T(body)) = op.request_body.as_mut() else {
+        return;
+    };
+    let Some(RefOr::T(form)) = body.content.get_mut("multipart/form-data") else {
+        return;
+    };
+    let file = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+        .build();
+    let mut schema = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            file,
+        )))))
+        .build();
+    schema.min_properties = Some(1);
+    form.schema = Some(RefOr::T(Schema::Object(schema)));
+}
+
+/// Raw bytes (an upload, a download) are a binary string, not utoipa's array of integers;
+/// an upload may be empty (an empty file).
+fn document_bytes(op: &mut Operation) {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    let binary = || {
+        RefOr::T(Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+                .build(),
+        ))
+    };
+    let raw = |media: &str| media == "application/octet-stream" || media == "*/*";
+    if let Some(RefOr::T(body)) = op.request_body.as_mut() {
+        if body.content.keys().any(|m| raw(m)) {
+            body.required = Some(utoipa::openapi::Required::False);
+        }
+        for (media, c) in body.content.iter_mut() {
+            if let (true, RefOr::T(c)) = (raw(media), c) {
+                c.schema = Some(binary());
+            }
+        }
+    }
+    for reply in op.responses.responses.values_mut() {
+        if let RefOr::T(reply) = reply {
+            for (media, c) in reply.content.iter_mut() {
+                if let (true, RefOr::T(c)) = (raw(media), c) {
+                    c.schema = Some(binary());
+                }
+            }
+        }
+    }
+}
+
+const UNAUTHORIZED: &str = "`unauthorized`: no API key (`Authorization: Bearer KEY`), or one that \
+is invalid or revoked; a loopback server on which no key was ever created serves without one";
+
+const BAD_REQUEST: &str = "`invalid_request`: a body that is not what the operation takes \
+(malformed JSON, a missing or wrong `Content-Type`, an unknown field) or a malformed parameter";
+
+fn operations(api: &mut OpenApi) -> impl Iterator<Item = (String, &mut Operation)> {
+    api.paths.paths.iter_mut().flat_map(|(path, item)| {
+        [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ]
+        .into_iter()
+        .flatten()
+        .map(move |op| (path.clone(), op))
+    })
+}
+
+/// An error response in the envelope, unless the handler documents that status itself.
+fn add(op: &mut Operation, status: &str, description: &str) {
+    op.responses
+        .responses
+        .entry(status.to_owned())
+        .or_insert_with(|| RefOr::T(error_response(description)));
+}
+
+pub(crate) fn error_response(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+}
+
+/// The least and the most each limit and time limit may be here (a request outside is a 400;
+/// the maxima are this server's `serve --max-*`).
+fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
+    use utoipa::Number;
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    let number = |v: f64| {
+        if v.fract() == 0.0 && v >= 0.0 && v <= usize::MAX as f64 {
+            Number::UInt(v as usize)
+        } else {
+            Number::Float(v)
+        }
+    };
+    for (name, min, max) in limits.ranges() {
+        if let Some(p) = property(components, "LimitsRequest", name) {
+            p.minimum = Some(number(min));
+            p.maximum = Some(number(max));
+        }
+    }
+    let max_timeout = limits.max.exec_timeout_s as f64;
+    for schema in ["ExecuteRequest", "CommandRequest", "ExecuteOnceRequest"] {
+        if let Some(p) = property(components, schema, "timeout_s") {
+            p.minimum = None;
+            p.exclusive_minimum = Some(Number::UInt(0));
+            p.maximum = Some(number(max_timeout));
+        }
+    }
+}
+
+/// A property of a component schema, to be completed.
+fn property<'a>(
+    components: &'a mut utoipa::openapi::Components,
+    schema: &str,
+    field: &str,
+) -> Option<&'a mut Object> {
+    let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut(schema) else {
+        return None;
+    };
+    match o.properties.get_mut(field) {
+        Some(RefOr::T(Schema::Object(p))) => Some(p),
+        _ => None,
+    }
+}
