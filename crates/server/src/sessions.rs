@@ -153,7 +153,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
     request_body = CreateSessionRequest,
     responses((status = 201, body = SessionInfo, description = "the session, ready to run code"),
         (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
-        (status = 401, body = ErrorBody),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sessions as its descriptors allow; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,
