@@ -282,13 +282,20 @@ impl Hierarchy {
     /// ones whose uid lease `lease_free` says nobody holds (a live run or session holds its
     /// lease from before its cgroup exists until after it is removed). The kernel refuses to
     /// remove a cgroup that still has processes, so a mistaken call removes nothing in use.
-    /// Returns how many directories were removed.
+    ///
+    /// One that is not empty is thawed: a supervisor killed between the freeze and the thaw
+    /// of its freeze-kill-thaw leaves the sandbox frozen, and a frozen process cannot die,
+    /// not even of the SIGKILL its parent's death already sent it; thawed, it ends, and its
+    /// cgroup is removed once empty (waiting up to [`STALE_THAW_WAIT`]). Thawing takes nothing
+    /// from a live run: its processes are frozen only while they are being killed, and a
+    /// process that was not frozen is untouched. Returns how many directories were removed.
     pub fn sweep_stale(&self, lease_free: &dyn Fn(u32) -> bool) -> usize {
         let parents = match &self.kind {
             Kind::V1(h) => h.parent_dirs(),
             Kind::V2(h) => h.possible_parents(),
         };
         let mut removed = 0;
+        let (mut busy, mut any_thawed) = (Vec::new(), false);
         for parent in parents {
             let Ok(entries) = fs::read_dir(&parent) else {
                 continue;
@@ -300,10 +307,34 @@ impl Hierarchy {
                     .and_then(|n| n.strip_prefix("rc-"))
                     .and_then(|rest| rest.split_once('-'))
                     .and_then(|(uid, _)| uid.parse::<u32>().ok());
-                if uid.is_some_and(lease_free) && fs::remove_dir(entry.path()).is_ok() {
+                if !uid.is_some_and(lease_free) {
+                    continue;
+                }
+                let path = entry.path();
+                if fs::remove_dir(&path).is_ok() {
                     removed += 1;
+                } else {
+                    any_thawed |= thaw(&path);
+                    busy.push(path);
                 }
             }
+        }
+        // A thawed sandbox ends on its own (the pending SIGKILL), emptying its cgroup in every
+        // v1 hierarchy, not only the freezer's: give it a moment, then remove what is empty.
+        let deadline = Instant::now() + STALE_THAW_WAIT;
+        while any_thawed && !busy.is_empty() {
+            busy.retain(|path| {
+                if fs::remove_dir(path).is_ok() {
+                    removed += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            if busy.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
         }
         removed
     }
@@ -686,6 +717,23 @@ fn read_string(path: &Path) -> Result<String, CgroupError> {
 
 /// One `write(2)` of `value` to an existing control file (no `O_CREAT`, so a missing file
 /// reports `ENOENT` instead of creating a regular file).
+/// How long [`Cgroups::sweep_stale`] waits for the processes of a thawed stale cgroup to end.
+pub const STALE_THAW_WAIT: Duration = Duration::from_secs(1);
+
+/// Thaws the frozen cgroup at `dir` (v1 `freezer.state`, v2 `cgroup.freeze`); whether it was
+/// frozen (or freezing) and is thawed now.
+fn thaw(dir: &Path) -> bool {
+    let v1 = dir.join("freezer.state");
+    if let Ok(state) = fs::read_to_string(&v1) {
+        return state.trim() != "THAWED" && write_raw(&v1, "THAWED").is_ok();
+    }
+    let v2 = dir.join("cgroup.freeze");
+    match fs::read_to_string(&v2) {
+        Ok(state) => state.trim() == "1" && write_raw(&v2, "0").is_ok(),
+        Err(_) => false,
+    }
+}
+
 fn write_raw(path: &Path, value: &str) -> io::Result<()> {
     let mut file = fs::OpenOptions::new()
         .write(true)

@@ -579,6 +579,50 @@ mod tests {
     }
 
     #[test]
+    fn real_v1_sweep_thaws_a_sandbox_its_killed_supervisor_left_frozen() {
+        let Some(h) = real_v1() else { return };
+        let _lock = real_lock();
+        let _parents = ParentsGuard(&h);
+        let tag = std::process::id() % 1_000_000;
+        let name = |n: u32| format!("rc-{}-{tag:x}", 4_100_000_010 + n);
+        let frozen = h.create(&name(1), &LIMITS).expect("create");
+        let running = h.create(&name(2), &LIMITS).expect("create");
+        let mut victim = spawn_in(&frozen, "sleep 30");
+        let mut bystander = spawn_in(&running, "sleep 30");
+        // The supervisor froze the sandbox to kill it, sent the SIGKILL, and died before the
+        // thaw: the process is killed but, frozen, cannot die.
+        let freezer = frozen.dir_for("freezer").expect("freezer dir").to_owned();
+        write_raw(&freezer.join("freezer.state"), "FROZEN").expect("freeze");
+        let procs = read(&freezer.join("cgroup.procs"));
+        assert!(procs.contains(&child_pid(&victim).to_string()), "{procs}");
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: kill(2) with the pid of a process of this test's own cgroup (the shell
+            // and its sleep); no memory is touched.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        thread::sleep(Duration::from_millis(200));
+        assert!(
+            victim.try_wait().expect("try_wait").is_none(),
+            "a frozen process does not die of SIGKILL"
+        );
+        let free = |uid: u32| uid == 4_100_000_011 || uid == 4_100_000_012;
+        assert_eq!(
+            h.sweep_stale(&free),
+            frozen.paths().len(),
+            "the frozen sandbox is thawed, ends and its cgroup goes"
+        );
+        assert_gone(&frozen.paths());
+        assert!(victim.wait().expect("wait").code().is_none(), "killed");
+        // Positive control: a running process in a stale-looking cgroup is left alone.
+        assert!(running.paths().iter().all(|p| p.exists()));
+        assert!(bystander.try_wait().expect("try_wait").is_none());
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+        assert!(running.kill_all().expect("kill_all"));
+        assert_eq!(h.sweep_stale(&free), running.paths().len());
+    }
+
+    #[test]
     fn real_v1_lifecycle() {
         let Some(h) = real_v1() else { return };
         let _lock = real_lock();
