@@ -2,81 +2,46 @@
 //! it: a real `runcell serve` records executions and emits signed checkpoints, then copies of
 //! its database are rewritten with a raw SQLite client and `runcell audit verify` judges them.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use runcell_store::audit::signed::{AuditPublicKey, AuditSigner, Checkpoint};
 use runcell_store::audit::{chain_hash, chain_mac, ChainFields, ChainKey, GENESIS_HASH};
+use std::sync::{Arc, Mutex};
+
+use common::serve::runcell;
 use serde_json::{json, Value};
 
-/// A data dir whose runtime is the shared, already-installed test runtime.
 fn data_dir() -> PathBuf {
-    runcell_engine::testing::data_dir_with_runtime(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        "runcell-audit-test-",
-    )
+    common::serve::data_dir("runcell-audit-test-")
 }
 
-fn runcell(data: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_runcell"));
-    c.env("RUNCELL_DATA_DIR", data).env("NO_COLOR", "1");
-    c
-}
-
+/// A server on `data` (cold sessions, none warm) and its log lines of audit checkpoints.
 struct Serve {
-    child: Child,
+    /// Stopped (SIGTERM) when dropped.
+    _server: common::serve::Serve,
     base: String,
-    /// Its stderr lines that log an audit checkpoint.
-    logged: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Drop for Serve {
-    /// A graceful stop (SIGTERM): the server ends its sessions, so no workspace mount stays.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
+    logged: Arc<Mutex<Vec<String>>>,
 }
 
 fn serve(data: &Path, extra: &[&str]) -> Serve {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut child = runcell(data)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--no-zygote", "--warm-sessions", "0"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = lines.next().expect("serve exited early").expect("line");
-        if line.contains("runcell serving on") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "serve did not start");
-    }
-    let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let logged = Arc::new(Mutex::new(Vec::new()));
     let keep = logged.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if line.contains("audit checkpoint") {
-                keep.lock().expect("lock").push(line);
-            }
+    let flags: Vec<&str> = ["--no-zygote", "--warm-sessions", "0"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let inner = common::serve::serve_logging(data, &flags, move |line| {
+        if line.contains("audit checkpoint") {
+            keep.lock().expect("lock").push(line);
         }
     });
     Serve {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
+        base: inner.base.clone(),
+        _server: inner,
         logged,
     }
 }

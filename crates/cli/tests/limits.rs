@@ -1,25 +1,16 @@
 //! `serve --config`, `serve --max-*` and `keys create|update|list` quotas as an operator uses
 //! them: the real binary and a real database file.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+
+use common::serve::{runcell, serve, Serve};
 use serde_json::{json, Value};
 
 fn data_dir() -> PathBuf {
-    runcell_engine::testing::data_dir_with_runtime(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        "runcell-limits-test-",
-    )
-}
-
-fn runcell(data: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_runcell"));
-    c.env("RUNCELL_DATA_DIR", data).env("NO_COLOR", "1");
-    c
+    common::serve::data_dir("runcell-limits-test-")
 }
 
 fn ok(out: Output) -> (String, String) {
@@ -29,49 +20,6 @@ fn ok(out: Output) -> (String, String) {
     );
     assert!(out.status.success(), "stdout={stdout} stderr={stderr}");
     (stdout, stderr)
-}
-
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Serve {
-    /// A graceful stop (SIGTERM): the server ends its sessions, so no workspace mount stays.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(data: &Path, args: &[&str]) -> Serve {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut child = runcell(data)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = lines.next().expect("serve exited early").expect("line");
-        if line.contains("runcell serving on") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "serve did not start");
-    }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Serve {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
 }
 
 fn create(srv: &Serve, key: &str, body: Value) -> (u16, Value) {

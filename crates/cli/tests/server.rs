@@ -3,60 +3,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::serve::{free_port, runcell, Serve};
 use serde_json::{json, Value};
 
-/// A data dir whose runtime is the shared, already-installed test runtime.
 fn data_dir() -> PathBuf {
-    runcell_engine::testing::data_dir_with_runtime(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        "runcell-serve-test-",
-    )
-}
-
-fn runcell(data: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_runcell"));
-    c.env("RUNCELL_DATA_DIR", data).env("NO_COLOR", "1");
-    c
-}
-
-struct Serve {
-    child: Child,
-    base: String,
-    stopped: bool,
-}
-
-impl Serve {
-    fn kill9(&mut self) {
-        self.child.kill().expect("kill -9");
-        self.child.wait().expect("reap");
-        self.stopped = true;
-    }
-}
-
-impl Drop for Serve {
-    /// A graceful stop (SIGTERM): the server ends its sessions, so no workspace mount stays.
-    fn drop(&mut self) {
-        if self.stopped {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
+    common::serve::data_dir("runcell-serve-test-")
 }
 
 fn serve(data: &Path) -> Serve {
@@ -65,31 +19,7 @@ fn serve(data: &Path) -> Serve {
 
 /// [`serve`] with more flags.
 fn serve_with(data: &Path, flags: &[&str]) -> Serve {
-    let port = free_port();
-    let mut child = runcell(data)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(flags)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    // Wait for the line that says it listens (no sleeps).
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = lines.next().expect("serve exited early").expect("line");
-        if line.contains("runcell serving on") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "serve did not start");
-    }
-    // Keep draining its log so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Serve {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        stopped: false,
-    }
+    common::serve::serve(data, flags)
 }
 
 /// Sends `code` to a session from another thread, ignoring the outcome (the server is about to

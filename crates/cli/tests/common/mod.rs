@@ -1,6 +1,8 @@
 //! Helpers shared by the CLI's integration tests: run the real `runcell` binary.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod serve;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
