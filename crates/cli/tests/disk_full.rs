@@ -2,12 +2,14 @@
 //! `insufficient_storage` a client can act on, reads keep working, the server starts on the
 //! full disk, and writes work again once space is freed — without a restart.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::serve::Serve;
 use serde_json::{json, Value};
 
 /// A small tmpfs mounted on a fresh directory for the test's data dir; unmounted on drop.
@@ -66,52 +68,8 @@ impl Drop for SmallDisk {
     }
 }
 
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(data: &Path) -> Serve {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .env("RUNCELL_DATA_DIR", data)
-        .env("NO_COLOR", "1")
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--warm-sessions", "0", "--no-zygote"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut log = Vec::new();
-    loop {
-        let Some(Ok(line)) = lines.next() else {
-            panic!("serve exited early:\n{}", log.join("\n"));
-        };
-        if line.contains("runcell serving on") {
-            break;
-        }
-        log.push(line);
-        assert!(Instant::now() < deadline, "serve did not start");
-    }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Serve {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
+    common::serve::serve(data, &["--warm-sessions", "0", "--no-zygote"])
 }
 
 fn http() -> reqwest::blocking::Client {

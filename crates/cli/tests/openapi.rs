@@ -34,7 +34,10 @@ fn fixtures() -> PathBuf {
 fn venv() -> PathBuf {
     let dir = target_dir().join("openapi-venv");
     let requirements = fixtures().join("requirements.txt");
-    let pins = std::fs::read(&requirements).expect("requirements.txt");
+    // The venv's scripts name its path in their first line: a venv of another path (a moved
+    // target dir) is made again.
+    let mut pins = std::fs::read(&requirements).expect("requirements.txt");
+    pins.extend_from_slice(format!("\n# venv at {}\n", dir.display()).as_bytes());
     let stamp = dir.join("installed-requirements.txt");
     if std::fs::read(&stamp).ok().as_deref() == Some(&pins[..]) {
         return dir;

@@ -2,58 +2,18 @@
 //! `display()` and forged straight onto the kernel's channel) gets a bounded reply, and the
 //! server process's memory, sampled from /proc while the flood runs, stays bounded.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::serve::Serve;
 use serde_json::{json, Value};
 
-/// The server, stopped gracefully (SIGTERM) when dropped so no sandbox outlives the test.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(data: &Path) -> Serve {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runcell"))
-        .env("RUNCELL_DATA_DIR", data)
-        .env("NO_COLOR", "1")
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    // Wait for the line that says it listens (no sleeps), then keep draining its log.
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = lines.next().expect("serve exited early").expect("line");
-        if line.contains("runcell serving on") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "serve did not start");
-    }
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    Serve {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
+    common::serve::serve(data, &[])
 }
 
 /// A process's resident memory in bytes.

@@ -76,11 +76,15 @@ pub fn serve_logging(
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = BufReader::new(stderr).lines();
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut log = Vec::new();
     loop {
-        let line = lines.next().expect("serve exited early").expect("line");
+        let Some(Ok(line)) = lines.next() else {
+            panic!("serve exited early:\n{}", log.join("\n"));
+        };
         if line.contains("runcell serving on") {
             break;
         }
+        log.push(line);
         assert!(Instant::now() < deadline, "serve did not start");
     }
     std::thread::spawn(move || lines.map_while(Result::ok).for_each(&mut on_line));
