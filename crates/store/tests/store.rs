@@ -307,9 +307,10 @@ fn executions_pagination_and_isolation() {
             Err(StoreError::Invalid(_))
         ));
     }
+    // An unknown cursor names nothing to page from (the API answers 404).
     assert!(matches!(
         s.list_executions("a", None, 5, Some("ex_b1")),
-        Err(StoreError::Invalid(_))
+        Err(StoreError::NotFound(_))
     ));
 
     // Tenant isolation.
