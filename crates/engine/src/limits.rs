@@ -306,20 +306,40 @@ impl LimitPolicy {
         })
     }
 
+    /// A whole-number limit: `asked`, or `default` when not named; below `min` is the caller's
+    /// mistake (400 `invalid_request`), over `max` is refused as over the maximum.
+    fn whole(
+        &self,
+        name: &str,
+        asked: Option<u64>,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, EngineError> {
+        let value = asked.unwrap_or(default);
+        if value < min {
+            return Err(EngineError::InvalidRequest(format!(
+                "{name} must be at least {min}"
+            )));
+        }
+        if value > max {
+            return Err(self.over(name, value, max));
+        }
+        Ok(value)
+    }
+
     /// A session's limits for `req`: the defaults for what it does not name; refused (never
     /// clamped) when a value is over its maximum or out of range.
     pub fn resolve(&self, req: &LimitsRequest) -> Result<SessionLimits, EngineError> {
         let d = &self.defaults;
         let m = &self.max;
-        let memory_mb = req.memory_mb.unwrap_or(d.memory_mb);
-        if memory_mb < MIN_MEMORY_MB {
-            return Err(EngineError::InvalidRequest(format!(
-                "memory_mb must be at least {MIN_MEMORY_MB}"
-            )));
-        }
-        if memory_mb > m.memory_mb {
-            return Err(self.over("memory_mb", memory_mb, m.memory_mb));
-        }
+        let memory_mb = self.whole(
+            "memory_mb",
+            req.memory_mb,
+            d.memory_mb,
+            MIN_MEMORY_MB,
+            m.memory_mb,
+        )?;
         let cpu = req.cpu.unwrap_or(d.cpu);
         if !(cpu.is_finite() && cpu >= MIN_CPU) {
             return Err(EngineError::InvalidRequest(format!(
@@ -329,42 +349,22 @@ impl LimitPolicy {
         if cpu > m.cpu {
             return Err(self.over("cpu", cpu, m.cpu));
         }
-        let pids = req.pids.unwrap_or(d.pids);
-        if pids < MIN_PIDS {
-            return Err(EngineError::InvalidRequest(format!(
-                "pids must be at least {MIN_PIDS}"
-            )));
-        }
-        if pids > m.pids {
-            return Err(self.over("pids", pids, m.pids));
-        }
-        let disk_mb = req.disk_mb.unwrap_or(d.disk_mb);
-        if disk_mb < 1 {
-            return Err(EngineError::InvalidRequest(
-                "disk_mb must be at least 1".into(),
-            ));
-        }
-        if disk_mb > m.disk_mb {
-            return Err(self.over("disk_mb", disk_mb, m.disk_mb));
-        }
-        let exec_timeout_s = req.exec_timeout_s.unwrap_or(d.exec_timeout_s);
-        if exec_timeout_s < 1 {
-            return Err(EngineError::InvalidRequest(
-                "exec_timeout_s must be at least 1".into(),
-            ));
-        }
-        if exec_timeout_s > m.exec_timeout_s {
-            return Err(self.over("exec_timeout_s", exec_timeout_s, m.exec_timeout_s));
-        }
-        let idle_timeout_s = req.idle_timeout_s.unwrap_or(d.idle_timeout_s);
-        if idle_timeout_s < 1 {
-            return Err(EngineError::InvalidRequest(
-                "idle_timeout_s must be at least 1".into(),
-            ));
-        }
-        if idle_timeout_s > m.idle_timeout_s {
-            return Err(self.over("idle_timeout_s", idle_timeout_s, m.idle_timeout_s));
-        }
+        let pids = self.whole("pids", req.pids, d.pids, MIN_PIDS, m.pids)?;
+        let disk_mb = self.whole("disk_mb", req.disk_mb, d.disk_mb, 1, m.disk_mb)?;
+        let exec_timeout_s = self.whole(
+            "exec_timeout_s",
+            req.exec_timeout_s,
+            d.exec_timeout_s,
+            1,
+            m.exec_timeout_s,
+        )?;
+        let idle_timeout_s = self.whole(
+            "idle_timeout_s",
+            req.idle_timeout_s,
+            d.idle_timeout_s,
+            1,
+            m.idle_timeout_s,
+        )?;
         Ok(SessionLimits {
             memory_mb,
             cpu,
