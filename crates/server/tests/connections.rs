@@ -59,33 +59,6 @@ fn request(addr: SocketAddr, path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n")
 }
 
-/// Reads one response (headers and a Content-Length body) off `tcp`.
-fn read_response(tcp: &mut TcpStream) -> String {
-    tcp.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let text = String::from_utf8_lossy(&got).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().expect("length"))
-                })
-                .unwrap_or(0);
-            if body.len() >= len {
-                return text;
-            }
-        }
-        let n = tcp.read(&mut buf).expect("read a response");
-        assert!(n > 0, "connection closed mid-response: {text}");
-        got.extend_from_slice(&buf[..n]);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_silent_or_half_sent_request_is_closed_after_the_header_timeout() {
     let server = start(options(64, 1, 30, 30, 1024)).await;
@@ -116,7 +89,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_own_timeout() {
     tcp.write_all(request(server.addr, "/healthz").as_bytes())
         .expect("write");
     let first = tokio::task::spawn_blocking(move || {
-        let r = read_response(&mut tcp);
+        let r = common::read_response(&mut tcp);
         (r, tcp)
     });
     let (resp, tcp) = first.await.expect("join");
@@ -142,7 +115,7 @@ async fn past_the_connection_cap_a_client_gets_503_until_one_closes() {
         ninth
             .write_all(request(addr, "/healthz").as_bytes())
             .expect("write");
-        read_response(&mut ninth)
+        common::read_response(&mut ninth)
     })
     .await
     .expect("join");
@@ -192,7 +165,7 @@ fn post_on(tcp: &mut TcpStream, addr: SocketAddr, path: &str, body: &Value) -> (
         .as_bytes(),
     )
     .expect("write");
-    let resp = read_response(tcp);
+    let resp = common::read_response(tcp);
     let status = resp[9..12].parse().expect("status");
     let json = serde_json::from_str(resp.split_once("\r\n\r\n").expect("body").1).expect("json");
     (status, json)

@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -28,30 +27,10 @@ fn send(
         .as_bytes(),
     )
     .expect("write");
-    tcp.set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let mut got = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let text = String::from_utf8_lossy(&got).into_owned();
-        if let Some((head, rest)) = text.split_once("\r\n\r\n") {
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length:")
-                        .map(|v| v.trim().parse::<usize>().expect("length"))
-                })
-                .unwrap_or(0);
-            if rest.len() >= len {
-                let status = head[9..12].parse().expect("status");
-                return (status, serde_json::from_str(rest).unwrap_or(Value::Null));
-            }
-        }
-        let n = tcp.read(&mut buf).expect("read");
-        assert!(n > 0, "connection closed: {text}");
-        got.extend_from_slice(&buf[..n]);
-    }
+    let text = common::read_response(tcp);
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let status = head[9..12].parse().expect("status");
+    (status, serde_json::from_str(rest).unwrap_or(Value::Null))
 }
 
 fn nofile() -> libc::rlimit {

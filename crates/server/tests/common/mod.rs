@@ -111,3 +111,30 @@ pub async fn start_configured(
         _shutdown: tx,
     }
 }
+
+/// Reads one response (headers and a Content-Length body) off `tcp`.
+pub fn read_response(tcp: &mut std::net::TcpStream) -> String {
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().expect("length"))
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                return text;
+            }
+        }
+        let n = std::io::Read::read(tcp, &mut buf).expect("read a response");
+        assert!(n > 0, "connection closed mid-response: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
