@@ -125,9 +125,17 @@ async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<Sessio
 pub(crate) fn timeout(t: Option<f64>) -> ApiResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        // A positive time below a nanosecond is still a positive (tiny) limit, not zero.
+        // Rounded up to the next nanosecond, never down: a time a hair over the maximum
+        // (3600.0000000000005) is over it, and a positive time below a nanosecond is still a
+        // positive (tiny) limit, not zero.
         Some(s) if s > 0.0 => Duration::try_from_secs_f64(s)
-            .map(|d| Some(d.max(Duration::from_nanos(1))))
+            .map(|d| {
+                Some(if d.as_secs_f64() < s {
+                    d + Duration::from_nanos(1)
+                } else {
+                    d
+                })
+            })
             .map_err(|_| {
                 ApiError::invalid(format!(
                     "timeout_s {s} is not a number of seconds runcell can wait"

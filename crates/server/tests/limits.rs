@@ -142,6 +142,13 @@ async fn a_limit_over_the_maximum_is_refused_naming_it_and_one_at_it_works() {
         error(s, &v, StatusCode::BAD_REQUEST, "limit_exceeded"),
         "timeout_s 61 exceeds this server's maximum of 60 (serve --max-exec-timeout-s)"
     );
+    // A hair over (the next float after 60, under a nanosecond more) is over: rounding the
+    // time to whole nanoseconds must not round it down to the maximum.
+    let (s, v, _) = send(&srv, exec(60.000_000_000_000_01), None).await;
+    assert!(
+        error(s, &v, StatusCode::BAD_REQUEST, "limit_exceeded").starts_with("timeout_s 60.0"),
+        "{v}"
+    );
     let (s, v, _) = send(&srv, exec(60.0), None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["status"], "ok", "{v}");
