@@ -20,7 +20,19 @@ pub struct FileEntry {
     pub modified_at: DateTime<Utc>,
 }
 
-fn map_err(e: WorkspaceError) -> EngineError {
+/// Whether an operation only looks (a read, a listing, a delete) or writes: a path below a
+/// file names nothing that could exist, so a look answers "not found" where a write conflicts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Look,
+    Write,
+}
+
+pub(crate) fn map_err(op: Op) -> impl Fn(WorkspaceError) -> EngineError {
+    move |e| map_workspace_error(op, e)
+}
+
+fn map_workspace_error(op: Op, e: WorkspaceError) -> EngineError {
     match e {
         WorkspaceError::InvalidPath { .. } => EngineError::InvalidRequest(e.to_string()),
         WorkspaceError::Io {
@@ -31,12 +43,14 @@ fn map_err(e: WorkspaceError) -> EngineError {
             let path = path.display();
             match source.raw_os_error() {
                 Some(2) => EngineError::NotFound(format!("file {path}")),
-                // ENOTDIR, ELOOP: a component is not a directory, or is a symlink.
-                Some(20) | Some(40) => EngineError::InvalidRequest(format!(
+                // ENOTDIR: a component is a file.
+                Some(20) if op == Op::Look => EngineError::NotFound(format!("file {path}")),
+                // ENOTDIR, ELOOP: a component is a file, or a symlink (never followed).
+                Some(20) | Some(40) => EngineError::Conflict(format!(
                     "{path}: a component of the path is a file or a symbolic link"
                 )),
-                Some(21) => EngineError::InvalidRequest(format!("{path} is a directory")),
-                Some(39) => EngineError::InvalidRequest(format!("directory {path} is not empty")),
+                Some(21) => EngineError::Conflict(format!("{path} is a directory")),
+                Some(39) => EngineError::Conflict(format!("directory {path} is not empty")),
                 Some(28) => EngineError::LimitExceeded(format!("the workspace is full ({path})")),
                 _ if source.kind() == std::io::ErrorKind::FileTooLarge => {
                     EngineError::LimitExceeded(format!(
@@ -45,7 +59,7 @@ fn map_err(e: WorkspaceError) -> EngineError {
                     ))
                 }
                 _ if source.kind() == std::io::ErrorKind::InvalidInput => {
-                    EngineError::InvalidRequest(format!("{path} is not a regular file"))
+                    EngineError::Conflict(format!("{path} is not a regular file"))
                 }
                 _ => EngineError::Sandbox(crate::chain(&e)),
             }
@@ -78,10 +92,10 @@ impl Engine {
             )));
         }
         let ws = self.sessions().workspace(session)?;
-        let st = ws.write_file(path, data).map_err(map_err)?;
+        let st = ws.write_file(path, data).map_err(map_err(Op::Write))?;
         // The name the listing would give it: the path as checked, components joined by `/`.
         let path = runcell_sandbox::validate_relative(path)
-            .map_err(map_err)?
+            .map_err(map_err(Op::Write))?
             .join("/");
         Ok(entry(path, st))
     }
@@ -94,18 +108,19 @@ impl Engine {
 
     pub fn read_file(&self, session: &str, path: &str) -> Result<Vec<u8>, EngineError> {
         let ws = self.sessions().workspace(session)?;
-        ws.read_file(path, MAX_FILE_BYTES).map_err(map_err)
+        ws.read_file(path, MAX_FILE_BYTES)
+            .map_err(map_err(Op::Look))
     }
 
     pub fn delete_file(&self, session: &str, path: &str) -> Result<(), EngineError> {
         let ws = self.sessions().workspace(session)?;
-        ws.delete(path).map_err(map_err)
+        ws.delete(path).map_err(map_err(Op::Look))
     }
 
     /// Files under `dir` ("" for all), sorted by path.
     pub fn list_files(&self, session: &str, dir: &str) -> Result<Vec<FileEntry>, EngineError> {
         let ws = self.sessions().workspace(session)?;
-        let files = ws.list(dir).map_err(map_err)?;
+        let files = ws.list(dir).map_err(map_err(Op::Look))?;
         Ok(files
             .into_iter()
             .map(|(path, st)| entry(path, st))

@@ -37,7 +37,7 @@ pub use model::{
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
-pub use runcell_sandbox::Stream;
+pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SandboxSlot, SessionInfo,
     SessionManager, SessionStatus, Start, QUEUE_DEPTH,
@@ -66,6 +66,11 @@ pub enum EngineError {
     Sandbox(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// The request is well formed but the workspace's state refuses it: a file stands where
+    /// a directory is needed (or the reverse), a directory is not empty, a path goes through a
+    /// symbolic link the session made. The same request can work once the state changes.
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// A size or count limit (a full workspace, a file too large, a limit over the
     /// server's maximum).
     #[error("limit exceeded: {0}")]

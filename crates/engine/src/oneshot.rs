@@ -91,12 +91,9 @@ impl Engine {
         for f in &req.files {
             workspace
                 .write_file(&f.path, &f.content)
-                .map_err(|e| match e {
-                    runcell_sandbox::WorkspaceError::InvalidPath { .. } => {
-                        EngineError::InvalidRequest(e.to_string())
-                    }
-                    other => EngineError::InvalidRequest(crate::chain(&other)),
-                })?;
+                // One file of the request can stand where another needs a directory
+                // (`a`, then `a/b`): the same conflict as in a session's workspace.
+                .map_err(crate::files::map_err(crate::files::Op::Write))?;
         }
         let before = workspace.snapshot().ok();
 

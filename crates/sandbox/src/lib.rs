@@ -37,6 +37,6 @@ pub use supervisor::{
 };
 pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
 pub use workspace::{
-    validate_relative, FileStat, Snapshot, Workspace, WorkspaceError, MAX_PATH_BYTES,
+    validate_relative, FileStat, Snapshot, Workspace, WorkspaceError, MAX_PATH_CHARS,
 };
 pub use zygote::{Zygote, ZygoteConfig, ZygoteError, ZYGOTE_ARG};

@@ -16,8 +16,11 @@ use std::time::SystemTime;
 use crate::sys::{cstr, cvt};
 use crate::user_ns::UidLease;
 
-/// Longest relative path accepted (bytes); each component is also limited to NAME_MAX.
-pub const MAX_PATH_BYTES: usize = 1024;
+/// Longest relative path accepted, in characters (so at most 4 KiB of UTF-8); each component is
+/// also limited to NAME_MAX (255 bytes). Characters, not bytes, because that is what a JSON
+/// Schema `maxLength` (the API's document) can state; the walk goes component by component, so
+/// the kernel's PATH_MAX never applies.
+pub const MAX_PATH_CHARS: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -281,7 +284,8 @@ impl Workspace {
 
     /// The files under directory `rel` ("" for the whole workspace), relative to the workspace.
     pub fn list(&self, rel: &str) -> Result<BTreeMap<String, FileStat>, WorkspaceError> {
-        if rel.is_empty() || rel == "." {
+        // "", ".", "./", "./." ... all name the workspace itself.
+        if !rel.starts_with('/') && rel.split('/').all(|c| c.is_empty() || c == ".") {
             return self.snapshot().map(|s| s.files);
         }
         self.scans
@@ -561,8 +565,8 @@ pub fn validate_relative(rel: &str) -> Result<Vec<&str>, WorkspaceError> {
     if rel.is_empty() {
         return Err(bad("empty path"));
     }
-    if rel.len() > MAX_PATH_BYTES {
-        return Err(bad("path too long"));
+    if rel.len() > MAX_PATH_CHARS && rel.chars().count() > MAX_PATH_CHARS {
+        return Err(bad("the path is longer than 1024 characters"));
     }
     if rel.contains('\0') {
         return Err(bad("path contains a NUL byte"));
@@ -614,6 +618,11 @@ mod tests {
         let long = "a".repeat(256);
         assert!(validate_relative(&long).is_err());
         assert!(validate_relative(&"a/".repeat(600)).is_err());
+        // The whole path's bound is in characters: 11 names of 85 three-byte characters (255
+        // bytes each, the most a name takes) are 945 characters and 2,805 bytes.
+        let wide = vec!["€".repeat(85); 11].join("/");
+        assert_eq!(validate_relative(&wide).expect("ok").len(), 11);
+        assert!(validate_relative(&format!("{}€", "€".repeat(85))).is_err());
         assert_eq!(
             validate_relative("./a/b.txt").expect("ok"),
             vec!["a", "b.txt"]

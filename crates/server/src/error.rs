@@ -17,6 +17,9 @@ pub enum ErrorCode {
     /// came from another origin (DNS rebinding, cross-site forms).
     Forbidden,
     NotFound,
+    /// The workspace's state refuses a well-formed request (a file where a directory is
+    /// needed, a directory that is not empty); it can work once that state changes.
+    Conflict,
     SessionBusy,
     LimitExceeded,
     PayloadTooLarge,
@@ -36,6 +39,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Conflict => StatusCode::CONFLICT,
             ErrorCode::SessionBusy => StatusCode::TOO_MANY_REQUESTS,
             // A request over a maximum or a quota: retrying it unchanged cannot help.
             ErrorCode::LimitExceeded => StatusCode::BAD_REQUEST,
@@ -196,6 +200,7 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound(m) => {
                 ApiError::new(ErrorCode::NotFound, format!("{m} not found"))
             }
+            EngineError::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
             EngineError::LimitExceeded(m) | EngineError::QuotaExceeded(m) => {
                 ApiError::new(ErrorCode::LimitExceeded, m)

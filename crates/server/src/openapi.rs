@@ -27,10 +27,61 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
         }
     }
     document_ranges(api, limits);
+    document_paths(api);
     for (path, op) in operations(api) {
         document_bytes(op);
         if path == "/v1/sessions/{id}/files" {
             document_upload(op);
+        }
+    }
+}
+
+/// A name in a workspace path: not `.` or `..`, no `/` or NUL, at most 255 characters (the
+/// kernel's NAME_MAX is 255 *bytes*: a name of wide characters can be refused below this).
+const NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00]{1,255}";
+
+/// A workspace path as `validate_relative` takes it: relative, names separated by one or more
+/// `/`, `.` names allowed (and skipped), at least one real name, a `/` at the end allowed.
+fn path_pattern() -> String {
+    format!(r"^(?:\./+)*{NAME}(?:/+(?:\.|{NAME}))*/*$")
+}
+
+/// A directory to list or upload into: a path, or the workspace itself (``, `.`, `./`).
+fn dir_pattern() -> String {
+    format!(r"^(?:\.(?:/+\.)*/*)?$|{}", path_pattern())
+}
+
+/// The longest path, in characters (bytes can be up to four times as many).
+const PATH_MAX_CHARS: usize = runcell_engine::MAX_PATH_CHARS;
+
+/// Workspace paths (file routes' `{path}` and `?path=`, one-shot `files[].path`, multipart part
+/// names) carry the rules the engine applies, so a generated client or a fuzzer knows them.
+fn document_paths(api: &mut OpenApi) {
+    use utoipa::openapi::path::ParameterIn;
+    let with = |o: &mut Object, pattern: String| {
+        o.pattern = Some(pattern);
+        o.max_length = Some(PATH_MAX_CHARS);
+    };
+    for (path, op) in operations(api) {
+        if !path.starts_with("/v1/sessions/{id}/files") {
+            continue;
+        }
+        for p in op.parameters.iter_mut().flatten() {
+            let RefOr::T(p) = p else { continue };
+            if p.name != "path" {
+                continue;
+            }
+            if let Some(RefOr::T(Schema::Object(o))) = p.schema.as_mut() {
+                match p.parameter_in {
+                    ParameterIn::Path => with(o, path_pattern()),
+                    _ => with(o, dir_pattern()),
+                }
+            }
+        }
+    }
+    if let Some(components) = api.components.as_mut() {
+        if let Some(p) = property(components, "InputFileBody", "path") {
+            with(p, path_pattern());
         }
     }
 }
@@ -57,6 +108,11 @@ fn document_upload(op: &mut Operation) {
         )))))
         .build();
     schema.min_properties = Some(1);
+    // A part's name is its path (below `?path=`).
+    let mut name = ObjectBuilder::new().schema_type(Type::String).build();
+    name.pattern = Some(path_pattern());
+    name.max_length = Some(PATH_MAX_CHARS);
+    schema.property_names = Some(Box::new(Schema::Object(name)));
     form.schema = Some(RefOr::T(Schema::Object(schema)));
 }
 

@@ -330,18 +330,85 @@ async fn files_paths_sizes_and_symlinks() {
     let long = "a".repeat(300);
     let resp = put(&long, b"x".to_vec()).await.expect("put");
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    // Symlinks planted by code are never followed, as files or as directories.
-    for p in ["pw", "etc/passwd"] {
+    // Symlinks planted by code are never followed, as files or as directories: the path is
+    // well formed, the workspace's state refuses it (a link where a directory is needed is, as
+    // the kernel says, not a directory: nothing below it is found).
+    for (p, status, code) in [
+        ("pw", StatusCode::CONFLICT, "conflict"),
+        ("etc/passwd", StatusCode::NOT_FOUND, "not_found"),
+    ] {
         let resp = srv
             .http
             .get(srv.url(&format!("/v1/sessions/{id}/files/{p}")))
             .send()
             .await
             .expect("get");
-        assert!(resp.status().is_client_error(), "{p}: {}", resp.status());
+        let s = resp.status();
+        assert_error(s, &resp.json().await.expect("json"), status, code);
     }
     let resp = put("etc/evil", b"x".to_vec()).await.expect("put");
-    assert!(resp.status().is_client_error());
+    let s = resp.status();
+    assert_error(
+        s,
+        &resp.json().await.expect("json"),
+        StatusCode::CONFLICT,
+        "conflict",
+    );
+    // A file where a directory is needed: a write conflicts, a read finds nothing there.
+    let resp = put("dir/data.csv/inner", b"x".to_vec()).await.expect("put");
+    let s = resp.status();
+    let v = resp.json().await.expect("json");
+    assert_error(s, &v, StatusCode::CONFLICT, "conflict");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("is a file or a symbolic link"),
+        "{v}"
+    );
+    let (s, v) = srv
+        .get(&format!("/v1/sessions/{id}/files/dir/data.csv/inner"), None)
+        .await;
+    assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
+    let (s, v) = srv
+        .get(&format!("/v1/sessions/{id}/files?path=dir/data.csv"), None)
+        .await;
+    assert_error(s, &v, StatusCode::NOT_FOUND, "not_found");
+    // A directory where a file is needed, and a directory that is not empty.
+    let (s, v) = srv.get(&format!("/v1/sessions/{id}/files/dir"), None).await;
+    assert_error(s, &v, StatusCode::CONFLICT, "conflict");
+    let resp = put("dir", b"x".to_vec()).await.expect("put");
+    let s = resp.status();
+    assert_error(
+        s,
+        &resp.json().await.expect("json"),
+        StatusCode::CONFLICT,
+        "conflict",
+    );
+    let resp = srv
+        .http
+        .delete(srv.url(&format!("/v1/sessions/{id}/files/dir")))
+        .send()
+        .await
+        .expect("delete");
+    let s = resp.status();
+    assert_error(
+        s,
+        &resp.json().await.expect("json"),
+        StatusCode::CONFLICT,
+        "conflict",
+    );
+    // Every spelling of the workspace itself lists it.
+    for root in ["", ".", "./", ".//.", "././"] {
+        let (s, v) = srv
+            .get(&format!("/v1/sessions/{id}/files?path={root}"), None)
+            .await;
+        assert_eq!(s, StatusCode::OK, "{root:?}: {v}");
+        assert!(
+            v["files"].as_array().expect("files").len() >= 1,
+            "{root:?}: {v}"
+        );
+    }
     let (s, _) = srv
         .get(&format!("/v1/sessions/{id}/files?path=etc"), None)
         .await;
