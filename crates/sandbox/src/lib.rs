@@ -11,8 +11,10 @@ pub mod cgroup;
 mod direct;
 pub mod doctor;
 mod exe;
+mod image;
 mod init;
 pub mod landlock;
+mod loopdev;
 mod mount;
 mod net;
 mod output;
@@ -26,6 +28,7 @@ mod user_ns;
 mod workspace;
 pub mod zygote;
 
+pub use image::WorkspaceImages;
 pub use init::{init_main, run_if_init};
 pub use output::CappedOutput;
 pub use rlimit::raise_nofile_soft_limit;

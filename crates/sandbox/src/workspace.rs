@@ -1,5 +1,7 @@
-//! The host side of `/workspace`: a directory backed by its own size-limited tmpfs (so a full
-//! workspace is ENOSPC, enforced by the kernel), owned by the sandbox's host uid.
+//! The host side of `/workspace`: a directory backed by its own size-limited filesystem (so a
+//! full workspace is ENOSPC, enforced by the kernel), owned by the sandbox's host uid. A
+//! session's is an ext4 image on disk ([`crate::WorkspaceImages`]); a one-shot run's, which
+//! nothing needs after its reply, a tmpfs.
 //!
 //! Host code never follows a path the sandbox could have planted: every walk below goes
 //! descriptor by descriptor with `O_NOFOLLOW`, starting from the workspace root.
@@ -35,12 +37,14 @@ pub enum WorkspaceError {
     InvalidPath { path: String, reason: &'static str },
 }
 
-/// A mounted, size-limited workspace. Unmounted and removed on drop.
+/// A mounted, size-limited workspace. Unmounted and removed on drop (its image too).
 #[derive(Debug)]
 pub struct Workspace {
     path: PathBuf,
     lease: UidLease,
     size_bytes: u64,
+    /// The filesystem image under the mount, for a workspace on disk; `None` for a tmpfs.
+    image: Option<PathBuf>,
     /// The root directory, opened by the first snapshot and rewound by the next ones (two
     /// snapshots a cell: reopening it each time was two path walks and two closes).
     root: std::sync::Mutex<Option<rustix::fs::Dir>>,
@@ -76,7 +80,7 @@ impl Workspace {
         };
         fs::create_dir(path).map_err(|e| io_err("create", e))?;
         let uid = lease.uid();
-        let inodes = (size_bytes / 2048).clamp(1024, 1 << 20);
+        let inodes = inodes_for(size_bytes);
         let options = format!("size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}");
         let c_path = cstr(path).map_err(|e| io_err("mount", e))?;
         let c_opts = CString::new(options).map_err(|_| {
@@ -103,10 +107,30 @@ impl Workspace {
             path: path.to_owned(),
             lease,
             size_bytes,
+            image: None,
             root: std::sync::Mutex::new(None),
             max_entries: inodes as usize,
             scans: Default::default(),
         })
+    }
+
+    /// A workspace mounted from `image` (see [`crate::WorkspaceImages`]).
+    pub(crate) fn on_image(
+        path: &Path,
+        lease: UidLease,
+        size_bytes: u64,
+        inodes: usize,
+        image: PathBuf,
+    ) -> Workspace {
+        Workspace {
+            path: path.to_owned(),
+            lease,
+            size_bytes,
+            image: Some(image),
+            root: std::sync::Mutex::new(None),
+            max_entries: inodes.max(MIN_WALK_ENTRIES),
+            scans: Default::default(),
+        }
     }
 
     /// Takes over a workspace that outlived the process that created it (a server killed
@@ -145,6 +169,7 @@ impl Workspace {
             path: path.to_owned(),
             lease,
             size_bytes: st.f_blocks * st.f_bsize as u64,
+            image: None,
             root: std::sync::Mutex::new(None),
             max_entries: (st.f_files as usize).max(MIN_WALK_ENTRIES),
             scans: Default::default(),
@@ -168,6 +193,30 @@ impl Workspace {
 
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    /// Whether the files are on disk (an image), so [`Workspace::sync`] makes them outlive a
+    /// crash of the host; a tmpfs workspace's never do.
+    pub fn is_durable(&self) -> bool {
+        self.image.is_some()
+    }
+
+    /// Makes everything written to the workspace so far durable (syncfs of its own
+    /// filesystem: the sandbox's writes and the host's, nobody else's; the flush reaches the
+    /// backing disk through the loop device). Nothing to do for a tmpfs.
+    pub fn sync(&self) -> Result<(), WorkspaceError> {
+        if self.image.is_none() {
+            return Ok(());
+        }
+        let io_err = |source| WorkspaceError::Io {
+            action: "sync",
+            path: self.path.clone(),
+            source,
+        };
+        let dir = open_dir_nofollow(None, &self.path).map_err(io_err)?;
+        // SAFETY: syncfs on our own descriptor.
+        cvt(unsafe { libc::syncfs(dir.as_raw_fd()) }).map_err(io_err)?;
+        Ok(())
     }
 
     /// Walks of the tree done so far ([`Workspace::snapshot`], [`Workspace::list`]).
@@ -218,6 +267,14 @@ impl Workspace {
         let uid = self.lease.uid();
         // SAFETY: fchown on our own descriptor.
         cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
+        if self.image.is_some() {
+            // The host writes as root, which may use the blocks an image keeps beyond its
+            // quota: the sandbox's room (measured after the truncation) bounds an upload too.
+            let room = fstatfs_avail(&file).map_err(|e| io_err("statfs", e))?;
+            if data.len() as u64 > room {
+                return Err(io_err("write", io::Error::from(io::ErrorKind::StorageFull)));
+            }
+        }
         file.write_all(data).map_err(|e| io_err("write", e))?;
         let meta = file.metadata().map_err(|e| io_err("stat", e))?;
         Ok(FileStat {
@@ -377,12 +434,29 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        if let Ok(c) = cstr(&self.path) {
-            // SAFETY: a valid path; MNT_DETACH so a lingering reference cannot keep it busy.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        }
+        // MNT_DETACH so a lingering reference cannot keep it busy; an image's loop device lets
+        // go of it with the last reference (autoclear), and unlinking it meanwhile is safe.
+        crate::image::unmount(&self.path);
         let _ = fs::remove_dir(&self.path);
+        if let Some(image) = &self.image {
+            let _ = fs::remove_file(image);
+        }
     }
+}
+
+/// The inode quota of a workspace of `size_bytes`: one per 2 KiB, at least 1,024 and at most
+/// 2^20 (a tmpfs's `nr_inodes`; an image's inode table).
+pub(crate) fn inodes_for(size_bytes: u64) -> u64 {
+    (size_bytes / 2048).clamp(1024, 1 << 20)
+}
+
+/// Bytes an unprivileged writer may still add to the filesystem holding `file`.
+fn fstatfs_avail(file: &fs::File) -> io::Result<u64> {
+    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: our own descriptor and a valid out-pointer.
+    cvt(unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) })?;
+    Ok(st.f_bavail * st.f_bsize as u64)
 }
 
 /// What the host knows of one workspace file.
