@@ -187,7 +187,7 @@ fn audited_engine(
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
-    audited_engine_with(data_dir, store, preload, Default::default())
+    audited_engine_with(data_dir, store, preload, Default::default(), true)
 }
 
 /// [`audited_engine`] with the server's limit policy.
@@ -196,6 +196,7 @@ fn audited_engine_with(
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
     limits: runcell_engine::LimitPolicy,
+    workspaces_on_disk: bool,
 ) -> anyhow::Result<runcell_engine::Engine> {
     use anyhow::Context;
     let runtime = runtime::ensure_default(data_dir)?;
@@ -204,6 +205,7 @@ fn audited_engine_with(
     config.python_runtime = Some(runtime.path);
     config.preload = preload;
     config.limits = limits;
+    config.workspaces_on_disk = workspaces_on_disk;
     Ok(runcell_engine::Engine::with_audit(
         config,
         Some(std::sync::Arc::new(runcell_server::StoreAudit(

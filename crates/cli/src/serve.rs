@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Start every Python session cold, without the preloaded zygote.
     #[arg(long)]
     no_zygote: bool,
+    /// Keep session workspaces in memory (tmpfs) instead of filesystem images on disk: lost at
+    /// a reboot, and counted in each session's memory limit (docs/operations.md).
+    #[arg(long)]
+    workspaces_in_memory: bool,
     /// Python sessions kept started ahead of demand (forked from the zygote), so creating one
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
@@ -415,7 +419,13 @@ pub fn serve(
         defaults = ?limits.defaults,
         "session limits"
     );
-    let engine = crate::audited_engine_with(data_dir, &store, preload, limits)?;
+    let engine = crate::audited_engine_with(
+        data_dir,
+        &store,
+        preload,
+        limits,
+        !args.workspaces_in_memory,
+    )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);
 

@@ -91,6 +91,8 @@ impl Engine {
         // execution_count 0 as they are not cells of the kernel).
         let after = workspace.snapshot().ok();
         let diff = crate::oneshot::diff_files(before.as_ref(), after.as_ref());
+        // What the command wrote is on disk before its reply.
+        crate::session::sync_workspace(&workspace);
         let record = command_execution(session, &output, started_at, diff);
         self.core.audit(&info.owner, &record, command)?;
         Ok(output)

@@ -95,6 +95,10 @@ pub struct EngineConfig {
     /// Defaults, maxima and the committed-memory budget of every sandbox (`serve --max-*`);
     /// by default no larger than this host can give.
     pub limits: LimitPolicy,
+    /// Session workspaces as filesystem images on disk (durable; the default) where the host
+    /// can mount them, or tmpfs (`serve --workspaces-in-memory`: lost at a reboot, and counted
+    /// in the session's memory).
+    pub workspaces_on_disk: bool,
 }
 
 impl EngineConfig {
@@ -106,6 +110,7 @@ impl EngineConfig {
             python_runtime: None,
             preload: None,
             limits: LimitPolicy::default(),
+            workspaces_on_disk: true,
         }
     }
 }
@@ -126,6 +131,9 @@ pub(crate) struct Core {
     pub(crate) ledger: Arc<Ledger>,
     /// Tenants' quotas and default start; none until the server sets its store.
     tenant_policies: std::sync::RwLock<Option<Arc<dyn TenantPolicies>>>,
+    /// Where session workspaces live on disk; `None` on a host without loop devices or
+    /// e2fsprogs, whose sessions get a tmpfs workspace as before (in memory, lost at reboot).
+    pub(crate) images: Option<runcell_sandbox::WorkspaceImages>,
 }
 
 impl Core {
@@ -153,6 +161,23 @@ impl Core {
         ] {
             create_dir(&dir)?;
         }
+        let images = match config
+            .workspaces_on_disk
+            .then(|| runcell_sandbox::WorkspaceImages::open(&config.data_dir.join("workspace-images")))
+        {
+            None => {
+                tracing::info!("session workspaces in memory (tmpfs), as configured");
+                None
+            }
+            Some(Ok(i)) => Some(i),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    error = %chain(&e),
+                    "session workspaces stay in memory (tmpfs): counted in each session's memory limit and lost at a reboot"
+                );
+                None
+            }
+        };
         // A killed `runcell run` leaves its workspace and its cgroup; the workspace says so.
         if sweep_stale_one_shots(&config) > 0 {
             sweep_stale_cgroups(&sandbox, &config);
@@ -172,7 +197,35 @@ impl Core {
             cells_running,
             ledger: Arc::default(),
             tenant_policies: std::sync::RwLock::new(None),
+            images,
         })
+    }
+
+    /// A new workspace at `path` for a session: on disk where the host allows it.
+    pub(crate) fn create_workspace(
+        &self,
+        path: &Path,
+        size_bytes: u64,
+        lease: runcell_sandbox::UidLease,
+    ) -> Result<Workspace, EngineError> {
+        match &self.images {
+            Some(images) => images.create(path, size_bytes, lease),
+            None => Workspace::create(path, size_bytes, lease),
+        }
+        .map_err(workspace_error)
+    }
+
+    /// Takes over the workspace a dead process left at `path` (mounted still, or only its
+    /// image after a reboot).
+    pub(crate) fn adopt_workspace(
+        &self,
+        path: &Path,
+        lease: runcell_sandbox::UidLease,
+    ) -> Result<Workspace, runcell_sandbox::WorkspaceError> {
+        match &self.images {
+            Some(images) => images.adopt(path, lease),
+            None => Workspace::adopt(path, lease),
+        }
     }
 
     /// Every finished execution passes here, before its caller sees it.

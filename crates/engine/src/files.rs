@@ -67,6 +67,19 @@ fn map_workspace_error(op: Op, e: WorkspaceError) -> EngineError {
     }
 }
 
+/// A sync that failed. ENOSPC there is never the workspace's own quota (a write past that
+/// fails at the write): its image could not grow on the data dir's filesystem, which is full.
+fn sync_error(e: WorkspaceError) -> EngineError {
+    match &e {
+        // ENOSPC.
+        WorkspaceError::Io { source, .. } if source.raw_os_error() == Some(28) => {
+            tracing::warn!(error = %crate::chain(&e), "the data dir is full");
+            crate::core::no_space("write")
+        }
+        _ => EngineError::Internal(crate::chain(&e)),
+    }
+}
+
 fn entry(path: String, st: runcell_sandbox::FileStat) -> FileEntry {
     FileEntry {
         mime: crate::mime_of(&path),
@@ -78,8 +91,21 @@ fn entry(path: String, st: runcell_sandbox::FileStat) -> FileEntry {
 
 impl Engine {
     /// Writes a file into the session's workspace (parents created), owned by the sandbox
-    /// user, and returns its listing entry.
+    /// user, and returns its listing entry once it is on disk.
     pub fn write_file(
+        &self,
+        session: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<FileEntry, EngineError> {
+        let entry = self.write_file_unsynced(session, path, data)?;
+        self.sync_files(session)?;
+        Ok(entry)
+    }
+
+    /// [`Engine::write_file`] without making it durable: for a request that writes many files
+    /// (a multipart upload), which calls [`Engine::sync_files`] once before its reply.
+    pub fn write_file_unsynced(
         &self,
         session: &str,
         path: &str,
@@ -112,9 +138,18 @@ impl Engine {
             .map_err(map_err(Op::Look))
     }
 
+    /// Puts everything written to the session's workspace so far on disk (a no-op for a
+    /// workspace in memory).
+    pub fn sync_files(&self, session: &str) -> Result<(), EngineError> {
+        let ws = self.sessions().workspace(session)?;
+        ws.sync().map_err(sync_error)
+    }
+
     pub fn delete_file(&self, session: &str, path: &str) -> Result<(), EngineError> {
         let ws = self.sessions().workspace(session)?;
-        ws.delete(path).map_err(map_err(Op::Look))
+        ws.delete(path).map_err(map_err(Op::Look))?;
+        // A deleted file does not come back after a crash either.
+        ws.sync().map_err(sync_error)
     }
 
     /// Files under `dir` ("" for all), sorted by path.

@@ -12,6 +12,7 @@ mod model;
 mod oneshot;
 mod pool;
 mod session;
+mod spares;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;

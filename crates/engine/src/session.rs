@@ -203,6 +203,8 @@ pub struct SessionManager {
     ending: (Mutex<usize>, std::sync::Condvar),
     /// Sessions started ahead of demand (empty unless [`SessionManager::start_warm_pool`]).
     pool: WarmPool,
+    /// Workspaces made ahead of demand (from [`SessionManager::start_warm_pool`] on).
+    spares: Arc<crate::spares::SpareWorkspaces>,
     /// At most this many live sessions (0: no cap); see [`SessionManager::set_max_sessions`].
     max_sessions: std::sync::atomic::AtomicUsize,
     /// Creates under way and one-shot runs, counted against `max_sessions` (see
@@ -252,6 +254,7 @@ impl SessionManager {
             me: me.clone(),
             ending: (Mutex::new(0), std::sync::Condvar::new()),
             pool: WarmPool::default(),
+            spares: Arc::default(),
             max_sessions: std::sync::atomic::AtomicUsize::new(0),
             creating: Arc::default(),
         })
@@ -268,7 +271,11 @@ impl SessionManager {
     /// the zygote once it is ready), so creating one with the defaults and no environment
     /// needs no fork. A server calls this once it has recovered the sessions of a previous
     /// run (a warm session must not take a uid a recovered workspace needs back).
+    /// Spare workspaces (for any language and start, when on disk) begin here too, for the
+    /// same reason.
     pub fn start_warm_pool(&self, n: usize) {
+        self.spares
+            .start(&self.core, self.core.config.limits.defaults.disk_mb);
         if self.core.zygote_status() == crate::ZygoteStatus::Off {
             return;
         }
@@ -294,8 +301,7 @@ impl SessionManager {
         let limits = self.core.resolve_session_limits(&Default::default())?;
         // Counted like any session: a warm pool never fills past the budget.
         let reservation = self.reserve(limits.memory_mb, false)?;
-        let id = new_id("ses");
-        let workspace = self.new_workspace(&id, &limits)?;
+        let (id, workspace) = self.new_workspace(&limits)?;
         let (kernel, _) =
             self.core
                 .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
@@ -328,27 +334,30 @@ impl SessionManager {
         }
     }
 
-    /// A new, empty workspace for session `id`, on a uid of its own.
+    /// A new session id and its empty workspace, on a uid of its own: a spare one when its
+    /// size is the spares'.
     fn new_workspace(
         &self,
-        id: &str,
         limits: &SessionLimits,
-    ) -> Result<Arc<Workspace>, EngineError> {
+    ) -> Result<(String, Arc<Workspace>), EngineError> {
+        if let Some(spare) = self.spares.take(limits.disk_mb) {
+            return Ok((spare.id, spare.workspace));
+        }
+        let id = new_id("ses");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
-        let workspace = Workspace::create(
-            &self.core.config.data_dir.join("workspaces").join(id),
+        let workspace = self.core.create_workspace(
+            &self.core.config.data_dir.join("workspaces").join(&id),
             limits.disk_mb << 20,
             lease,
-        )
-        .map_err(crate::core::workspace_error)?;
-        Ok(Arc::new(workspace))
+        )?;
+        Ok((id, Arc::new(workspace)))
     }
 
     /// Removes the session workspaces nobody will come back for: no live session has them,
     /// `known(id)` (the store) does not remember them, and no process holds their uid. A
     /// server killed with warm sessions, or between starting a session and recording it,
-    /// leaves such workspaces. Returns how many were removed.
+    /// leaves such workspaces (and, on disk, their images). Returns how many were removed.
     pub fn sweep_orphan_workspaces(&self, known: &dyn Fn(&str) -> bool) -> usize {
         let dir = self.core.config.data_dir.join("workspaces");
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -371,11 +380,15 @@ impl SessionManager {
             let Ok(lease) = UidLease::acquire_uid(&leases, uid) else {
                 continue; // someone still runs on that uid
             };
-            match Workspace::adopt(&path, lease) {
-                Ok(ws) => drop(ws), // unmounts and removes it
-                // Not mounted (the server died before mounting it): a plain directory.
+            match self.core.adopt_workspace(&path, lease) {
+                Ok(ws) => drop(ws), // unmounts and removes it, and its image
+                // Not mounted and no image to mount (the server died before making it): a
+                // plain directory.
                 Err(_) if !is_mount_point(&path) => {
                     let _ = std::fs::remove_dir_all(&path);
+                    if let Some(images) = &self.core.images {
+                        images.discard(&path);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %crate::chain(&e), "left an orphaned workspace that is not runcell's mount");
@@ -384,6 +397,20 @@ impl SessionManager {
             }
             tracing::info!(session = id, "removed an orphaned session workspace");
             removed += 1;
+        }
+        // Images without a workspace directory (a server killed between the two).
+        if let Some(images) = &self.core.images {
+            for id in images.images() {
+                if id.starts_with("ses_")
+                    && !known(&id)
+                    && !self.map().contains_key(&id)
+                    && !dir.join(&id).exists()
+                {
+                    images.discard(&dir.join(&id));
+                    tracing::info!(session = %id, "removed an orphaned workspace image");
+                    removed += 1;
+                }
+            }
         }
         removed
     }
@@ -446,8 +473,7 @@ impl SessionManager {
             Some(w) => (w.id, w.workspace, Some(w.kernel), w.reservation),
             None => {
                 let reservation = self.reserve(limits.memory_mb, true)?;
-                let id = new_id("ses");
-                let workspace = self.new_workspace(&id, &limits)?;
+                let (id, workspace) = self.new_workspace(&limits)?;
                 (id, workspace, None, reservation)
             }
         };
@@ -502,7 +528,11 @@ impl SessionManager {
             .ok_or_else(|| EngineError::NotFound(format!("workspace of session {}", req.id)))?;
         let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
             .map_err(|e| unavailable(&e))?;
-        let workspace = Arc::new(Workspace::adopt(&path, lease).map_err(|e| unavailable(&e))?);
+        let workspace = Arc::new(
+            self.core
+                .adopt_workspace(&path, lease)
+                .map_err(|e| unavailable(&e))?,
+        );
         // Its memory is counted, never refused: the workspace already holds it, and the
         // operator may have lowered the budget since.
         let mut reservation = self.core.ledger.reserve(
@@ -831,6 +861,7 @@ impl SessionManager {
     /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
     pub fn shutdown(&self) {
         self.pool.stop();
+        self.spares.stop();
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             let _ = self.delete(&id);
@@ -1197,6 +1228,8 @@ impl Runner {
         let finished_at = Utc::now();
         let after = self.workspace.snapshot().ok();
         let diff = diff_files(start.before.as_ref(), after.as_ref());
+        // What the cell wrote is on disk before anyone is told it ran.
+        sync_workspace(&self.workspace);
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1351,5 +1384,13 @@ fn died_error(
         name: name.into(),
         value: format!("{what}. {}", restart_notice(restarted)),
         traceback: String::new(),
+    }
+}
+
+/// [`Workspace::sync`], its failure logged: the execution happened and its reply is due; an
+/// operator must learn that its files may not survive a crash of the host.
+pub(crate) fn sync_workspace(workspace: &Workspace) {
+    if let Err(e) = workspace.sync() {
+        tracing::error!(error = %crate::chain(&e), "cannot make a workspace durable");
     }
 }

@@ -272,7 +272,7 @@ impl Workspace {
             // quota: the sandbox's room (measured after the truncation) bounds an upload too.
             let room = fstatfs_avail(&file).map_err(|e| io_err("statfs", e))?;
             if data.len() as u64 > room {
-                return Err(io_err("write", io::Error::from(io::ErrorKind::StorageFull)));
+                return Err(io_err("write", io::Error::from_raw_os_error(libc::ENOSPC)));
             }
         }
         file.write_all(data).map_err(|e| io_err("write", e))?;

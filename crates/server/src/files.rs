@@ -60,10 +60,19 @@ pub async fn put_file(
     owned(&state, &tenant, &id).await?;
     let body = body?;
     let entry = store_file(&state, &id, path, body).await?;
+    sync_files(&state, &id).await?;
     Ok((StatusCode::CREATED, Json(entry)))
 }
 
-/// Writes one upload, records it, and returns its listing entry.
+/// What the request wrote, on disk before its reply (once for all of a multipart's parts).
+async fn sync_files(state: &AppState, id: &str) -> ApiResult<()> {
+    let engine = state.engine.clone();
+    let id = id.to_owned();
+    blocking(move || engine.sync_files(&id)).await
+}
+
+/// Writes one upload, records it, and returns its listing entry; [`sync_files`] makes it
+/// durable.
 async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> ApiResult<FileEntry> {
     let engine = state.engine.clone();
     let (id2, path2) = (id.to_owned(), path.clone());
@@ -74,7 +83,7 @@ async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> Ap
     };
     // The entry comes from the file written, never from a listing: a listing of the
     // directory per part made an upload of N parts O(N²), and wrong past the listing's bound.
-    let entry = blocking(move || engine.write_file(&id2, &path2, &data)).await?;
+    let entry = blocking(move || engine.write_file_unsynced(&id2, &path2, &data)).await?;
     crate::record_upload(state, id, &entry, sha256).await?;
     Ok(entry)
 }
@@ -115,6 +124,7 @@ pub async fn upload_multipart(
     if files.is_empty() {
         return Err(ApiError::invalid("no file parts in the upload"));
     }
+    sync_files(&state, &id).await?;
     Ok((StatusCode::CREATED, Json(FileList { files })))
 }
 
