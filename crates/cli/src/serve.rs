@@ -439,6 +439,7 @@ pub fn serve(
     }
     // Only now: a warm session must not take the uid of a workspace being recovered.
     engine.sessions().start_warm_pool(warm_sessions.into());
+    engine.sessions().start_spare_workspaces();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -107,7 +107,12 @@ fn a_full_workspace_is_enospc_and_the_session_lives_on() {
     // kernel is OOM-killed.
     let mem = common::serve::serve(
         &data,
-        &["--warm-sessions", "0", "--no-zygote", "--workspaces-in-memory"],
+        &[
+            "--warm-sessions",
+            "0",
+            "--no-zygote",
+            "--workspaces-in-memory",
+        ],
     );
     let id = create(&mem);
     let e = execute(&c, &mem, &id, FILL);
@@ -201,7 +206,10 @@ fn acknowledged_files_survive_kill_9_and_a_reboot() {
     let s = post(&c, format!("{}/v1/sessions", first.base), json!({}));
     let id = s["id"].as_str().expect("id").to_owned();
     let put = c
-        .put(format!("{}/v1/sessions/{id}/files/in/upload.txt", first.base))
+        .put(format!(
+            "{}/v1/sessions/{id}/files/in/upload.txt",
+            first.base
+        ))
         .body("uploaded before the crash")
         .send()
         .expect("upload");
@@ -272,7 +280,11 @@ fn acknowledged_files_survive_kill_9_and_a_reboot() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     while !loops_under(&data).is_empty() {
-        assert!(Instant::now() < deadline, "loop devices left: {:?}", loops_under(&data));
+        assert!(
+            Instant::now() < deadline,
+            "loop devices left: {:?}",
+            loops_under(&data)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(mounts_under(&data).is_empty());
@@ -287,14 +299,20 @@ fn acknowledged_files_survive_kill_9_and_a_reboot() {
         .expect("session");
     assert_eq!(s["status"], "ready", "{s}");
     let body = c
-        .get(format!("{}/v1/sessions/{id}/files/in/upload.txt", second.base))
+        .get(format!(
+            "{}/v1/sessions/{id}/files/in/upload.txt",
+            second.base
+        ))
         .send()
         .and_then(|r| r.text())
         .expect("download");
     assert_eq!(body, "uploaded before the crash");
     let e = execute(&c, &second, &id, "print(open('written.txt').read())\nv");
     assert_eq!(e["stdout"], "written by a cell\n", "{e}");
-    assert_eq!(e["error"]["name"], "NameError", "variables do not survive: {e}");
+    assert_eq!(
+        e["error"]["name"], "NameError",
+        "variables do not survive: {e}"
+    );
     // A clean stop unmounts it (and ends the session, as before).
     drop(second);
     assert!(mounts_under(&data).is_empty(), "{:?}", mounts_under(&data));

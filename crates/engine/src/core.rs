@@ -161,10 +161,9 @@ impl Core {
         ] {
             create_dir(&dir)?;
         }
-        let images = match config
-            .workspaces_on_disk
-            .then(|| runcell_sandbox::WorkspaceImages::open(&config.data_dir.join("workspace-images")))
-        {
+        let images = match config.workspaces_on_disk.then(|| {
+            runcell_sandbox::WorkspaceImages::open(&config.data_dir.join("workspace-images"))
+        }) {
             None => {
                 tracing::info!("session workspaces in memory (tmpfs), as configured");
                 None

@@ -203,7 +203,7 @@ pub struct SessionManager {
     ending: (Mutex<usize>, std::sync::Condvar),
     /// Sessions started ahead of demand (empty unless [`SessionManager::start_warm_pool`]).
     pool: WarmPool,
-    /// Workspaces made ahead of demand (from [`SessionManager::start_warm_pool`] on).
+    /// Workspaces made ahead of demand (from [`SessionManager::start_spare_workspaces`] on).
     spares: Arc<crate::spares::SpareWorkspaces>,
     /// At most this many live sessions (0: no cap); see [`SessionManager::set_max_sessions`].
     max_sessions: std::sync::atomic::AtomicUsize,
@@ -271,15 +271,19 @@ impl SessionManager {
     /// the zygote once it is ready), so creating one with the defaults and no environment
     /// needs no fork. A server calls this once it has recovered the sessions of a previous
     /// run (a warm session must not take a uid a recovered workspace needs back).
-    /// Spare workspaces (for any language and start, when on disk) begin here too, for the
-    /// same reason.
     pub fn start_warm_pool(&self, n: usize) {
-        self.spares
-            .start(&self.core, self.core.config.limits.defaults.disk_mb);
         if self.core.zygote_status() == crate::ZygoteStatus::Off {
             return;
         }
         self.pool.start(n, self.me.clone());
+    }
+
+    /// Keeps a few empty workspaces of the default disk size mounted ahead of demand (when
+    /// workspaces are on disk), for creates of any language: a server's, once it has
+    /// recovered the sessions of a previous run.
+    pub fn start_spare_workspaces(&self) {
+        self.spares
+            .start(&self.core, self.core.config.limits.defaults.disk_mb);
     }
 
     /// Warm sessions ready to be handed out now.
@@ -301,7 +305,8 @@ impl SessionManager {
         let limits = self.core.resolve_session_limits(&Default::default())?;
         // Counted like any session: a warm pool never fills past the budget.
         let reservation = self.reserve(limits.memory_mb, false)?;
-        let (id, workspace) = self.new_workspace(&limits)?;
+        let id = new_id("ses");
+        let workspace = self.new_workspace(&id, &limits)?;
         let (kernel, _) =
             self.core
                 .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
@@ -334,24 +339,20 @@ impl SessionManager {
         }
     }
 
-    /// A new session id and its empty workspace, on a uid of its own: a spare one when its
-    /// size is the spares'.
+    /// A new, empty workspace for session `id`, on a uid of its own.
     fn new_workspace(
         &self,
+        id: &str,
         limits: &SessionLimits,
-    ) -> Result<(String, Arc<Workspace>), EngineError> {
-        if let Some(spare) = self.spares.take(limits.disk_mb) {
-            return Ok((spare.id, spare.workspace));
-        }
-        let id = new_id("ses");
+    ) -> Result<Arc<Workspace>, EngineError> {
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let workspace = self.core.create_workspace(
-            &self.core.config.data_dir.join("workspaces").join(&id),
+            &self.core.config.data_dir.join("workspaces").join(id),
             limits.disk_mb << 20,
             lease,
         )?;
-        Ok((id, Arc::new(workspace)))
+        Ok(Arc::new(workspace))
     }
 
     /// Removes the session workspaces nobody will come back for: no live session has them,
@@ -473,7 +474,8 @@ impl SessionManager {
             Some(w) => (w.id, w.workspace, Some(w.kernel), w.reservation),
             None => {
                 let reservation = self.reserve(limits.memory_mb, true)?;
-                let (id, workspace) = self.new_workspace(&limits)?;
+                let id = new_id("ses");
+                let workspace = self.new_workspace(&id, &limits)?;
                 (id, workspace, None, reservation)
             }
         };
@@ -861,7 +863,7 @@ impl SessionManager {
     /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
     pub fn shutdown(&self) {
         self.pool.stop();
-        self.spares.stop();
+        self.spares.stop(&self.core);
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             let _ = self.delete(&id);

@@ -23,6 +23,9 @@ use crate::sys::{cstr, cvt};
 use crate::user_ns::UidLease;
 use crate::workspace::{Workspace, WorkspaceError};
 
+/// Names spares uniquely within the process (the pid tells processes apart).
+static SPARE_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Bumped whenever templates are made differently, so old ones are not reused.
 const TEMPLATE_VERSION: u32 = 1;
 /// The smallest ext4 journal (1,024 blocks of 4 KiB). A journal, because a host that loses
@@ -48,6 +51,23 @@ pub struct WorkspaceImages {
     mkfs: PathBuf,
     tune2fs: PathBuf,
     templates: Mutex<HashMap<(u64, u64), Arc<Template>>>,
+    /// Images made and mounted ahead of demand under `spares/` ([`WorkspaceImages::make_spare`]).
+    spares: Mutex<Vec<Spare>>,
+}
+
+/// Where a new workspace's filesystem comes from.
+enum Source {
+    Spare(Spare),
+    Template(Arc<Template>),
+}
+
+/// A mounted, unused workspace filesystem, nobody's yet.
+#[derive(Debug)]
+struct Spare {
+    image: PathBuf,
+    mount: PathBuf,
+    size_bytes: u64,
+    inodes: u64,
 }
 
 /// A ready-made, never mounted filesystem of one size.
@@ -72,7 +92,7 @@ impl WorkspaceImages {
         loopdev::available().map_err(|e| err("open /dev/loop-control for", e))?;
         let mkfs = find_tool("mkfs.ext4").map_err(|e| err("find mkfs.ext4 for", e))?;
         let tune2fs = find_tool("tune2fs").map_err(|e| err("find tune2fs for", e))?;
-        for d in [dir.to_owned(), dir.join("templates")] {
+        for d in [dir.to_owned(), dir.join("templates"), dir.join("spares")] {
             match fs::create_dir(&d) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -83,13 +103,17 @@ impl WorkspaceImages {
                 .map_err(|e| err("chmod", e))?;
         }
         let dir_real = fs::canonicalize(dir).map_err(|e| err("resolve", e))?;
-        Ok(WorkspaceImages {
+        let images = WorkspaceImages {
             dir: dir.to_owned(),
             dir_real,
             mkfs,
             tune2fs,
             templates: Mutex::default(),
-        })
+            spares: Mutex::default(),
+        };
+        // Spares of a process that died (nobody's: they never had a uid).
+        images.remove_spares_on_disk();
+        Ok(images)
     }
 
     pub fn dir(&self) -> &Path {
@@ -104,8 +128,8 @@ impl WorkspaceImages {
 
     /// Creates `path` (which must not exist) and mounts on it a new filesystem of
     /// `size_bytes` usable bytes (and as many inodes as a tmpfs workspace of that size would
-    /// have), owned by the lease's host uid. The image and both directory entries are on disk
-    /// when this returns.
+    /// have), owned by the lease's host uid: a spare of that size if one is ready. The image and
+    /// both new directory entries reach the disk at the workspace's first sync.
     pub fn create(
         &self,
         path: &Path,
@@ -118,22 +142,42 @@ impl WorkspaceImages {
             source,
         };
         let inodes = crate::workspace::inodes_for(size_bytes);
-        let template = self.template(size_bytes, inodes)?;
         let uid = lease.uid();
+        let spare = {
+            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+            let i = spares.iter().position(|s| s.size_bytes == size_bytes);
+            i.map(|i| spares.swap_remove(i))
+        };
+        let source = match spare {
+            Some(spare) => Source::Spare(spare),
+            None => Source::Template(self.template(size_bytes, inodes)?),
+        };
         fs::create_dir(path).map_err(|e| io_err("create", e))?;
         let image = self.image_of(path);
+        let mut fs_inodes = inodes;
         let made = (|| {
             // The mount point too belongs to the uid: after a reboot, with nothing mounted on
             // it, it is what says whose workspace this is.
             chown_nofollow(path, uid).map_err(|e| io_err("chown", e))?;
-            let file =
-                copy_template(&template, &image).map_err(|e| io_err("copy the template to", e))?;
-            // Both new names durable before anyone is told the workspace exists (the image's
-            // bytes are, at the first sync through the loop device).
-            for dir in [&self.dir, path.parent().unwrap_or(Path::new("/"))] {
-                fsync_dir(dir).map_err(|e| io_err("fsync the directory of", e))?;
+            match &source {
+                Source::Spare(spare) => {
+                    // A bind mount of the spare's root, then the spare's own mount detached: a
+                    // mount point cannot be renamed, and moving a mount (MS_MOVE) fails under
+                    // a shared mount, which systemd makes `/`.
+                    fs::rename(&spare.image, &image).map_err(|e| io_err("rename a spare to", e))?;
+                    bind(&spare.mount, path).map_err(|e| io_err("bind a spare on", e))?;
+                    unmount(&spare.mount);
+                    let _ = fs::remove_dir(&spare.mount);
+                    fs_inodes = spare.inodes;
+                }
+                Source::Template(template) => {
+                    let file = copy_template(template, &image)
+                        .map_err(|e| io_err("copy the template to", e))?;
+                    mount_image(&file, path).map_err(|e| io_err("mount the image on", e))?;
+                    // Every inode is a file a walk may meet (ext4 rounds the count up).
+                    fs_inodes = statfs(path).map(|s| s.f_files).unwrap_or(inodes);
+                }
             }
-            mount_image(&file, path).map_err(|e| io_err("mount the image on", e))?;
             let root = open_dir(path).map_err(|e| io_err("open", e))?;
             // SAFETY: fchown on our own descriptor of the new filesystem's root.
             cvt(unsafe { libc::fchown(root.as_raw_fd(), uid, uid) })
@@ -147,16 +191,25 @@ impl WorkspaceImages {
             unmount(path);
             let _ = fs::remove_file(&image);
             let _ = fs::remove_dir(path);
+            if let Source::Spare(spare) = source {
+                unmount(&spare.mount);
+                let _ = fs::remove_dir(&spare.mount);
+                let _ = fs::remove_file(&spare.image);
+            }
             return Err(e);
         }
-        // Every inode is a file a walk may meet (ext4 rounds the count up to whole blocks).
-        let inodes = statfs(path).map(|s| s.f_files).unwrap_or(inodes);
+        // Both new names (mount point, image) reach the disk with the workspace's first sync.
+        let names = vec![
+            self.dir.clone(),
+            path.parent().unwrap_or(Path::new("/")).to_owned(),
+        ];
         Ok(Workspace::on_image(
             path,
             lease,
             size_bytes,
-            inodes as usize,
+            fs_inodes as usize,
             image,
+            names,
         ))
     }
 
@@ -209,6 +262,7 @@ impl WorkspaceImages {
             size,
             st.f_files as usize,
             image,
+            Vec::new(),
         ))
     }
 
@@ -230,6 +284,86 @@ impl WorkspaceImages {
                 Some(name.strip_suffix(".ext4")?.to_owned())
             })
             .collect()
+    }
+
+    /// Makes one spare workspace filesystem of `size_bytes` and keeps it mounted for the next
+    /// [`WorkspaceImages::create`] of that size: binding it into place is a few system calls,
+    /// where binding a loop device and mounting take 10-30 ms.
+    pub fn make_spare(&self, size_bytes: u64) -> Result<(), WorkspaceError> {
+        let inodes = crate::workspace::inodes_for(size_bytes);
+        let template = self.template(size_bytes, inodes)?;
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            SPARE_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let spares = self.dir.join("spares");
+        let (image, mount) = (spares.join(format!("{name}.ext4")), spares.join(name));
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: mount.clone(),
+            source,
+        };
+        fs::create_dir(&mount).map_err(|e| io_err("create", e))?;
+        let made = copy_template(&template, &image)
+            .and_then(|file| mount_image(&file, &mount))
+            .and_then(|()| statfs(&mount));
+        match made {
+            Ok(st) => {
+                self.spares
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Spare {
+                        image,
+                        mount,
+                        size_bytes,
+                        inodes: st.f_files,
+                    });
+                Ok(())
+            }
+            Err(e) => {
+                unmount(&mount);
+                let _ = fs::remove_dir(&mount);
+                let _ = fs::remove_file(&image);
+                Err(io_err("make a spare workspace at", e))
+            }
+        }
+    }
+
+    /// Spares of `size_bytes` ready now.
+    pub fn spares(&self, size_bytes: u64) -> usize {
+        let spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        spares.iter().filter(|s| s.size_bytes == size_bytes).count()
+    }
+
+    /// Unmounts and deletes every spare (at a clean stop).
+    pub fn remove_spares(&self) {
+        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in spares {
+            unmount(&s.mount);
+            let _ = fs::remove_dir(&s.mount);
+            let _ = fs::remove_file(&s.image);
+        }
+    }
+
+    /// Whatever `spares/` holds: after a crash, spares still mounted (unmounted here) and
+    /// their images; nothing there ever belongs to a session.
+    fn remove_spares_on_disk(&self) {
+        let Ok(entries) = fs::read_dir(self.dir.join("spares")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => {
+                    unmount(&p);
+                    let _ = fs::remove_dir(&p);
+                }
+                _ => {
+                    let _ = fs::remove_file(&p);
+                }
+            }
+        }
     }
 
     /// The template for `size_bytes` usable bytes and `inodes` inodes, made on first use
@@ -489,6 +623,22 @@ fn unmount_now(path: &Path) {
     }
 }
 
+/// Binds the filesystem mounted at `from` on `to` too (same mount flags: nosuid, nodev).
+fn bind(from: &Path, to: &Path) -> io::Result<()> {
+    let (src, dst) = (cstr(from)?, cstr(to)?);
+    // SAFETY: valid NUL-terminated paths; no filesystem type or data for a bind.
+    cvt(unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
+}
+
 fn chown_nofollow(path: &Path, uid: u32) -> io::Result<()> {
     let c = cstr(path)?;
     // SAFETY: a valid path; lchown never follows a symlink.
@@ -500,10 +650,6 @@ fn open_dir(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-}
-
-fn fsync_dir(path: &Path) -> io::Result<()> {
-    open_dir(path)?.sync_all()
 }
 
 pub(crate) fn statfs(path: &Path) -> io::Result<libc::statfs> {

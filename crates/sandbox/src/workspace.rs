@@ -45,6 +45,9 @@ pub struct Workspace {
     size_bytes: u64,
     /// The filesystem image under the mount, for a workspace on disk; `None` for a tmpfs.
     image: Option<PathBuf>,
+    /// Directories whose new entries (the mount point, the image) the first sync makes
+    /// durable too: a workspace nothing was acknowledged in need not survive a power loss.
+    unsynced_names: std::sync::Mutex<Vec<PathBuf>>,
     /// The root directory, opened by the first snapshot and rewound by the next ones (two
     /// snapshots a cell: reopening it each time was two path walks and two closes).
     root: std::sync::Mutex<Option<rustix::fs::Dir>>,
@@ -108,6 +111,7 @@ impl Workspace {
             lease,
             size_bytes,
             image: None,
+            unsynced_names: Default::default(),
             root: std::sync::Mutex::new(None),
             max_entries: inodes as usize,
             scans: Default::default(),
@@ -121,12 +125,14 @@ impl Workspace {
         size_bytes: u64,
         inodes: usize,
         image: PathBuf,
+        unsynced_names: Vec<PathBuf>,
     ) -> Workspace {
         Workspace {
             path: path.to_owned(),
             lease,
             size_bytes,
             image: Some(image),
+            unsynced_names: std::sync::Mutex::new(unsynced_names),
             root: std::sync::Mutex::new(None),
             max_entries: inodes.max(MIN_WALK_ENTRIES),
             scans: Default::default(),
@@ -170,6 +176,7 @@ impl Workspace {
             lease,
             size_bytes: st.f_blocks * st.f_bsize as u64,
             image: None,
+            unsynced_names: Default::default(),
             root: std::sync::Mutex::new(None),
             max_entries: (st.f_files as usize).max(MIN_WALK_ENTRIES),
             scans: Default::default(),
@@ -216,6 +223,16 @@ impl Workspace {
         let dir = open_dir_nofollow(None, &self.path).map_err(io_err)?;
         // SAFETY: syncfs on our own descriptor.
         cvt(unsafe { libc::syncfs(dir.as_raw_fd()) }).map_err(io_err)?;
+        let mut names = self
+            .unsynced_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while let Some(d) = names.last() {
+            open_dir_nofollow(None, d)
+                .and_then(|f| fs::File::from(f).sync_all())
+                .map_err(io_err)?;
+            names.pop();
+        }
         Ok(())
     }
 
