@@ -357,3 +357,59 @@ fn a_mount_that_is_not_the_workspaces_image_is_not_adopted() {
         .expect("a's own image");
     drop(a);
 }
+
+#[test]
+fn a_spare_is_bound_into_place_and_spares_do_not_outlive_their_server() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let imgs = images(&dir);
+    imgs.make_spare(8 << 20).expect("spare");
+    imgs.make_spare(8 << 20).expect("spare");
+    assert_eq!(imgs.spares(8 << 20), 2);
+    assert_eq!(imgs.spares(16 << 20), 0, "spares are of one size");
+    let path = dir.path().join("ws");
+    let ws = imgs.create(&path, 8 << 20, lease(&dir)).expect("create");
+    assert_eq!(imgs.spares(8 << 20), 1, "the create took a spare");
+    // A complete workspace: its own image under its name, the quota, the uid, a sync.
+    assert!(imgs.image_of(&path).is_file());
+    assert!(mounted(&path));
+    assert_eq!(std::fs::metadata(&path).expect("root").uid(), ws.host_uid());
+    let (out, run) = python(
+        &ws,
+        Limits::default(),
+        "import os\nst = os.statvfs('.')\nprint(st.f_bavail * st.f_frsize >> 20, sorted(os.listdir()))",
+    );
+    assert_eq!(run.exit, ExitStatus::Code(0), "{run:?}");
+    assert_eq!(out, "8 []\n");
+    ws.write_file("a.txt", b"a").expect("write");
+    ws.sync().expect("sync");
+    // What a killed server leaves: a spare still mounted. The next one removes it.
+    std::mem::forget(imgs);
+    let spares = dir.path().join("images/spares");
+    assert_eq!(
+        std::fs::read_dir(&spares).expect("spares").count(),
+        2,
+        "a mount point and its image"
+    );
+    let again = images(&dir);
+    assert_eq!(std::fs::read_dir(&spares).expect("spares").count(), 0);
+    assert_eq!(again.spares(8 << 20), 0);
+    assert!(mounts_under(dir.path())
+        .iter()
+        .all(|m| !m.starts_with(&spares)));
+    // A clean stop removes its spares.
+    again.make_spare(8 << 20).expect("spare");
+    again.remove_spares();
+    assert_eq!(std::fs::read_dir(&spares).expect("spares").count(), 0);
+    drop(ws);
+    assert!(!path.exists());
+}
+
+fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string("/proc/self/mounts")
+        .expect("mounts")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .map(std::path::PathBuf::from)
+        .filter(|m| m.starts_with(dir))
+        .collect()
+}
