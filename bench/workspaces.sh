@@ -52,6 +52,9 @@ for _ in range(10):
         ms, s = call("POST", "/v1/sessions", {}); ts.append(ms); ids.append(s["id"])
     for i in ids:
         call("DELETE", f"/v1/sessions/{i}")
+    # Deleted workspaces are unmounted and removed off the request path: let that settle, so
+    # the next batch measures creates, not the last batch's teardown.
+    time.sleep(1.5)
 line = "%-6s warm=%s create %s" % (sys.argv[2], sys.argv[3], q(ts))
 if sys.argv[3] != "0":
     _, s = call("POST", "/v1/sessions", {}); sid = s["id"]

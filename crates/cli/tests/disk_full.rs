@@ -132,6 +132,9 @@ fn a_full_data_dir_refuses_writes_with_507_serves_reads_and_recovers() {
         "create",
         send(c.post(format!("{b}/v1/sessions")).json(&json!({}))),
     );
+    // The refused create ended its session, whose workspace image (on this disk) went with
+    // it: full again.
+    disk.fill("filler-after-create");
     assert_no_space(
         "one-shot",
         send(
@@ -179,6 +182,7 @@ fn a_full_data_dir_refuses_writes_with_507_serves_reads_and_recovers() {
 
     // Space freed: writes work again, with no restart.
     disk.free("filler");
+    disk.free("filler-after-create");
     disk.free("filler2");
     let (status, s) = send(c.post(format!("{b}/v1/sessions")).json(&json!({})));
     assert_eq!(status, 201, "{s}");

@@ -92,7 +92,7 @@ impl Engine {
         let after = workspace.snapshot().ok();
         let diff = crate::oneshot::diff_files(before.as_ref(), after.as_ref());
         // What the command wrote is on disk before its reply.
-        crate::session::sync_workspace(&workspace);
+        crate::session::sync_if_changed(&workspace, before.as_ref(), after.as_ref(), &diff);
         let record = command_execution(session, &output, started_at, diff);
         self.core.audit(&info.owner, &record, command)?;
         Ok(output)

@@ -1231,7 +1231,7 @@ impl Runner {
         let after = self.workspace.snapshot().ok();
         let diff = diff_files(start.before.as_ref(), after.as_ref());
         // What the cell wrote is on disk before anyone is told it ran.
-        sync_workspace(&self.workspace);
+        sync_if_changed(&self.workspace, start.before.as_ref(), after.as_ref(), &diff);
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1389,9 +1389,23 @@ fn died_error(
     }
 }
 
-/// [`Workspace::sync`], its failure logged: the execution happened and its reply is due; an
-/// operator must learn that its files may not survive a crash of the host.
-pub(crate) fn sync_workspace(workspace: &Workspace) {
+/// [`Workspace::sync`] after a cell or a command, unless both walks were complete and saw no
+/// change (a `1+1` cell: the sync would only flush the disk's cache). Its failure is logged:
+/// the execution happened and its reply is due, but an operator must learn that its files may
+/// not survive a crash of the host.
+pub(crate) fn sync_if_changed(
+    workspace: &Workspace,
+    before: Option<&runcell_sandbox::Snapshot>,
+    after: Option<&runcell_sandbox::Snapshot>,
+    diff: &crate::oneshot::FileDiff,
+) {
+    let unchanged = before.is_some_and(|b| b.complete)
+        && after.is_some_and(|a| a.complete)
+        && diff.files.is_empty()
+        && !diff.truncated;
+    if unchanged {
+        return;
+    }
     if let Err(e) = workspace.sync() {
         tracing::error!(error = %crate::chain(&e), "cannot make a workspace durable");
     }
