@@ -10,9 +10,11 @@ helper processes on the measured path):
                project id/PROJINHERIT (FS_IOC_FSSETXATTR) + block/inode limits (quotactl_fd);
                removal rmdir + limits cleared.
   ext4-prjquota the same on a shared ext4 image made with -O quota,project.
-  ext4-image   one ext4 image per session: a copy of a pre-made template (data extents only) +
-               a free loop device (LOOP_CTL_GET_FREE, LOOP_CONFIGURE, autoclear) + mount;
-               umount + unlink. `ext4-mkfs` is the same with mkfs.ext4 instead of the template.
+  ext4-image-template  one ext4 image per session: a copy of a pre-made template (data extents
+               only) + a free loop device (LOOP_CTL_GET_FREE, LOOP_CONFIGURE, autoclear, direct
+               I/O) + mount; umount + unlink. `-mkfs`: mkfs.ext4 instead of the template;
+               `-pool`: images made and mounted ahead, bound into place (what runcell does).
+  xfs-image-template   the same with XFS (which cannot be made under 300 MB).
 Then, per backend: 200 MiB written from a process in a 128 MiB memory cgroup (v1 or v2, whichever
 the host has: OOM or not, the cgroup's peak); the cost of making one small written file durable
 (fsync of file and directory; syncfs) and of a syncfs with nothing written (a `1+1` cell); and what
@@ -155,7 +157,7 @@ def mkfs(fs, img, size, inodes):
 
 class ImagePerSession:
     """`how`: "template" (copy a pre-made image's data extents), "mkfs" (make one each time) or
-    "pool" (premounted images made ahead, moved into place with MS_MOVE)."""
+    "pool" (premounted images made ahead, bound into place)."""
 
     def __init__(self, root, fs, how, n=0):
         self.root, self.fs, self.how = root, fs, how
@@ -201,10 +203,13 @@ class ImagePerSession:
     def create(self, i, size, inodes=None):
         p = f"{self.root}/ws{i}"
         if self.how == "pool" and size == 1 << 30 and inodes is None and self.pool:
+            # As runcell does: the spare's root bound into place, its own mount detached (a
+            # mount point cannot be renamed; MS_MOVE fails under a shared `/`).
             src = self.pool.pop()
             os.mkdir(p)
-            check(libc.mount(src.encode(), p.encode(), None, 8192, None), "MS_MOVE")
             os.rename(src + ".img", p + ".img")
+            check(libc.mount(src.encode(), p.encode(), None, 4096, None), "MS_BIND")
+            umount(src)
             os.rmdir(src)
         else:
             self.attach(p, size, inodes)

@@ -1231,7 +1231,12 @@ impl Runner {
         let after = self.workspace.snapshot().ok();
         let diff = diff_files(start.before.as_ref(), after.as_ref());
         // What the cell wrote is on disk before anyone is told it ran.
-        sync_if_changed(&self.workspace, start.before.as_ref(), after.as_ref(), &diff);
+        sync_if_changed(
+            &self.workspace,
+            start.before.as_ref(),
+            after.as_ref(),
+            &diff,
+        );
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,

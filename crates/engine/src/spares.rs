@@ -15,8 +15,9 @@ use std::time::Duration;
 use crate::core::Core;
 
 /// Spares kept ready: a burst of creates (each forking a kernel, ~10 ms) takes them faster than
-/// one thread mounts new ones, and a spare costs only a mount and ~100 KiB of disk.
-pub(crate) const SPARES: usize = 4;
+/// one thread mounts new ones (10-30 ms each), and a spare costs only a mount (and its journal
+/// thread) and ~100 KiB of disk.
+pub(crate) const SPARES: usize = 8;
 
 /// How often an idle filler looks again without being woken.
 const RECHECK: Duration = Duration::from_millis(100);
@@ -73,6 +74,7 @@ fn fill(spares: Weak<SpareWorkspaces>, core: Weak<Core>, size_bytes: u64) {
             return;
         };
         let Some(images) = &core.images else { return };
+        images.tidy();
         let pause = if images.spares(size_bytes) >= SPARES {
             RECHECK
         } else {

@@ -53,6 +53,9 @@ pub struct WorkspaceImages {
     templates: Mutex<HashMap<(u64, u64), Arc<Template>>>,
     /// Images made and mounted ahead of demand under `spares/` ([`WorkspaceImages::make_spare`]).
     spares: Mutex<Vec<Spare>>,
+    /// Mounts of spares that were bound into place, to detach off the create's path (an
+    /// unmount waits for an RCU grace period: milliseconds on a busy host).
+    taken: Mutex<Vec<PathBuf>>,
 }
 
 /// Where a new workspace's filesystem comes from.
@@ -110,6 +113,7 @@ impl WorkspaceImages {
             tune2fs,
             templates: Mutex::default(),
             spares: Mutex::default(),
+            taken: Mutex::default(),
         };
         // Spares of a process that died (nobody's: they never had a uid).
         images.remove_spares_on_disk();
@@ -161,13 +165,12 @@ impl WorkspaceImages {
             chown_nofollow(path, uid).map_err(|e| io_err("chown", e))?;
             match &source {
                 Source::Spare(spare) => {
-                    // A bind mount of the spare's root, then the spare's own mount detached: a
-                    // mount point cannot be renamed, and moving a mount (MS_MOVE) fails under
-                    // a shared mount, which systemd makes `/`.
+                    // A bind mount of the spare's root; the spare's own mount is detached later
+                    // ([`WorkspaceImages::tidy`]). Not a rename (a mount point cannot be
+                    // renamed) nor MS_MOVE (refused under a shared mount, which systemd makes
+                    // `/`).
                     fs::rename(&spare.image, &image).map_err(|e| io_err("rename a spare to", e))?;
                     bind(&spare.mount, path).map_err(|e| io_err("bind a spare on", e))?;
-                    unmount(&spare.mount);
-                    let _ = fs::remove_dir(&spare.mount);
                     fs_inodes = spare.inodes;
                 }
                 Source::Template(template) => {
@@ -187,13 +190,17 @@ impl WorkspaceImages {
                 .map_err(|e| io_err("chmod", e))?;
             Ok(())
         })();
+        if let Source::Spare(spare) = &source {
+            self.taken
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(spare.mount.clone());
+        }
         if let Err(e) = made {
             unmount(path);
             let _ = fs::remove_file(&image);
             let _ = fs::remove_dir(path);
             if let Source::Spare(spare) = source {
-                unmount(&spare.mount);
-                let _ = fs::remove_dir(&spare.mount);
                 let _ = fs::remove_file(&spare.image);
             }
             return Err(e);
@@ -330,6 +337,16 @@ impl WorkspaceImages {
         }
     }
 
+    /// Detaches the mounts of spares taken since the last call (the workspaces they became
+    /// hold their own bind mounts). A spare filler calls this between spares.
+    pub fn tidy(&self) {
+        let taken = std::mem::take(&mut *self.taken.lock().unwrap_or_else(|p| p.into_inner()));
+        for mount in taken {
+            unmount(&mount);
+            let _ = fs::remove_dir(&mount);
+        }
+    }
+
     /// Spares of `size_bytes` ready now.
     pub fn spares(&self, size_bytes: u64) -> usize {
         let spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
@@ -338,6 +355,7 @@ impl WorkspaceImages {
 
     /// Unmounts and deletes every spare (at a clean stop).
     pub fn remove_spares(&self) {
+        self.tidy();
         let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|p| p.into_inner()));
         for s in spares {
             unmount(&s.mount);

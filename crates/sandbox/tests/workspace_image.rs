@@ -382,6 +382,9 @@ fn a_spare_is_bound_into_place_and_spares_do_not_outlive_their_server() {
     assert_eq!(out, "8 []\n");
     ws.write_file("a.txt", b"a").expect("write");
     ws.sync().expect("sync");
+    // The taken spare's own mount goes off the create's path; the workspace keeps its bind.
+    imgs.tidy();
+    assert_eq!(ws.read_file("a.txt", 8).expect("read after tidy"), b"a");
     // What a killed server leaves: a spare still mounted. The next one removes it.
     std::mem::forget(imgs);
     let spares = dir.path().join("images/spares");
