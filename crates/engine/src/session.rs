@@ -873,6 +873,13 @@ impl SessionManager {
             .ending
             .1
             .wait_timeout_while(n, Duration::from_secs(30), |n| *n > 0);
+        // Workspaces on disk are unmounted and deleted off their sessions' path: no mount
+        // outlives a clean stop either.
+        if let Some(images) = &self.core.images {
+            if !images.wait_removals(Duration::from_secs(30)) {
+                tracing::warn!("workspaces still being removed at the stop");
+            }
+        }
     }
 }
 

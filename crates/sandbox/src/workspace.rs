@@ -451,12 +451,22 @@ impl Workspace {
 
 impl Drop for Workspace {
     fn drop(&mut self) {
-        // MNT_DETACH so a lingering reference cannot keep it busy; an image's loop device lets
-        // go of it with the last reference (autoclear), and unlinking it meanwhile is safe.
+        // An image: descriptors on its filesystem keep it alive past the unmount below, which
+        // then only detaches the mount point (as for a tmpfs); the filesystem's shutdown and
+        // the image's deletion happen on the removal thread (`image::remove_later`).
+        let holders: Vec<Box<dyn Send>> = match self.image {
+            Some(_) => {
+                let cached = self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let fresh = open_dir_nofollow(None, &self.path).ok();
+                vec![Box::new(cached), Box::new(fresh)]
+            }
+            None => Vec::new(),
+        };
+        // MNT_DETACH so a lingering reference cannot keep it busy.
         crate::image::unmount(&self.path);
         let _ = fs::remove_dir(&self.path);
-        if let Some(image) = &self.image {
-            let _ = fs::remove_file(image);
+        if let Some(image) = self.image.take() {
+            crate::image::remove_later(crate::image::Remains { holders, image });
         }
     }
 }

@@ -313,9 +313,12 @@ fn an_image_outlives_its_mount_and_is_adopted_again() {
         back.size_bytes()
     );
     assert_eq!(std::fs::metadata(&path).expect("root").uid(), uid);
-    // Dropped: unmounted, the directory and the image gone.
+    // Dropped: unmounted and its directory gone at once; the image once the removal thread
+    // has shut its filesystem down.
     drop(back);
-    assert!(!mounted(&path) && !path.exists() && !image.exists());
+    assert!(!mounted(&path) && !path.exists());
+    assert!(imgs.wait_removals(std::time::Duration::from_secs(20)));
+    assert!(!image.exists());
 }
 
 #[test]
@@ -403,8 +406,11 @@ fn a_spare_is_bound_into_place_and_spares_do_not_outlive_their_server() {
     again.make_spare(8 << 20).expect("spare");
     again.remove_spares();
     assert_eq!(std::fs::read_dir(&spares).expect("spares").count(), 0);
+    let image = again.image_of(&path);
     drop(ws);
-    assert!(!path.exists());
+    assert!(!path.exists() && !mounted(&path));
+    assert!(again.wait_removals(std::time::Duration::from_secs(20)));
+    assert!(!image.exists());
 }
 
 fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
