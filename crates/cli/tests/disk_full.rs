@@ -132,8 +132,21 @@ fn a_full_data_dir_refuses_writes_with_507_serves_reads_and_recovers() {
         "create",
         send(c.post(format!("{b}/v1/sessions")).json(&json!({}))),
     );
-    // The refused create ended its session, whose workspace image (on this disk) went with
-    // it: full again.
+    // The refused create ended its session, whose workspace image (on this disk) goes with it,
+    // off the request's path: once it is gone, full again.
+    let images = data.join("workspace-images");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&images)
+        .expect("images")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .any(|n| n.ends_with(".ext4") && n != format!("{sid}.ext4"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the refused create's image stays"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     disk.fill("filler-after-create");
     assert_no_space(
         "one-shot",

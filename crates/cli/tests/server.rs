@@ -405,7 +405,12 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     assert_eq!(s["status"], "ready", "{s}");
     for w in &warm {
         assert!(
-            !data.join("workspaces").join(w).exists() && !mounted(w),
+            !data.join("workspaces").join(w).exists()
+                && !mounted(w)
+                && !data
+                    .join("workspace-images")
+                    .join(format!("{w}.ext4"))
+                    .exists(),
             "the killed server's warm session {w} was left behind"
         );
     }

@@ -68,6 +68,14 @@ impl SpareWorkspaces {
     }
 }
 
+/// Spares are made only while the data dir's filesystem has this much room: on a nearly full
+/// disk they would take the last bytes a session's own writes need.
+const MIN_ROOM_FOR_SPARES: u64 = 64 << 20;
+
+fn room_for_spares(images: &runcell_sandbox::WorkspaceImages) -> bool {
+    images.room().is_some_and(|r| r >= MIN_ROOM_FOR_SPARES)
+}
+
 fn fill(spares: Weak<SpareWorkspaces>, core: Weak<Core>, size_bytes: u64) {
     loop {
         let (Some(spares), Some(core)) = (spares.upgrade(), core.upgrade()) else {
@@ -75,7 +83,7 @@ fn fill(spares: Weak<SpareWorkspaces>, core: Weak<Core>, size_bytes: u64) {
         };
         let Some(images) = &core.images else { return };
         images.tidy();
-        let pause = if images.spares(size_bytes) >= SPARES {
+        let pause = if images.spares(size_bytes) >= SPARES || !room_for_spares(images) {
             RECHECK
         } else {
             match images.make_spare(size_bytes) {

@@ -354,6 +354,13 @@ impl WorkspaceImages {
         wait_removals(timeout)
     }
 
+    /// Bytes free on the filesystem that holds the images (what new images may still take).
+    pub fn room(&self) -> Option<u64> {
+        statfs(&self.dir)
+            .ok()
+            .map(|st| st.f_bavail * st.f_bsize as u64)
+    }
+
     /// Spares of `size_bytes` ready now.
     pub fn spares(&self, size_bytes: u64) -> usize {
         let spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
