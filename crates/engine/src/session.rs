@@ -366,6 +366,21 @@ impl SessionManager {
         };
         let leases = self.core.config.run_dir.join("uids");
         let mut removed = 0;
+        // Images without a workspace directory (a server killed between the two); first, as
+        // the workspaces removed below lose their directory before their image.
+        if let Some(images) = &self.core.images {
+            for id in images.images() {
+                if id.starts_with("ses_")
+                    && !known(&id)
+                    && !self.map().contains_key(&id)
+                    && !dir.join(&id).exists()
+                {
+                    images.discard(&dir.join(&id));
+                    tracing::info!(session = %id, "removed an orphaned workspace image");
+                    removed += 1;
+                }
+            }
+        }
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(id) = name.to_str().filter(|n| n.starts_with("ses_")) else {
@@ -399,19 +414,10 @@ impl SessionManager {
             tracing::info!(session = id, "removed an orphaned session workspace");
             removed += 1;
         }
-        // Images without a workspace directory (a server killed between the two).
+        // Their filesystems shut down and images deleted before this returns (`runcell
+        // doctor --clean` exits right after).
         if let Some(images) = &self.core.images {
-            for id in images.images() {
-                if id.starts_with("ses_")
-                    && !known(&id)
-                    && !self.map().contains_key(&id)
-                    && !dir.join(&id).exists()
-                {
-                    images.discard(&dir.join(&id));
-                    tracing::info!(session = %id, "removed an orphaned workspace image");
-                    removed += 1;
-                }
-            }
+            images.wait_removals(Duration::from_secs(30));
         }
         removed
     }
