@@ -215,5 +215,33 @@ fn layers(thorough: bool, cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer
         },
         mandatory: true,
     });
+    if thorough {
+        layers.push(workspace_images());
+    }
     layers
+}
+
+/// Whether session workspaces can be filesystem images on disk (loop devices, e2fsprogs); a
+/// host without them keeps them in memory (tmpfs): not durable, and counted in each session's
+/// memory limit.
+fn workspace_images() -> Layer {
+    let missing = crate::loopdev::available()
+        .map_err(|e| format!("no loop devices (/dev/loop-control: {e})"))
+        .and_then(|()| {
+            crate::image::tools_available().map_err(|e| format!("{e}: install e2fsprogs"))
+        });
+    match missing {
+        Ok(()) => Layer {
+            name: "workspaces on disk",
+            state: State::Available,
+            detail: "session workspaces are ext4 images on loop devices: ENOSPC when full, durable across a reboot".into(),
+            mandatory: false,
+        },
+        Err(why) => Layer {
+            name: "workspaces on disk",
+            state: State::Degraded,
+            detail: format!("{why}; session workspaces stay in memory (tmpfs): counted in the session's memory, lost at a reboot"),
+            mandatory: false,
+        },
+    }
 }

@@ -524,6 +524,11 @@ impl WorkspaceImages {
     }
 }
 
+/// Whether `mkfs.ext4` and `tune2fs` are there (for `runcell doctor`).
+pub(crate) fn tools_available() -> io::Result<()> {
+    find_tool("mkfs.ext4").and_then(|_| find_tool("tune2fs")).map(drop)
+}
+
 /// `mkfs.ext4` and `tune2fs` live in sbin, which a server's PATH may lack.
 fn find_tool(name: &str) -> io::Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
