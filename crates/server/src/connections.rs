@@ -92,7 +92,7 @@ impl Capacity {
         let avail = open_files.saturating_sub(RESERVED_FDS + warm as u64 * FDS_PER_SESSION);
         let connections = max_connections.unwrap_or_else(|| (avail / 4).clamp(8, 1024) as usize);
         let for_sessions = avail.saturating_sub((connections + refusing(connections)) as u64);
-        let by_uids = runcell_sandbox::HOST_UID_COUNT as u64 / 2;
+        let by_uids = runcell_engine::MAX_SANDBOXES as u64 / 2;
         let sessions = (for_sessions / FDS_PER_SESSION).min(by_uids);
         if connections == 0 || sessions == 0 {
             return Err(format!(

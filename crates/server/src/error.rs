@@ -269,6 +269,21 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// A store error of what the HTTP layer reads itself (API keys, checkpoints' chain heads).
+pub(crate) fn store_error(e: runcell_store::StoreError) -> ApiError {
+    use runcell_store::StoreError;
+    match e {
+        StoreError::Invalid(m) => ApiError::invalid(m),
+        StoreError::NotFound(m) => ApiError::not_found(m),
+        e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
+        other => ApiError::internal(runcell_engine::error_chain(&other)),
+    }
+}
+
+/// What a client is told when the database cannot take a write.
+const NO_SPACE: &str =
+    "the server's disk is full: nothing was recorded; retry once the operator frees space";
+
 /// A JSON-RPC error `/mcp` answers before (or instead of) its MCP service: the body is
 /// JSON-RPC's error object, as MCP clients expect, not the API's envelope.
 #[derive(Debug)]
