@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, BodyTooSlow};
 
 /// How connections are bounded (`runcell serve --max-connections`, `--header-timeout`,
 /// `--keep-alive-timeout`, `--body-timeout`, `--body-min-rate`).
@@ -503,28 +503,6 @@ impl MinRateBody {
             self.waited += since.elapsed();
         }
     }
-}
-
-/// A request body that came slower than `serve --body-min-rate` allows.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body arrived too slowly: after {grace_s} s, at least {rate} bytes per second")]
-pub struct BodyTooSlow {
-    grace_s: u64,
-    rate: u64,
-}
-
-/// The [`BodyTooSlow`] behind a body-reading error, if that is what it was.
-pub(crate) fn body_too_slow<'a>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a BodyTooSlow> {
-    let mut cur = Some(e);
-    while let Some(e) = cur {
-        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
-            return Some(slow);
-        }
-        cur = e.source();
-    }
-    None
 }
 
 impl hyper::body::Body for MinRateBody {

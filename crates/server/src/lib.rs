@@ -118,7 +118,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.hosts.clone(),
             hosts::guard,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -135,7 +135,7 @@ pub fn metrics_app(state: &AppState, listen: SocketAddr) -> Router {
         .route("/metrics", get(misc::metrics_text))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.hosts.clone(),
             hosts::guard,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
