@@ -149,11 +149,9 @@ fn document_labels(components: &mut utoipa::openapi::Components) {
     };
     if let Some(m) = property(components, "CreateSessionRequest", "metadata") {
         m.max_properties = Some(MAX_METADATA_KEYS);
-        if let Some(names) = m.property_names.as_deref_mut() {
-            if let Schema::Object(names) = names {
-                names.min_length = Some(1);
-                names.max_length = Some(MAX_METADATA_KEY_CHARS);
-            }
+        if let Some(Schema::Object(names)) = m.property_names.as_deref_mut() {
+            names.min_length = Some(1);
+            names.max_length = Some(MAX_METADATA_KEY_CHARS);
         }
         if let Some(utoipa::openapi::schema::AdditionalProperties::RefOr(RefOr::T(
             Schema::Object(values),
