@@ -67,7 +67,8 @@ fn id(prefix: &'static str, len: usize) -> impl Fn(Content, ContentPath<'_>) -> 
         let rest = s.strip_prefix(prefix).and_then(|r| r.strip_prefix('_'));
         assert!(
             rest.is_some_and(|r| r.len() == len
-                && r.bytes().all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(&b))),
+                && r.bytes()
+                    .all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(&b))),
             "{path}: {s:?} is not a {prefix}_ id"
         );
         format!("[{prefix}_id]")

@@ -35,7 +35,8 @@ fn id(prefix: &'static str, len: usize) -> impl Fn(Content, ContentPath<'_>) -> 
         let rest = s.strip_prefix(prefix).and_then(|r| r.strip_prefix('_'));
         assert!(
             rest.is_some_and(|r| r.len() == len
-                && r.bytes().all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(&b))),
+                && r.bytes()
+                    .all(|b| b"0123456789abcdefghjkmnpqrstvwxyz".contains(&b))),
             "{path}: {s:?} is not a {prefix}_ id"
         );
         format!("[{prefix}_id]")
@@ -137,7 +138,10 @@ async fn what_api_clients_see() {
     assert_execution_snapshot!("execution_stream", events, "[].execution");
 
     let (status, missing) = srv
-        .send(srv.http.get(format!("{}/v1/sessions/ses_0000000000000000", srv.base)))
+        .send(
+            srv.http
+                .get(format!("{}/v1/sessions/ses_0000000000000000", srv.base)),
+        )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
     insta::assert_json_snapshot!("error_not_found", missing);
