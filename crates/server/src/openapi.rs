@@ -81,8 +81,9 @@ fn document_start(api: &mut OpenApi) {
 const NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00]{1,255}";
 
 /// A name that can also travel in a multipart part's `Content-Disposition` header, where
-/// control characters cannot be written.
-const HEADER_NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]{1,255}";
+/// control characters cannot be written — except CR, LF (which clients send percent-encoded,
+/// as HTML's form encoding does: the name arrives as `%0A`, itself a fine name) and tab.
+const HEADER_NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00-\x08\x0b\x0c\x0e-\x1f\x7f]{1,255}";
 
 /// A workspace path as `validate_relative` takes it: relative, names separated by one or more
 /// `/`, `.` names allowed (and skipped), at least one real name, a `/` at the end allowed.
