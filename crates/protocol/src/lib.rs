@@ -11,6 +11,10 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+mod snapshot;
+
+pub use snapshot::{IncompatibleField, SkippedName, SnapshotRefusal, MAX_REPORT_NAMES};
+
 /// Largest frame either side accepts: a few PNGs of a big figure fit; a runaway does not.
 /// A longer length prefix is a protocol error before anything is read. The host keeps less
 /// (a [`FrameDecoder`] with a keep limit, a result's limit in runcell-kernel) and reads past
@@ -32,6 +36,13 @@ pub enum HostMessage {
         #[serde(default, skip_serializing_if = "is_false")]
         ack: bool,
     },
+    /// Write the session's language state (variables, functions, ...) to `path`, a file
+    /// inside the sandbox. Answered like a cell, outside the execution count: `Snapshotted`
+    /// or an `Error`, then `Done`.
+    Snapshot { id: String, path: String },
+    /// Read a snapshot at `path` back into the session: `Restored` or `SnapshotRefused` (or
+    /// an `Error`), then `Done`.
+    Restore { id: String, path: String },
 }
 
 /// How a cell ended, as the kernel saw it.
@@ -78,6 +89,32 @@ pub enum KernelMessage {
         dropped_results: u64,
         #[serde(default, skip_serializing_if = "is_zero")]
         dropped_bytes: u64,
+    },
+    /// A `Snapshot` was written: `bytes` long, holding `names`; `skipped` could not be saved.
+    /// Lists stop at [`MAX_REPORT_NAMES`]; `omitted` counts the names left out of them.
+    Snapshotted {
+        id: String,
+        bytes: u64,
+        names: Vec<String>,
+        skipped: Vec<SkippedName>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        omitted: u64,
+        /// The kernel's time for it, in microseconds.
+        duration_us: u64,
+    },
+    /// A `Restore` brought `names` back; `skipped` were in the snapshot but could not be.
+    Restored {
+        id: String,
+        names: Vec<String>,
+        skipped: Vec<SkippedName>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        omitted: u64,
+        duration_us: u64,
+    },
+    /// A `Restore` whose file was refused before anything in it was unpickled.
+    SnapshotRefused {
+        id: String,
+        refusal: SnapshotRefusal,
     },
 }
 
