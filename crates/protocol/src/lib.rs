@@ -399,6 +399,75 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_messages_match_the_kernels() {
+        let snap = serde_json::to_string(&HostMessage::Snapshot {
+            id: "snapshot-1".into(),
+            path: "/workspace/s".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            snap,
+            r#"{"type":"snapshot","id":"snapshot-1","path":"/workspace/s"}"#
+        );
+        let restore = serde_json::to_string(&HostMessage::Restore {
+            id: "restore-2".into(),
+            path: "/tmp/s".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            restore,
+            r#"{"type":"restore","id":"restore-2","path":"/tmp/s"}"#
+        );
+        // As the Python kernel sends them (json.dumps of dict(report, type=..., id=...)).
+        let saved: KernelMessage = serde_json::from_str(
+            r#"{"bytes": 1234, "names": ["df", "np"], "skipped": [{"name": "f", "reason": "open file 'x.txt'"}], "omitted": 0, "duration_us": 5120, "type": "snapshotted", "id": "snapshot-1"}"#,
+        )
+        .expect("snapshotted");
+        assert_eq!(
+            saved,
+            KernelMessage::Snapshotted {
+                id: "snapshot-1".into(),
+                bytes: 1234,
+                names: vec!["df".into(), "np".into()],
+                skipped: vec![SkippedName {
+                    name: "f".into(),
+                    reason: "open file 'x.txt'".into()
+                }],
+                omitted: 0,
+                duration_us: 5120,
+            }
+        );
+        let restored: KernelMessage = serde_json::from_str(
+            r#"{"names": [], "skipped": [], "omitted": 3, "duration_us": 1, "type": "restored", "id": "restore-2"}"#,
+        )
+        .expect("restored");
+        assert!(matches!(restored, KernelMessage::Restored { omitted: 3, .. }));
+        let refused: KernelMessage = serde_json::from_str(
+            r#"{"type": "snapshot_refused", "id": "restore-2", "refusal": {"reason": "incompatible", "field": "serializer_version", "found": "3.0.0", "expected": "3.1.3"}}"#,
+        )
+        .expect("refused");
+        let KernelMessage::SnapshotRefused { refusal, .. } = refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(
+            refusal.to_string(),
+            r#"the snapshot is incompatible: its serializer version is "3.0.0", this kernel needs "3.1.3""#
+        );
+        for (reason, expected) in [
+            ("missing", "no snapshot at the path: m"),
+            ("truncated", "the snapshot is truncated: m"),
+            ("corrupt", "the snapshot is corrupt: m"),
+        ] {
+            let r: SnapshotRefusal =
+                serde_json::from_str(&format!(r#"{{"reason": "{reason}", "message": "m"}}"#))
+                    .expect("refusal");
+            assert_eq!(r.to_string(), expected);
+        }
+        // A reason this host does not know is a malformed message, not a guess.
+        assert!(serde_json::from_str::<SnapshotRefusal>(r#"{"reason": "odd"}"#).is_err());
+    }
+
+    #[test]
     fn decoder_handles_partial_frames_and_rejects_huge_ones() {
         let frame = encode(&HostMessage::Execute {
             id: "a".into(),
