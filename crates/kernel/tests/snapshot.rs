@@ -331,3 +331,45 @@ fn a_snapshot_interrupted_at_its_deadline_leaves_the_kernel_and_the_old_file() {
     assert_eq!(a.ws.read_file("state.snap", 1 << 20).expect("read"), before);
     assert_eq!(run(&mut a, "ok"), "1");
 }
+
+#[test]
+fn bash_state_restores_into_a_fresh_sandboxed_kernel() {
+    let sandbox = Sandbox::new(init_exe()).expect("sandbox");
+    let opts = SnapshotOptions::default();
+    let mut a = session(&sandbox, Start::Cold("bash"));
+    run(
+        &mut a,
+        "list=(a 'b c')\nexport TOKEN=t1\nhi() { echo \"hi $1\"; }\nalias say='echo said'\nmkdir -p w && cd w\nreadonly RO=1",
+    );
+    let report = a.kernel.snapshot(SNAP, &opts).expect("snapshot");
+    assert_eq!(report.skipped.len(), 1, "{report:?}");
+    assert_eq!(report.skipped[0].name, "RO");
+    let mut b = session(&sandbox, Start::Cold("bash"));
+    carry(&a, &b);
+    // The workspace's files come back with a resume; the directory must be there for `cd`.
+    b.ws.write_file("w/.keep", b"").expect("write");
+    let restored = b.kernel.restore(SNAP, &opts).expect("restore");
+    assert!(restored.skipped.is_empty(), "{restored:?}");
+    let out = b
+        .kernel
+        .execute(
+            "ex",
+            "echo \"${list[1]}|$TOKEN|$(hi you)|$(pwd)\"; say",
+            &CellOptions::default(),
+            &mut |_| {},
+        )
+        .expect("execute");
+    assert_eq!(out.status, CellStatus::Ok, "{:?}", out.error);
+    assert_eq!(out.stdout.render(), "b c|t1|hi you|/workspace/w\nsaid\n");
+    // A Python snapshot is not a bash one.
+    let mut p = session(&sandbox, Start::Cold("python"));
+    run(&mut p, "x = 1");
+    p.kernel.snapshot(SNAP, &opts).expect("snapshot");
+    carry(&p, &b);
+    match b.kernel.restore(SNAP, &opts) {
+        Err(SnapshotError::Refused(SnapshotRefusal::Incompatible { field, .. })) => {
+            assert_eq!(field, IncompatibleField::Language)
+        }
+        other => panic!("{other:?}"),
+    }
+}
