@@ -67,7 +67,9 @@ pub struct RestoreReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("invalid snapshot path {0:?}: it must be absolute, without NUL, at most {MAX_PATH} bytes")]
+    #[error(
+        "invalid snapshot path {0:?}: it must be absolute, without NUL, at most {MAX_PATH} bytes"
+    )]
     InvalidPath(String),
     /// The file cannot be restored (missing, truncated, corrupt, incompatible); nothing in
     /// it was loaded and the session's state is as it was.

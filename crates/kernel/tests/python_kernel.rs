@@ -16,7 +16,9 @@ fn run_snapshot_suite(python: &Path) {
 }
 
 fn run_file(python: &Path, file: &str) {
-    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join(file);
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(file);
     let out = Command::new(python)
         .arg(&suite)
         .env("MPLBACKEND", "Agg")

@@ -28,7 +28,13 @@ fn init_exe() -> PathBuf {
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "runcell-sandbox", "--bin", "runcell-sandbox-init"])
+            .args([
+                "build",
+                "-p",
+                "runcell-sandbox",
+                "--bin",
+                "runcell-sandbox-init",
+            ])
             .status()
             .expect("cargo build runcell-sandbox-init");
         assert!(status.success(), "cannot build runcell-sandbox-init");
@@ -224,7 +230,9 @@ fn python_state_restores_into_a_cold_and_a_zygote_forked_kernel() {
         [("log", "open file 'log.txt'"), ("gen", "generator")],
         "{report:?}"
     );
-    for name in ["np", "pd", "sqrt", "df", "arr", "f", "g", "Point", "p", "model"] {
+    for name in [
+        "np", "pd", "sqrt", "df", "arr", "f", "g", "Point", "p", "model",
+    ] {
         assert!(report.names.iter().any(|n| n == name), "{name}: {report:?}");
     }
     let zygote = zygote();

@@ -441,7 +441,10 @@ mod tests {
             r#"{"names": [], "skipped": [], "omitted": 3, "duration_us": 1, "type": "restored", "id": "restore-2"}"#,
         )
         .expect("restored");
-        assert!(matches!(restored, KernelMessage::Restored { omitted: 3, .. }));
+        assert!(matches!(
+            restored,
+            KernelMessage::Restored { omitted: 3, .. }
+        ));
         let refused: KernelMessage = serde_json::from_str(
             r#"{"type": "snapshot_refused", "id": "restore-2", "refusal": {"reason": "incompatible", "field": "serializer_version", "found": "3.0.0", "expected": "3.1.3"}}"#,
         )

@@ -34,7 +34,9 @@ pub enum SnapshotRefusal {
     #[error("the snapshot is corrupt: {message}")]
     Corrupt { message: String },
     /// Taken by a runtime this kernel cannot read: `field` says which part differs.
-    #[error("the snapshot is incompatible: its {field} is {found:?}, this kernel needs {expected:?}")]
+    #[error(
+        "the snapshot is incompatible: its {field} is {found:?}, this kernel needs {expected:?}"
+    )]
     Incompatible {
         field: IncompatibleField,
         found: String,
