@@ -11,11 +11,10 @@ use std::time::Duration;
 use runcell_kernel::runtime::{Runtimes, SANDBOX_PYTHON_BIN, SANDBOX_PYTHON_PREFIX};
 use runcell_kernel::{
     CellOptions, CellStatus, IncompatibleField, Kernel, SnapshotError, SnapshotOptions,
-    SnapshotRefusal, KERNEL_FILES,
+    SnapshotRefusal, BASH, KERNEL_FILES, PYTHON, SANDBOX_KERNEL_DIR,
 };
 use runcell_sandbox::{Bind, Launch, Limits, Sandbox, UidLease, Workspace, Zygote, ZygoteConfig};
 
-const KERNEL_DIR: &str = "/opt/runcell/kernel";
 const SNAP: &str = "/workspace/state.snap";
 const READY: Duration = Duration::from_secs(60);
 
@@ -92,7 +91,7 @@ fn binds() -> Vec<Bind> {
         },
         Bind {
             source: kernels.clone(),
-            target: KERNEL_DIR.into(),
+            target: SANDBOX_KERNEL_DIR.into(),
         },
     ]
 }
@@ -114,14 +113,8 @@ fn session(sandbox: &Sandbox, start: Start<'_>) -> Session {
     let lease = UidLease::acquire(&dir.path().join("uids")).expect("lease");
     let ws = Workspace::create(&dir.path().join("ws"), 256 << 20, lease).expect("workspace");
     let program = match start {
-        Start::Cold("bash") => vec![
-            "/usr/bin/python3".to_owned(),
-            format!("{KERNEL_DIR}/runcell_bash_kernel.py"),
-        ],
-        _ => vec![
-            SANDBOX_PYTHON_BIN.to_owned(),
-            format!("{KERNEL_DIR}/runcell_kernel.py"),
-        ],
+        Start::Cold("bash") => BASH.command(SANDBOX_PYTHON_BIN),
+        _ => PYTHON.command(SANDBOX_PYTHON_BIN),
     };
     let launch = Launch {
         argv: program,
@@ -150,11 +143,11 @@ fn zygote() -> Zygote {
         libpython: runcell_sandbox::zygote::libpython_for(minor),
         binds: vec![
             (runtime.clone(), SANDBOX_PYTHON_PREFIX.into()),
-            (kernels.clone(), KERNEL_DIR.into()),
+            (kernels.clone(), SANDBOX_KERNEL_DIR.into()),
         ],
         env: env(),
-        kernel_dir: KERNEL_DIR.into(),
-        kernel_module: "runcell_kernel".into(),
+        kernel_dir: SANDBOX_KERNEL_DIR.into(),
+        kernel_module: PYTHON.module().into(),
         preload: vec!["numpy".into(), "pandas".into()],
     };
     Zygote::start(&init_exe(), &config, Duration::from_secs(180)).expect("zygote")
