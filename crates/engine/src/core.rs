@@ -489,7 +489,8 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
-    let files = runcell_kernel::KERNELS.map(|k| (k.file, k.source));
+    // The programs and the modules they import from beside them (runcell_snapshot.py).
+    let files = runcell_kernel::KERNEL_FILES;
     let all: Vec<u8> = files
         .iter()
         .flat_map(|(name, code)| [name.as_bytes(), b"\0", code.as_bytes(), b"\0"].concat())
