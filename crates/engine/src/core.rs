@@ -1,5 +1,6 @@
-//! The engine's shared core: configuration, the sandbox factory, limits, the runtimes a
-//! program runs with, and the one function every finished execution goes through (audit).
+//! The engine's shared core: configuration, the sandbox factory, limits, starting kernels
+//! (from the zygote or cold), and the one function every finished execution goes through
+//! (audit).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -7,25 +8,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_kernel::{CellOptions, Kernel};
-use runcell_sandbox::{Bind, Launch, Sandbox, Workspace};
+use runcell_sandbox::{Sandbox, Workspace};
 
-use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits, TenantPolicies};
+use crate::launch::Program;
+use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits};
 use crate::model::{Execution, Language};
+use crate::records::Records;
 use crate::session::SessionManager;
 use crate::session::Start;
 use crate::{chain, EngineError};
 
-/// Where the Python runtime (a venv) appears inside every sandbox.
-pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
-/// Where the kernel's own code appears inside every sandbox.
-pub(crate) const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
 /// How long a kernel may take to say it is ready.
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where workspaces live under a data dir: one directory per session (`ses_…`) and per
+/// one-shot run (`ex_…`), named by its id.
+pub fn workspaces_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("workspaces")
+}
+
 /// Receives every finished execution with its code and owner before anyone sees the result
-/// (the store implements it). An error fails the execution's reply: nothing is acknowledged
-/// that was not recorded.
-pub trait AuditSink: Send + Sync {
+/// (the store's chains, `records.rs`). An error fails the execution's reply: nothing is
+/// acknowledged that was not recorded.
+pub(crate) trait AuditSink: Send + Sync {
     fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError>;
 
     /// Records several executions, in order, sharing one commit where the store can; one
@@ -40,7 +45,7 @@ pub trait AuditSink: Send + Sync {
 
 /// Why an [`AuditSink`] could not record an execution.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     /// The store has no room (its disk is full): nothing was recorded, and recording works
     /// again once space is freed.
     #[error("{0}")]
@@ -71,10 +76,10 @@ impl RecordError {
 
 /// One execution for [`AuditSink::record_batch`].
 #[derive(Debug, Clone, Copy)]
-pub struct AuditItem<'a> {
-    pub owner: &'a str,
-    pub execution: &'a Execution,
-    pub code: &'a str,
+pub(crate) struct AuditItem<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) execution: &'a Execution,
+    pub(crate) code: &'a str,
 }
 
 /// Host paths and the sandbox factory an engine runs with.
@@ -113,6 +118,16 @@ impl EngineConfig {
             workspaces_on_disk: true,
         }
     }
+
+    /// Where this engine's workspaces live ([`workspaces_dir`] of its data dir).
+    pub fn workspaces_dir(&self) -> PathBuf {
+        workspaces_dir(&self.data_dir)
+    }
+
+    /// The host directory of session (or one-shot run) `id`'s workspace.
+    pub fn workspace_path(&self, id: &str) -> PathBuf {
+        self.workspaces_dir().join(id)
+    }
 }
 
 pub(crate) struct Core {
@@ -122,6 +137,9 @@ pub(crate) struct Core {
     /// first kernel starts, so one-shot runs (`runcell run`) never pay for it.
     kernel_dir: std::sync::Mutex<Option<PathBuf>>,
     pub(crate) zygote: crate::zygote::ZygoteSlot,
+    /// The store, and how much of the domain is kept there; none: nothing is recorded.
+    pub(crate) records: Option<Records>,
+    /// The store's audit chains (from `records`).
     audit: Option<Arc<dyn AuditSink>>,
     /// Records sessions' executions off their workers (see `audit`); with `audit`.
     auditor: Option<crate::audit::Auditor>,
@@ -129,15 +147,13 @@ pub(crate) struct Core {
     pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Committed sandbox memory and tenants' live sessions (admission control, quotas).
     pub(crate) ledger: Arc<Ledger>,
-    /// Tenants' quotas and default start; none until the server sets its store.
-    tenant_policies: std::sync::RwLock<Option<Arc<dyn TenantPolicies>>>,
     /// Where session workspaces live on disk; `None` on a host without loop devices or
     /// e2fsprogs, whose sessions get a tmpfs workspace as before (in memory, lost at reboot).
     pub(crate) images: Option<runcell_sandbox::WorkspaceImages>,
 }
 
 impl Core {
-    fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
+    fn new(config: EngineConfig, records: Option<Records>) -> Result<Core, EngineError> {
         config
             .limits
             .validate()
@@ -155,10 +171,7 @@ impl Core {
             EngineError::Unavailable(chain(&runcell_sandbox::SandboxError::NoCgroups(e)))
         })?;
         let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups);
-        for dir in [
-            config.data_dir.join("workspaces"),
-            config.data_dir.join("tmp"),
-        ] {
+        for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
         }
         let images = match config.workspaces_on_disk.then(|| {
@@ -182,6 +195,7 @@ impl Core {
             sweep_stale_cgroups(&sandbox, &config);
         }
         let cells_running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let audit = records.as_ref().map(Records::audit_sink);
         let auditor = audit
             .clone()
             .map(|a| crate::audit::Auditor::start(a, cells_running.clone()))
@@ -191,11 +205,11 @@ impl Core {
             config,
             sandbox,
             kernel_dir: std::sync::Mutex::new(None),
+            records,
             audit,
             auditor,
             cells_running,
             ledger: Arc::default(),
-            tenant_policies: std::sync::RwLock::new(None),
             images,
         })
     }
@@ -225,6 +239,11 @@ impl Core {
             Some(images) => images.adopt(path, lease),
             None => Workspace::adopt(path, lease),
         }
+    }
+
+    /// The store sessions are recorded in, if they are.
+    pub(crate) fn session_store(&self) -> Option<&dyn runcell_store::DomainStore> {
+        self.records.as_ref().and_then(Records::of_sessions)
     }
 
     /// Every finished execution passes here, before its caller sees it.
@@ -258,7 +277,10 @@ impl Core {
     }
 
     pub(crate) fn cell_options(&self) -> CellOptions {
-        CellOptions::default()
+        CellOptions {
+            output_cap: crate::limits::OUTPUT_CAP_BYTES,
+            ..CellOptions::default()
+        }
     }
 
     pub(crate) fn resolve_session_limits(
@@ -268,35 +290,15 @@ impl Core {
         self.config.limits.resolve(req)
     }
 
-    /// The tenant's policy, from the server's source if one is set (none: no quota).
+    /// The tenant's policy, from the store sessions are recorded in (none: no quota).
     pub(crate) fn tenant_policy(
         &self,
         owner: &str,
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
-        let source = self
-            .tenant_policies
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match source {
-            Some(q) => q
-                .policy(owner)
+        match self.session_store() {
+            Some(store) => crate::records::tenant_policy(store, owner)
                 .map_err(|e| EngineError::Internal(format!("cannot read the tenant's quota: {e}"))),
             None => Ok(Default::default()),
-        }
-    }
-
-    /// The interpreter path inside the sandbox and the binds it needs.
-    pub(crate) fn python(&self) -> (String, Vec<Bind>) {
-        match &self.config.python_runtime {
-            Some(venv) => (
-                format!("{SANDBOX_PYTHON}/bin/python3"),
-                vec![Bind {
-                    source: venv.clone(),
-                    target: SANDBOX_PYTHON.into(),
-                }],
-            ),
-            None => ("/usr/bin/python3".into(), Vec::new()),
         }
     }
 
@@ -321,41 +323,15 @@ impl Core {
         extra_env: &[(String, String)],
         start: Start,
     ) -> Result<(Kernel, Start), EngineError> {
-        // The runtime is bound for every language: `python3` in a bash cell is the same
-        // data-science Python as a Python session's.
-        let (python, mut binds) = self.python();
-        binds.push(Bind {
-            source: self.kernel_dir()?,
-            target: SANDBOX_KERNEL_DIR.into(),
-        });
-        let l = limits.sandbox_limits();
-        let mut env = base_env(language, l.cpu_millis, self.config.python_runtime.is_some());
-        // Caller-supplied variables may not replace the ones runcell relies on.
-        for (k, v) in extra_env {
-            if !env.iter().any(|(ek, _)| ek == k) {
-                env.push((k.clone(), v.clone()));
-            }
-        }
-        let kernel = |file: &str| format!("{SANDBOX_KERNEL_DIR}/{file}");
-        let argv = match language {
-            Language::Python => vec![python, kernel("runcell_kernel.py")],
-            // The bash kernel is a small stdlib program on the host's own Python.
-            Language::Bash => vec!["/usr/bin/python3".into(), kernel("runcell_bash_kernel.py")],
-            Language::Javascript => vec!["/usr/bin/node".into(), kernel("runcell_js_kernel.js")],
-        };
-        let launch = Launch {
-            argv,
-            env,
-            workspace,
-            ro_binds: binds,
-            limits: l,
-            channel: true,
-        };
+        let launch = self.launch(Program::Kernel(language), workspace, limits, extra_env)?;
         // The zygote's BLAS runs one thread (it is fixed when numpy loads): sessions granted
         // more than one CPU start cold, with a BLAS pool their size.
         // A cold start is the session's own interpreter: its own hash secret and address-space
         // layout, which every fork of one zygote shares (docs/sandbox.md).
-        if language == Language::Python && l.cpu_millis <= 1000 && start == Start::Zygote {
+        if language == Language::Python
+            && launch.limits.cpu_millis <= 1000
+            && start == Start::Zygote
+        {
             if let Some(zygote) = self.zygote() {
                 match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
                     Ok(k) => return Ok((k, Start::Zygote)),
@@ -396,16 +372,34 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Refuses to start when a mandatory isolation layer is missing on this host.
+    /// An engine that records nothing (`runcell run`, `repl`, `mcp`). Refuses to start when a
+    /// mandatory isolation layer is missing on this host.
     pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
-        Self::with_audit(config, None)
+        Self::build(config, None)
     }
 
-    pub fn with_audit(
+    /// A server's engine: every session is recorded in `store` when it is created and
+    /// forgotten when it ends (so a server started after a crash recovers it:
+    /// [`SessionManager::recover_previous`]), uploads and executions too, and each tenant's
+    /// quotas and default start are read from it at every session start.
+    pub fn with_store(
         config: EngineConfig,
-        audit: Option<Arc<dyn AuditSink>>,
+        store: Arc<dyn runcell_store::DomainStore>,
     ) -> Result<Engine, EngineError> {
-        let core = Arc::new(Core::new(config, audit)?);
+        Self::build(config, Some(Records::everything(store)))
+    }
+
+    /// An engine that records every execution in `store`'s audit chains, and nothing else
+    /// (`runcell ask`: its one session is the process's own, and ends with it).
+    pub fn audited(
+        config: EngineConfig,
+        store: Arc<dyn runcell_store::DomainStore>,
+    ) -> Result<Engine, EngineError> {
+        Self::build(config, Some(Records::executions_only(store)))
+    }
+
+    fn build(config: EngineConfig, records: Option<Records>) -> Result<Engine, EngineError> {
+        let core = Arc::new(Core::new(config, records)?);
         // Preloading takes a second or more: begin now, in the background.
         let _ = core.zygote();
         let sessions = SessionManager::new(core.clone());
@@ -414,6 +408,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.core.config
+    }
+
+    /// The host directory of session `id`'s workspace.
+    pub fn workspace_path(&self, id: &str) -> PathBuf {
+        self.core.config.workspace_path(id)
     }
 
     /// The zygote's state (Python sessions are forked from it when it is ready).
@@ -428,16 +427,6 @@ impl Engine {
 
     pub fn sessions(&self) -> &SessionManager {
         &self.sessions
-    }
-
-    /// Reads every tenant's quota and default start from `source` at each session start (the
-    /// server's store).
-    pub fn set_tenant_policies(&self, source: Arc<dyn TenantPolicies>) {
-        *self
-            .core
-            .tenant_policies
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(source);
     }
 
     /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
@@ -456,7 +445,7 @@ impl Engine {
 /// lease is free again (nobody holds its lock), so nobody uses them. Unmount and remove them.
 /// Returns how many it removed.
 fn sweep_stale_one_shots(config: &EngineConfig) -> usize {
-    let Ok(dir) = fs::read_dir(config.data_dir.join("workspaces")) else {
+    let Ok(dir) = fs::read_dir(config.workspaces_dir()) else {
         return 0;
     };
     let mut removed = 0;
@@ -552,6 +541,7 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
+    // The programs and the modules they import from beside them (runcell_snapshot.py).
     let files = runcell_kernel::KERNEL_FILES;
     let all: Vec<u8> = files
         .iter()
@@ -579,45 +569,4 @@ fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
             .map_err(io_error("chmod", &d))?;
     }
     Ok(dir)
-}
-
-/// The whole environment a program sees. Nothing comes from the host.
-pub(crate) fn base_env(
-    language: Language,
-    cpu_millis: u64,
-    has_runtime: bool,
-) -> Vec<(String, String)> {
-    let threads = cpu_millis.div_ceil(1000).max(1).to_string();
-    let path = if has_runtime {
-        format!("{SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin")
-    } else {
-        "/usr/local/bin:/usr/bin:/bin".to_owned()
-    };
-    let mut env: Vec<(&str, String)> = vec![
-        ("PATH", path),
-        ("HOME", "/tmp".into()),
-        ("USER", "sandbox".into()),
-        ("LOGNAME", "sandbox".into()),
-        ("HOSTNAME", "runcell".into()),
-        ("LANG", "C.UTF-8".into()),
-        ("TMPDIR", "/tmp".into()),
-        // Prompts written for Anthropic's code execution tool save files here.
-        ("OUTPUT_DIR", "/workspace".into()),
-    ];
-    match language {
-        Language::Python => env.extend([
-            ("PYTHONUNBUFFERED", "1".into()),
-            // The runtime is read-only: compiled files could not be written anyway.
-            ("PYTHONDONTWRITEBYTECODE", "1".into()),
-            ("MPLBACKEND", "Agg".into()),
-            ("MPLCONFIGDIR", "/tmp/.matplotlib".into()),
-            // BLAS pools sized to the CPU quota, not to the host's cores.
-            ("OPENBLAS_NUM_THREADS", threads.clone()),
-            ("OMP_NUM_THREADS", threads.clone()),
-            ("MKL_NUM_THREADS", threads),
-        ]),
-        Language::Javascript => env.push(("NODE_OPTIONS", "--max-old-space-size=4096".into())),
-        Language::Bash => {}
-    }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

@@ -21,13 +21,13 @@ use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
 use serde::Serialize;
 
 use crate::core::Core;
+use crate::execution::{Began, Produced};
 use crate::limits::{Admit, Reservation, SessionLimits};
 use crate::model::{
-    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated,
-    UsageInfo,
+    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem,
 };
 use crate::pool::{Warm, WarmPool};
-use crate::{oneshot::diff_files, EngineError};
+use crate::EngineError;
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
@@ -221,15 +221,15 @@ impl std::fmt::Debug for SessionManager {
 
 /// What `recover` takes: what the store remembers of a session.
 #[derive(Debug, Clone)]
-pub struct RecoverSession {
-    pub id: String,
-    pub language: Language,
-    pub owner: String,
-    pub created_at: DateTime<Utc>,
-    pub limits: SessionLimits,
+pub(crate) struct RecoverSession {
+    pub(crate) id: String,
+    pub(crate) language: Language,
+    pub(crate) owner: String,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) limits: SessionLimits,
     /// What the session asked for (a cold session stays cold).
-    pub start: Start,
-    pub metadata: BTreeMap<String, String>,
+    pub(crate) start: Start,
+    pub(crate) metadata: BTreeMap<String, String>,
 }
 
 /// What `create` takes.
@@ -348,8 +348,8 @@ impl SessionManager {
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let workspace = self.core.create_workspace(
-            &self.core.config.data_dir.join("workspaces").join(id),
-            limits.disk_mb << 20,
+            &self.core.config.workspace_path(id),
+            limits.disk_bytes(),
             lease,
         )?;
         Ok(Arc::new(workspace))
@@ -360,7 +360,7 @@ impl SessionManager {
     /// server killed with warm sessions, or between starting a session and recording it,
     /// leaves such workspaces (and, on disk, their images). Returns how many were removed.
     pub fn sweep_orphan_workspaces(&self, known: &dyn Fn(&str) -> bool) -> usize {
-        let dir = self.core.config.data_dir.join("workspaces");
+        let dir = self.core.config.workspaces_dir();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return 0;
         };
@@ -503,7 +503,35 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, env, kernel, reservation)
+        let info = self.launch(info, workspace, env, kernel, reservation)?;
+        if let Err(e) = self.record(&info) {
+            // A session the store does not know would be lost at the next start, and the
+            // caller, told it failed, would never delete it: end it now (a full disk, say).
+            if let Some(entry) = self.take(&info.id) {
+                self.end(entry);
+            }
+            return Err(e);
+        }
+        Ok(info)
+    }
+
+    /// Records a new session in the store (when sessions are recorded).
+    fn record(&self, info: &SessionInfo) -> Result<(), EngineError> {
+        let Some(store) = self.core.session_store() else {
+            return Ok(());
+        };
+        let rec = crate::records::session_record(info, &self.core.config.workspace_path(&info.id));
+        store.put_session(&rec).map_err(crate::records::store_error)
+    }
+
+    /// Forgets a session's record; whether there was one.
+    fn forget(&self, id: &str) -> Result<bool, EngineError> {
+        match self.core.session_store() {
+            Some(store) => store
+                .delete_session(id)
+                .map_err(crate::records::store_error),
+            None => Ok(false),
+        }
     }
 
     /// A place under the session cap for one create, held until the session is in the map.
@@ -526,11 +554,49 @@ impl SessionManager {
         self.creation_slot()
     }
 
+    /// Sessions a previous server process left behind (killed with -9, say): their kernels
+    /// died with it, their workspaces did not. Each one whose workspace is still mounted gets
+    /// a fresh kernel (recovered: files intact, variables lost); the others are marked dead.
+    /// Session workspaces the store has no record of are removed. Returns (recovered, dead);
+    /// (0, 0) when sessions are not recorded. A server calls this once, before it serves.
+    pub fn recover_previous(&self) -> Result<(usize, usize), EngineError> {
+        let Some(store) = self.core.session_store() else {
+            return Ok((0, 0));
+        };
+        let (mut recovered, mut dead) = (0, 0);
+        for s in crate::records::stale_sessions(store)? {
+            let rec = &s.record;
+            match s
+                .recover
+                .and_then(|r| self.recover(r).map_err(|e| e.to_string()))
+            {
+                Ok(info) => {
+                    recovered += 1;
+                    let (at, until) = (info.last_active_at, info.expires_at);
+                    crate::records::settle(store, &rec.id, "ready", at, until)?;
+                }
+                Err(why) => {
+                    dead += 1;
+                    tracing::warn!(session = %rec.id, reason = %why, "session could not be recovered; marked dead");
+                    let (at, until) = (rec.last_active_at, rec.expires_at);
+                    crate::records::settle(store, &rec.id, "dead", at, until)?;
+                }
+            }
+        }
+        // Dead sessions past their expiry are forgotten, and their workspaces swept below.
+        crate::records::all_dead(store);
+        // Workspaces no row names: warm sessions of the killed server, or sessions it started
+        // but never recorded. Nobody can reach them; they only hold disk and memory.
+        let known = crate::records::known_sessions(store)?;
+        self.sweep_orphan_workspaces(&|id| known.contains(id));
+        Ok((recovered, dead))
+    }
+
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
     /// uid) gets a fresh kernel. Variables are gone; files are intact.
-    pub fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
+    fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
         self.start_sweeper();
-        let path = self.core.config.data_dir.join("workspaces").join(&req.id);
+        let path = self.core.config.workspace_path(&req.id);
         let unavailable = |e: &dyn std::error::Error| EngineError::Unavailable(crate::chain(e));
         let uid = Workspace::owner_of(&path)
             .ok_or_else(|| EngineError::NotFound(format!("workspace of session {}", req.id)))?;
@@ -638,15 +704,53 @@ impl SessionManager {
             .ok_or_else(|| EngineError::NotFound(format!("session {id}")))
     }
 
+    /// A live session (in memory: no I/O).
     pub fn get(&self, id: &str) -> Result<SessionInfo, EngineError> {
         Ok(self.entry(id)?.lock().info.clone())
     }
 
-    /// Every session, oldest first.
+    /// Every live session, oldest first.
     pub fn list(&self) -> Vec<SessionInfo> {
         let mut v: Vec<SessionInfo> = self.map().values().map(|e| e.lock().info.clone()).collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
+    }
+
+    /// The owner's session `id`: a live one, or one only the store remembers, dead with an
+    /// earlier server process (one past its expiry is forgotten on the way). Another owner's
+    /// session is none. May read the store.
+    pub fn find(&self, owner: &str, id: &str) -> Option<SessionInfo> {
+        match self.get(id) {
+            Ok(live) => Some(live).filter(|i| i.owner == owner),
+            // The store looks it up among the owner's own.
+            Err(_) => self
+                .core
+                .session_store()
+                .and_then(|store| crate::records::dead_one(store, owner, id)),
+        }
+    }
+
+    /// The owner's sessions: the live ones, oldest first, then those only the store
+    /// remembers, dead with an earlier server process (listed, never missing, until they
+    /// expire). May read the store.
+    pub fn list_owned(&self, owner: &str) -> Vec<SessionInfo> {
+        let mut sessions: Vec<SessionInfo> = self
+            .list()
+            .into_iter()
+            .filter(|s| s.owner == owner)
+            .collect();
+        if let Some(store) = self.core.session_store() {
+            sessions.extend(crate::records::dead_of(store, owner));
+        }
+        sessions
+    }
+
+    /// How many sessions of every owner only the store remembers, dead with an earlier server
+    /// process and not yet expired (those past their expiry are forgotten on the way).
+    pub fn dead_count(&self) -> usize {
+        self.core
+            .session_store()
+            .map_or(0, |store| crate::records::all_dead(store).len())
     }
 
     /// Runs `code` after the executions already queued; blocks until it is done.
@@ -812,14 +916,43 @@ impl SessionManager {
         self.get(id)
     }
 
-    /// Ends a session: kills its kernel (a running execution ends as killed) and removes its
-    /// workspace.
+    /// Ends a session at its owner's request: forgets its record, kills its kernel (a running
+    /// execution ends as killed) and removes its workspace. A dead session only the store
+    /// remembers is forgotten.
     pub fn delete(&self, id: &str) -> Result<(), EngineError> {
-        let entry = self
-            .take(id)
-            .ok_or_else(|| EngineError::NotFound(format!("session {id}")))?;
-        self.end(entry);
-        Ok(())
+        // The record first: when the store cannot take it (a full disk), nothing has changed
+        // and the caller can retry; the other way round the session would be gone yet still
+        // recorded, and come back `dead` at the next start.
+        let forgotten = self.forget(id)?;
+        match self.take(id) {
+            Some(entry) => {
+                self.end(entry);
+                Ok(())
+            }
+            None if forgotten => Ok(()),
+            None => Err(EngineError::NotFound(format!("session {id}"))),
+        }
+    }
+
+    /// Ends a session whatever becomes of its record: kills its kernel and removes its
+    /// workspace, then forgets its record if the store can (a connection's teardown, which
+    /// must not fail; a record left behind comes back `dead` at the next start, and expires).
+    pub fn close(&self, id: &str) -> Result<(), EngineError> {
+        let ended = match self.take(id) {
+            Some(entry) => {
+                self.end(entry);
+                true
+            }
+            None => false,
+        };
+        let forgotten = self.forget(id).unwrap_or_else(|e| {
+            tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
+            false
+        });
+        match ended || forgotten {
+            true => Ok(()),
+            false => Err(EngineError::NotFound(format!("session {id}"))),
+        }
     }
 
     /// Removes a session from the map and counts it as ending, in one step under the map's
@@ -862,17 +995,25 @@ impl SessionManager {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
                 tracing::info!(session = %id, "idle session expired");
+                if let Err(e) = self.forget(&id) {
+                    // The next start finds its workspace gone: it is reported dead until its
+                    // recorded expiry, which is past.
+                    tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget an expired session's record");
+                }
             }
         }
     }
 
-    /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
+    /// Ends every session and waits (up to 30 s) for teardowns other threads started. Their
+    /// records stay: the next start reports them dead (their workspaces are gone).
     pub fn shutdown(&self) {
         self.pool.stop();
         self.spares.stop(&self.core);
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
-            let _ = self.delete(&id);
+            if let Some(entry) = self.take(&id) {
+                self.end(entry);
+            }
         }
         let n = self.ending.0.lock().unwrap_or_else(|p| p.into_inner());
         let _ = self
@@ -1063,13 +1204,10 @@ struct Runner {
 
 /// What a cell's start noted, for its Execution.
 struct CellStart {
-    id: String,
-    session_id: String,
+    began: Began,
     owner: String,
     limits: SessionLimits,
     language: Language,
-    before: Option<runcell_sandbox::Snapshot>,
-    started_at: DateTime<Utc>,
 }
 
 impl Runner {
@@ -1117,13 +1255,10 @@ impl Runner {
             )
         };
         CellStart {
-            id,
-            session_id,
+            began: Began::now(id, Some(session_id), &self.workspace),
             owner,
             limits,
             language,
-            before: self.workspace.snapshot().ok(),
-            started_at: Utc::now(),
         }
     }
 
@@ -1168,7 +1303,7 @@ impl Runner {
                 })),
             }
         };
-        let outcome = kernel.execute(&start.id, code, &opts, &mut on_event);
+        let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
         self.finish_cell(entry, start, outcome, timeout)
     }
 
@@ -1189,7 +1324,7 @@ impl Runner {
             .kernel
             .as_mut()
             .ok_or(EngineError::Sandbox("no kernel".into()))?;
-        let outcome = kernel.execute_async(&start.id, code, &opts).await;
+        let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
         let restarts = !matches!(
             &outcome,
             Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
@@ -1231,7 +1366,7 @@ impl Runner {
                     protocol_error: None,
                     error: None,
                     wall: Utc::now()
-                        .signed_duration_since(start.started_at)
+                        .signed_duration_since(start.began.started_at)
                         .to_std()
                         .unwrap_or_default(),
                     cpu: Duration::ZERO,
@@ -1240,16 +1375,7 @@ impl Runner {
                 (failed, Some(crate::chain(&e)))
             }
         };
-        let finished_at = Utc::now();
-        let after = self.workspace.snapshot().ok();
-        let diff = diff_files(start.before.as_ref(), after.as_ref());
-        // What the cell wrote is on disk before anyone is told it ran.
-        sync_if_changed(
-            &self.workspace,
-            start.before.as_ref(),
-            after.as_ref(),
-            &diff,
-        );
+        let ended = start.began.end(&self.workspace);
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1302,20 +1428,13 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
-        let execution = Execution {
-            id: start.id,
-            session_id: Some(start.session_id),
+        let execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
             status,
-            stdout: outcome.stdout.render(),
-            stderr: outcome.stderr.render(),
-            truncated: Truncated {
-                stdout: outcome.stdout.truncated(),
-                stderr: outcome.stderr.truncated(),
-                results: outcome.dropped.count > 0,
-                files: diff.truncated,
-            },
+            error,
+            stdout: &outcome.stdout,
+            stderr: &outcome.stderr,
             results: outcome
                 .results
                 .into_iter()
@@ -1324,17 +1443,14 @@ impl Runner {
                     data,
                 })
                 .collect(),
-            error,
-            files: diff.files,
-            usage: UsageInfo {
-                wall_ms: outcome.wall.as_millis() as u64,
-                cpu_ms: outcome.cpu.as_millis() as u64,
+            results_dropped: outcome.dropped.count > 0,
+            usage: runcell_sandbox::Usage {
+                wall: outcome.wall,
+                cpu: outcome.cpu,
                 peak_memory_bytes: outcome.peak_memory_bytes,
-                killed_by: killed_by.map(Into::into),
             },
-            started_at: start.started_at,
-            finished_at,
-        };
+            killed_by,
+        });
         Ok((execution, start.owner))
     }
 }
@@ -1404,27 +1520,5 @@ fn died_error(
         name: name.into(),
         value: format!("{what}. {}", restart_notice(restarted)),
         traceback: String::new(),
-    }
-}
-
-/// [`Workspace::sync`] after a cell or a command, unless both walks were complete and saw no
-/// change (a `1+1` cell: the sync would only flush the disk's cache). Its failure is logged:
-/// the execution happened and its reply is due, but an operator must learn that its files may
-/// not survive a crash of the host.
-pub(crate) fn sync_if_changed(
-    workspace: &Workspace,
-    before: Option<&runcell_sandbox::Snapshot>,
-    after: Option<&runcell_sandbox::Snapshot>,
-    diff: &crate::oneshot::FileDiff,
-) {
-    let unchanged = before.is_some_and(|b| b.complete)
-        && after.is_some_and(|a| a.complete)
-        && diff.files.is_empty()
-        && !diff.truncated;
-    if unchanged {
-        return;
-    }
-    if let Err(e) = workspace.sync() {
-        tracing::error!(error = %crate::chain(&e), "cannot make a workspace durable");
     }
 }

@@ -478,7 +478,6 @@ impl WorkspaceImages {
             .and_then(|f| f.sync_all())
             .map_err(|e| io_err("fsync", e))?;
         fs::rename(&tmp, path).map_err(|e| io_err("rename", e))?;
-        tracing::info!(size_bytes, inodes, "made a workspace template");
         Ok(())
     }
 
@@ -526,7 +525,9 @@ impl WorkspaceImages {
 
 /// Whether `mkfs.ext4` and `tune2fs` are there (for `runcell doctor`).
 pub(crate) fn tools_available() -> io::Result<()> {
-    find_tool("mkfs.ext4").and_then(|_| find_tool("tune2fs")).map(drop)
+    find_tool("mkfs.ext4")
+        .and_then(|_| find_tool("tune2fs"))
+        .map(drop)
 }
 
 /// `mkfs.ext4` and `tune2fs` live in sbin, which a server's PATH may lack.
