@@ -342,7 +342,10 @@ def main():
     rows, made = [], []
     try:
         backends = [Tmpfs(root)]
-        for fs in ("xfs", "ext4"):
+        xfs = shutil.which("mkfs.xfs") is not None
+        if not xfs:
+            print("[workspace_backends] no mkfs.xfs (apt-get install xfsprogs): XFS skipped", file=sys.stderr)
+        for fs in ("xfs", "ext4") if xfs else ("ext4",):
             try:
                 backends.append(SharedPrjquota(root, fs))
             except OSError as e:
@@ -350,7 +353,8 @@ def main():
                 rows.append((f"{fs}-prjquota",) + (0,) * 11 + ("cannot mount", "with prjquota"))
         made = backends
         for fs, how in (("ext4", "template"), ("ext4", "pool"), ("ext4", "mkfs"), ("xfs", "template")):
-            backends.append(ImagePerSession(root, fs, how, n))
+            if fs == "ext4" or xfs:
+                backends.append(ImagePerSession(root, fs, how, n))
         for b in backends:
             count = n if not b.name.endswith("mkfs") else max(10, n // 10)
             creates, removes = [], []
