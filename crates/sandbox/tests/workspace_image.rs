@@ -67,6 +67,7 @@ fn a_full_image_is_enospc_and_its_bytes_are_not_the_sandboxs_memory() {
     assert!(ws.is_durable());
     let limits = Limits {
         memory_bytes: 128 << 20,
+        fsize_bytes: 1 << 30,
         ..Limits::default()
     };
     // 200 MiB into a 256 MiB workspace from a sandbox allowed 128 MiB of memory, then past
@@ -170,10 +171,15 @@ fn hostile_programs_cannot_escape_or_enlarge_the_image() {
     let ws = imgs
         .create(&dir.path().join("ws"), 16 << 20, lease(&dir))
         .expect("create");
-    // Each probe prints `name result`, result an errno name or "ok".
+    // Each probe prints `name result`, result an errno name or "ok". RLIMIT_FSIZE well above
+    // the quota, so what stops a write is the filesystem.
+    let limits = Limits {
+        fsize_bytes: 1 << 30,
+        ..Limits::default()
+    };
     let (out, run) = python(
         &ws,
-        Limits::default(),
+        limits,
         r#"
 import ctypes, errno, fcntl, os, struct
 libc = ctypes.CDLL(None, use_errno=True)
