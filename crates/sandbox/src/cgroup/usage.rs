@@ -83,7 +83,7 @@ impl UsageFile {
     }
 }
 
-/// The files [`Cgroup::usage`] reads, each `None` where the host lacks it.
+/// The files [`super::Cgroup::usage`] reads, each `None` where the host lacks it.
 #[derive(Debug, Default)]
 pub(super) struct UsageFiles {
     /// CPU time; `cpu_scale` converts its unit to nanoseconds.

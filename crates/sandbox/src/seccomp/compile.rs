@@ -206,7 +206,7 @@ fn fast_path(nrs: &[u32]) -> BpfProgram {
 
 /// Builds the BPF programs (no side effects): the allow-list first, then one filter per errno
 /// other than `EPERM` (0 for the [`no_ops`]) in [`denied`], the argument rules and the no-ops,
-/// in the order [`install`] loads them.
+/// in the order [`super::install`] loads them.
 pub fn build() -> Result<Vec<BpfProgram>, SeccompError> {
     build_with(true)
 }
