@@ -13,14 +13,19 @@ pub use process::{
 
 /// The in-sandbox Python kernel, embedded so the binary is all a host needs.
 pub const PYTHON_KERNEL: &str = include_str!("../python/runcell_kernel.py");
+/// The wire framing both Python kernels import, shipped beside them.
+pub const PYTHON_WIRE: &str = include_str!("../python/runcell_wire.py");
 /// The bash kernel: a stdlib Python program driving one persistent bash.
 pub const BASH_KERNEL: &str = include_str!("../bash/runcell_bash_kernel.py");
 /// The JavaScript kernel, for Node.js (built-in modules only).
 pub const JAVASCRIPT_KERNEL: &str = include_str!("../javascript/runcell_js_kernel.js");
 
-/// Every kernel program with the file name it is run as inside the sandbox.
+/// Every file of the kernels (the programs and the module the Python ones share) with its name
+/// in the kernel directory: one flat directory, where a Python kernel finds its imports on
+/// `sys.path` as a script (cold) and as the zygote's preloaded module alike.
 pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("runcell_kernel.py", PYTHON_KERNEL),
+    ("runcell_wire.py", PYTHON_WIRE),
     ("runcell_bash_kernel.py", BASH_KERNEL),
     ("runcell_js_kernel.js", JAVASCRIPT_KERNEL),
 ];
