@@ -19,6 +19,8 @@ pub const PYTHON_WIRE: &str = include_str!("../python/runcell_wire.py");
 pub const BASH_KERNEL: &str = include_str!("../bash/runcell_bash_kernel.py");
 /// The JavaScript kernel, for Node.js (built-in modules only).
 pub const JAVASCRIPT_KERNEL: &str = include_str!("../javascript/runcell_js_kernel.js");
+/// The JavaScript kernel's source adjustments (imports, object literals), required from beside it.
+pub const JAVASCRIPT_SOURCE: &str = include_str!("../javascript/runcell_js_source.js");
 
 /// Every file of the kernels (the programs and the module the Python ones share) with its name
 /// in the kernel directory: one flat directory, where a Python kernel finds its imports on
@@ -28,4 +30,5 @@ pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("runcell_wire.py", PYTHON_WIRE),
     ("runcell_bash_kernel.py", BASH_KERNEL),
     ("runcell_js_kernel.js", JAVASCRIPT_KERNEL),
+    ("runcell_js_source.js", JAVASCRIPT_SOURCE),
 ];
