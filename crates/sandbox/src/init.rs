@@ -14,8 +14,8 @@
 //! double-forks and calls setsid still dies with the run.
 //!
 //! A single-threaded caller (the zygote, `runcell run`) plays the helper's part itself
-//! ([`crate::direct`]); its pid 1 then runs [`crate::pid1::direct_pid1`]: the same steps, reporting on the
-//! control socket itself.
+//! ([`crate::direct`]); its pid 1 then runs [`crate::pid1::direct_pid1`]: the same steps,
+//! reporting on the control socket itself. Pid 1's steps are in [`crate::pid1`].
 
 use std::fs;
 use std::io;

@@ -4,9 +4,9 @@
 //! sandbox.
 //!
 //! Layout of the runtimes root:
-//! - `<name>/` a complete runtime; complete means its marker file (`.runcell-complete`) exists. The marker is
-//!   written last inside a `.tmp-*` build directory, which is then renamed into place, so a
-//!   crash never leaves a directory that looks complete.
+//! - `<name>/` a complete runtime; complete means its marker file (`.runcell-complete`) exists.
+//!   The marker is written last inside a `.tmp-*` build directory, which is then renamed into
+//!   place, so a crash never leaves a directory that looks complete.
 //! - `.tmp-*` build (or removal) directories; stale ones are deleted by the next install.
 //! - `.install.lock` the file that installs and removals take an exclusive `flock` on.
 //!
