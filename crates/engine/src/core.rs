@@ -461,6 +461,7 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
+    // The programs and the modules they load from beside them (see KERNEL_FILES).
     let files = runcell_kernel::KERNEL_FILES;
     let all: Vec<u8> = files
         .iter()

@@ -23,10 +23,10 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The kernel runs from a directory laid out like the sandbox's kernel directory: itself and the
-# framing module it imports (../python/runcell_wire.py) side by side.
+# modules it imports (../python/runcell_wire.py, ../python/runcell_snapshot.py) side by side.
 KERNEL_DIR = tempfile.mkdtemp(prefix="runcell-bash-kernel-")
 atexit.register(shutil.rmtree, KERNEL_DIR, True)
-for _source in ("runcell_bash_kernel.py", os.path.join("..", "python", "runcell_wire.py")):
+for _source in ("runcell_bash_kernel.py", "../python/runcell_wire.py", "../python/runcell_snapshot.py"):
     shutil.copy(os.path.join(HERE, _source), KERNEL_DIR)
 KERNEL = os.path.join(KERNEL_DIR, "runcell_bash_kernel.py")
 TIMEOUT = 30.0

@@ -7,6 +7,7 @@
 mod process;
 mod programs;
 pub mod runtime;
+mod snapshot;
 
 pub use process::{
     blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, DroppedResults, Kernel,
@@ -14,5 +15,7 @@ pub use process::{
 };
 pub use programs::{
     KernelProgram, BASH, JAVASCRIPT, KERNELS, KERNEL_FILES, NODE, PYTHON, SANDBOX_KERNEL_DIR,
-    SYSTEM_PYTHON,
+    SNAPSHOT_MODULE, SYSTEM_PYTHON,
 };
+pub use runcell_protocol::{IncompatibleField, SkippedName, SnapshotRefusal};
+pub use snapshot::{RestoreReport, SnapshotError, SnapshotOptions, SnapshotReport};

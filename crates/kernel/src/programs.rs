@@ -80,6 +80,13 @@ pub const JAVASCRIPT: KernelProgram = KernelProgram {
 /// Every kernel program.
 pub const KERNELS: [&KernelProgram; 3] = [&PYTHON, &BASH, &JAVASCRIPT];
 
+/// Snapshots of the language state (issue 17: the file format, the Python namespace's
+/// serializer), a module the Python and bash kernels import from their own directory.
+pub const SNAPSHOT_MODULE: (&str, &str) = (
+    "runcell_snapshot.py",
+    include_str!("../python/runcell_snapshot.py"),
+);
+
 /// The framing the Python and bash kernels share (`import runcell_wire`). A module, not a
 /// program: found beside them on `sys.path`, the script's directory when a kernel runs cold and
 /// the directory the zygote inserts before it imports the Python kernel.
@@ -91,14 +98,15 @@ const JAVASCRIPT_SOURCE: (&str, &str) = (
     include_str!("../javascript/runcell_js_source.js"),
 );
 
-/// Every file of the kernel directory as `(name, contents)`: the kernels and the modules they
-/// load from beside themselves, written there together.
-pub const KERNEL_FILES: [(&str, &str); 5] = [
+/// Every file of the kernel directory, as (name, content): the kernels' programs and the
+/// modules they import from beside them.
+pub const KERNEL_FILES: [(&str, &str); 6] = [
     (PYTHON.file, PYTHON.source),
     PYTHON_WIRE,
     (BASH.file, BASH.source),
     (JAVASCRIPT.file, JAVASCRIPT.source),
     JAVASCRIPT_SOURCE,
+    SNAPSHOT_MODULE,
 ];
 
 #[cfg(test)]
@@ -124,13 +132,17 @@ mod tests {
             ["/usr/bin/node", "/opt/runcell/kernel/runcell_js_kernel.js"]
         );
         assert_eq!(PYTHON.module(), "runcell_kernel");
-        // The files share one directory: no two may have the same name, and every kernel is
-        // among them.
-        let mut names: Vec<_> = KERNEL_FILES.iter().map(|(name, _)| *name).collect();
+        // The files share one directory: no two may have the same name.
+        let mut names: Vec<_> = KERNELS.iter().map(|k| k.file).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), KERNEL_FILES.len());
-        assert!(KERNELS.iter().all(|k| names.contains(&k.file)));
+        assert_eq!(names.len(), KERNELS.len());
+        assert!(KERNELS.iter().all(|k| !k.source.is_empty()));
+        let mut files: Vec<_> = KERNEL_FILES.iter().map(|(name, _)| *name).collect();
+        files.sort();
+        files.dedup();
+        assert_eq!(files.len(), KERNEL_FILES.len());
+        assert!(KERNELS.iter().all(|k| files.contains(&k.file)));
         assert!(KERNEL_FILES.iter().all(|(_, source)| !source.is_empty()));
     }
 }
