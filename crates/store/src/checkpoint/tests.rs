@@ -9,7 +9,7 @@ use chrono::Utc;
 
 use super::*;
 use crate::sqlite::SqliteStore;
-use crate::{Backend, Durability, NewExecution};
+use crate::{DomainStore, Durability, NewExecution};
 
 /// Small enough that a test's appends pass both limits many times over.
 const TEST_LIMITS: WalLimits = WalLimits {

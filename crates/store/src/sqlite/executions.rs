@@ -161,7 +161,7 @@ mod tests {
 
     use super::super::append::append_batch;
     use super::*;
-    use crate::{time, Backend};
+    use crate::{time, DomainStore};
 
     fn pending(tenant: &str, id: &str) -> PendingAppend<'static> {
         let created_at = Utc::now();

@@ -1,7 +1,7 @@
 //! The SQLite backend. [`SqliteStore`] (`store.rs`) holds the connections and opens the
 //! database (`schema.rs`); each kind of record has a file of its own (`api_keys.rs`,
 //! `tenants.rs`, `sessions.rs`, `uploads.rs`, `executions.rs`), the audit chain two (`append.rs`
-//! writes it, `chain.rs` reads and verifies it); this file maps [`Backend`] onto them.
+//! writes it, `chain.rs` reads and verifies it); this file maps [`DomainStore`] and [`Backend`] onto them.
 
 mod api_keys;
 mod append;
@@ -22,56 +22,15 @@ use rusqlite::Connection;
 
 use crate::error::Result;
 use crate::{
-    validate, AuditEntry, Backend, ChainHead, ExecutionRow, Expected, KeyInfo, NewExecution,
-    SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
+    validate, AuditEntry, Backend, ChainHead, DomainStore, ExecutionRow, Expected, KeyInfo,
+    NewExecution, SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
 };
 use chain::{chain_heads_on, verify_on};
 use schema::{open_flags, BUSY_TIMEOUT};
 
-impl Backend for SqliteStore {
-    fn is_exclusive(&self) -> bool {
-        self.exclusive
-    }
-
-    fn keys_generation(&self) -> u64 {
-        self.keys_generation
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
-        api_keys::create_key(self, name, tenant)
-    }
-
-    fn list_keys(&self) -> Result<Vec<KeyInfo>> {
-        api_keys::list_keys(self)
-    }
-
-    fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
-        api_keys::revoke_key(self, id_or_name)
-    }
-
-    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>> {
-        api_keys::authenticate(self, key)
-    }
-
-    fn has_active_keys(&self) -> Result<bool> {
-        api_keys::has_active_keys(self)
-    }
-
-    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
-        api_keys::find_key(self, id_or_name)
-    }
-
+impl DomainStore for SqliteStore {
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
         tenants::tenant_settings(self, tenant)
-    }
-
-    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
-        tenants::list_tenants(self)
-    }
-
-    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
-        tenants::update_tenant(self, tenant, change)
     }
 
     fn put_session(&self, s: &SessionRecord) -> Result<()> {
@@ -152,6 +111,49 @@ impl Backend for SqliteStore {
             }
             None => verify_on(&mut self.write(), &self.key, tenant, expected),
         }
+    }
+}
+
+impl Backend for SqliteStore {
+    fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    fn keys_generation(&self) -> u64 {
+        self.keys_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
+        api_keys::create_key(self, name, tenant)
+    }
+
+    fn list_keys(&self) -> Result<Vec<KeyInfo>> {
+        api_keys::list_keys(self)
+    }
+
+    fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
+        api_keys::revoke_key(self, id_or_name)
+    }
+
+    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>> {
+        api_keys::authenticate(self, key)
+    }
+
+    fn has_active_keys(&self) -> Result<bool> {
+        api_keys::has_active_keys(self)
+    }
+
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
+        api_keys::find_key(self, id_or_name)
+    }
+
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
+        tenants::list_tenants(self)
+    }
+
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
+        tenants::update_tenant(self, tenant, change)
     }
 
     fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>> {
