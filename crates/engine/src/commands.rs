@@ -69,7 +69,7 @@ impl Engine {
                 },
                 &mut |_, _| {},
             )
-            .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
+            .map_err(EngineError::sandbox)?;
         let output = CommandOutput {
             stdout: out.stdout.render(),
             stderr: out.stderr.render(),

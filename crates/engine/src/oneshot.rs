@@ -84,7 +84,7 @@ impl Engine {
         let disk_bytes = disk_mb << 20;
         let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+            .map_err(EngineError::unavailable)?;
         let ws_path = self.core.config.data_dir.join("workspaces").join(&id);
         let workspace =
             Workspace::create(&ws_path, disk_bytes, lease).map_err(crate::core::workspace_error)?;
@@ -134,7 +134,7 @@ impl Engine {
                 },
                 on_output,
             )
-            .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
+            .map_err(EngineError::sandbox)?;
         let finished_at = Utc::now();
         let after = workspace.snapshot().ok();
         let diff = diff_files(before.as_ref(), after.as_ref());

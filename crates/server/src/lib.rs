@@ -248,9 +248,7 @@ impl AuditSink for StoreAudit {
         code: &str,
     ) -> Result<(), runcell_engine::RecordError> {
         let rec = new_execution(owner, execution, code)?;
-        self.0
-            .append_execution(&rec)
-            .map_err(|e| record_error(&e))?;
+        self.0.append_execution(&rec).map_err(record_error)?;
         Ok(())
     }
 
@@ -267,7 +265,7 @@ impl AuditSink for StoreAudit {
                     recs.push(r);
                     results.push(None);
                 }
-                Err(e) => results.push(Some(Err(e.into()))),
+                Err(e) => results.push(Some(Err(e))),
             }
         }
         let mut appended = self.0.append_executions(&recs).into_iter();
@@ -276,10 +274,8 @@ impl AuditSink for StoreAudit {
             .map(|r| {
                 r.unwrap_or_else(|| match appended.next() {
                     Some(Ok(_)) => Ok(()),
-                    Some(Err(e)) => Err(record_error(&e)),
-                    None => Err(runcell_engine::RecordError::Failed(
-                        "the store gave no answer for this execution".into(),
-                    )),
+                    Some(Err(e)) => Err(record_error(e)),
+                    None => Err(runcell_engine::RecordError::NoAnswer),
                 })
             })
             .collect()
@@ -307,8 +303,12 @@ impl runcell_engine::TenantPolicies for StoreTenants {
 }
 
 /// The store's record of an execution.
-fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
-    let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
+fn new_execution(
+    owner: &str,
+    execution: &Execution,
+    code: &str,
+) -> Result<NewExecution, runcell_engine::RecordError> {
+    let json = serde_json::to_string(execution).map_err(runcell_engine::RecordError::store)?;
     let status = serde_json::to_value(execution.status)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -449,11 +449,11 @@ const NO_SPACE: &str =
     "the server's disk is full: nothing was recorded; retry once the operator frees space";
 
 /// The audit sink's word for a store error.
-fn record_error(e: &StoreError) -> runcell_engine::RecordError {
+fn record_error(e: StoreError) -> runcell_engine::RecordError {
     if e.is_storage_full() {
-        runcell_engine::RecordError::NoSpace(NO_SPACE.into())
+        runcell_engine::RecordError::NoSpace
     } else {
-        runcell_engine::RecordError::Failed(runcell_engine::error_chain(e))
+        runcell_engine::RecordError::store(e)
     }
 }
 
