@@ -477,10 +477,14 @@ mod tests {
             live,
             maximum: 2,
         };
-        assert!(quota(1)
-            .to_string()
-            .starts_with("tenant quota: this tenant already has 1 live session of"));
-        assert!(quota(2).to_string().contains("has 2 live sessions of"));
+        assert_eq!(
+            quota(1).to_string(),
+            "tenant quota: this tenant already has 1 live session of its max_sessions 2; delete one, or raise the quota (runcell keys update KEY --max-sessions N)"
+        );
+        assert_eq!(
+            quota(2).to_string(),
+            "tenant quota: this tenant already has 2 live sessions of its max_sessions 2; delete one, or raise the quota (runcell keys update KEY --max-sessions N)"
+        );
         assert_eq!(
             EngineError::from(RecordError::NoSpace).to_string(),
             "insufficient storage: cannot record the execution: the server's disk is full: nothing was recorded; retry once the operator frees space"

@@ -351,7 +351,7 @@ pub fn recover_sessions(
                     start: s.start.parse().unwrap_or_default(),
                     metadata,
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(|e| runcell_engine::error_chain(&e)),
             (Err(e), _) => Err(e.to_string()),
             (_, Err(e)) => Err(e),
         };
