@@ -208,9 +208,8 @@ fn the_openapi_document_is_valid_and_the_server_keeps_to_it_under_schemathesis()
             .arg("--config-file")
             .arg(fixtures().join("schemathesis.toml"))
             .args(["run", &format!("{base}/openapi.json")])
-            // Every check runs (Schemathesis's default, as with `--checks all`), less the
-            // exceptions tests/openapi/schemathesis.toml names with their reasons: a `--checks`
-            // flag would override them.
+            // Every check, on every operation and in every phase: the config excepts none.
+            .args(["--checks", "all"])
             .args(["-H", &format!("Authorization: Bearer {key}")])
             .args(["--max-examples", MAX_EXAMPLES, "--max-time", FUZZ_SECONDS])
             .args(["--workers", "2", "--request-timeout", "30", "--no-color"])

@@ -33,14 +33,14 @@ pub const MAX_FILE_BYTES: u64 = 100 << 20;
 /// one-shot run with its files (base64 takes 4 bytes for 3).
 pub const MAX_REQUEST_BYTES: usize = (MAX_FILE_BYTES as usize) + (1 << 20);
 
-/// A session's `metadata`: keys at most, bytes of a key, of a value, and of all keys and
-/// values together. Metadata labels a session (who, which task) and is returned by every
-/// listing, so it is kept small, like OpenAI's (16 pairs of 64/512 characters) and
-/// Kubernetes' labels.
+/// A session's `metadata`: keys at most, characters of a key and of a value. Metadata labels a
+/// session (who, which task) and is returned by every listing, so it is kept small, like
+/// OpenAI's (16 pairs of 64/512 characters) and Kubernetes' labels: 36,864 characters at most
+/// in all. Characters, not bytes, because that is what the API's document (JSON Schema's
+/// `maxLength`) can state, and what a client counts.
 pub const MAX_METADATA_KEYS: usize = 64;
-pub const MAX_METADATA_KEY_BYTES: usize = 64;
-pub const MAX_METADATA_VALUE_BYTES: usize = 512;
-pub const MAX_METADATA_BYTES: usize = 16 << 10;
+pub const MAX_METADATA_KEY_CHARS: usize = 64;
+pub const MAX_METADATA_VALUE_CHARS: usize = 512;
 
 /// A session's `env`: variables at most, bytes of one `NAME=value`, and of all of them. The
 /// kernel is started with them: Linux refuses (E2BIG) any single string over 128 KiB and an
@@ -115,20 +115,14 @@ pub const BOUNDS: &[Bound] = &[
     },
     Bound {
         name: "metadata key",
-        value: MAX_METADATA_KEY_BYTES as u64,
-        unit: "bytes",
+        value: MAX_METADATA_KEY_CHARS as u64,
+        unit: "characters",
         refusal: "400 invalid_request",
     },
     Bound {
         name: "metadata value",
-        value: MAX_METADATA_VALUE_BYTES as u64,
-        unit: "bytes",
-        refusal: "400 invalid_request",
-    },
-    Bound {
-        name: "metadata",
-        value: MAX_METADATA_BYTES as u64,
-        unit: "bytes",
+        value: MAX_METADATA_VALUE_CHARS as u64,
+        unit: "characters",
         refusal: "400 invalid_request",
     },
     Bound {
@@ -210,30 +204,32 @@ pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), EngineE
             metadata.len()
         ));
     }
-    let mut total = 0;
     for (k, v) in metadata {
         if k.is_empty() {
             return bad("a key is empty".into());
         }
-        if k.len() > MAX_METADATA_KEY_BYTES {
+        // A string of n bytes has at most n characters: most need no count.
+        let chars = if k.len() > MAX_METADATA_KEY_CHARS {
+            k.chars().count()
+        } else {
+            0
+        };
+        if chars > MAX_METADATA_KEY_CHARS {
             return bad(format!(
-                "key {:?}… is {} bytes, over the limit of {MAX_METADATA_KEY_BYTES} bytes",
+                "key {:?}… is {chars} characters, over the limit of {MAX_METADATA_KEY_CHARS} characters",
                 prefix(k),
-                k.len()
             ));
         }
-        if v.len() > MAX_METADATA_VALUE_BYTES {
+        let chars = if v.len() > MAX_METADATA_VALUE_CHARS {
+            v.chars().count()
+        } else {
+            0
+        };
+        if chars > MAX_METADATA_VALUE_CHARS {
             return bad(format!(
-                "the value of {k:?} is {} bytes, over the limit of {MAX_METADATA_VALUE_BYTES} bytes",
-                v.len()
+                "the value of {k:?} is {chars} characters, over the limit of {MAX_METADATA_VALUE_CHARS} characters",
             ));
         }
-        total += k.len() + v.len();
-    }
-    if total > MAX_METADATA_BYTES {
-        return bad(format!(
-            "{total} bytes of keys and values, over the limit of {MAX_METADATA_BYTES} bytes"
-        ));
     }
     Ok(())
 }
@@ -299,7 +295,12 @@ mod tests {
         let at_limits: Vec<_> = (0..MAX_METADATA_KEYS)
             .map(|i| kv(&format!("{i:0>2}"), &"v".repeat(200)))
             .collect();
-        assert!(ok(&at_limits).is_ok(), "64 keys of 202 bytes: 12.6 KiB");
+        assert!(ok(&at_limits).is_ok(), "64 keys of 202 characters");
+        // Every key and value at its bound, in characters that take 3 bytes each.
+        let wide: Vec<_> = (0..MAX_METADATA_KEYS)
+            .map(|i| kv(&format!("{i:€>64}"), &"€".repeat(512)))
+            .collect();
+        assert!(ok(&wide).is_ok(), "64 keys of 576 three-byte characters");
         let msg = |r: Result<(), EngineError>| match r {
             Err(EngineError::InvalidRequest(Invalid::Metadata(m))) => m,
             other => panic!("expected a refusal, got {other:?}"),
@@ -308,13 +309,10 @@ mod tests {
             .map(|i| kv(&i.to_string(), ""))
             .collect();
         assert!(msg(ok(&too_many)).contains("65 keys, over the limit of 64"));
-        assert!(msg(ok(&[kv(&"k".repeat(65), "")])).contains("over the limit of 64 bytes"));
-        assert!(msg(ok(&[kv("k", &"v".repeat(513))])).contains("over the limit of 512 bytes"));
+        assert!(msg(ok(&[kv(&"k".repeat(65), "")])).contains("over the limit of 64 characters"));
+        assert!(msg(ok(&[kv(&"€".repeat(65), "")])).contains("65 characters"));
+        assert!(msg(ok(&[kv("k", &"v".repeat(513))])).contains("over the limit of 512 characters"));
         assert!(msg(ok(&[kv("", "v")])).contains("empty"));
-        let big: Vec<_> = (0..40)
-            .map(|i| kv(&format!("{i:0>60}"), &"v".repeat(500)))
-            .collect();
-        assert!(msg(ok(&big)).contains("over the limit of 16384 bytes"));
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
     }
     document_ranges(api, limits);
     document_paths(api);
+    document_start(api);
     for (path, op) in operations(api) {
         document_bytes(op);
         if path == "/v1/sessions/{id}/files" {
@@ -36,14 +37,61 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
     }
 }
 
+/// `start: "zygote"` is for Python sessions: a session of another language starts `cold`
+/// (or says nothing). The rule joins the request's schema as an `anyOf` of the two cases, so a
+/// client (or a fuzzer) sees which combinations are refused.
+fn document_start(api: &mut OpenApi) {
+    use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, SchemaType};
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    document_labels(components);
+    let Some(request) = components.schemas.remove("CreateSessionRequest") else {
+        return;
+    };
+    let only = |field: &str, value: &str| {
+        let choice = ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .enum_values(Some([serde_json::json!(value), serde_json::Value::Null]))
+            .build();
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .property(field, choice)
+            .build()
+    };
+    let python_or_cold = AnyOfBuilder::new()
+        .item(only("language", "python"))
+        .item(only("start", "cold"))
+        .description(Some(
+            "`start: \"zygote\"` only for Python (the default language)",
+        ))
+        .build();
+    let all = AllOfBuilder::new()
+        .item(request)
+        .item(Schema::AnyOf(python_or_cold))
+        .build();
+    components.schemas.insert(
+        "CreateSessionRequest".to_owned(),
+        RefOr::T(Schema::AllOf(all)),
+    );
+}
+
 /// A name in a workspace path: not `.` or `..`, no `/` or NUL, at most 255 characters (the
 /// kernel's NAME_MAX is 255 *bytes*: a name of wide characters can be refused below this).
 const NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00]{1,255}";
 
+/// A name that can also travel in a multipart part's `Content-Disposition` header, where
+/// control characters cannot be written.
+const HEADER_NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]{1,255}";
+
 /// A workspace path as `validate_relative` takes it: relative, names separated by one or more
 /// `/`, `.` names allowed (and skipped), at least one real name, a `/` at the end allowed.
 fn path_pattern() -> String {
-    format!(r"^(?:\./+)*{NAME}(?:/+(?:\.|{NAME}))*/*$")
+    path_of(NAME)
+}
+
+fn path_of(name: &str) -> String {
+    format!(r"^(?:\./+)*{name}(?:/+(?:\.|{name}))*/*$")
 }
 
 /// A directory to list or upload into: a path, or the workspace itself (``, `.`, `./`).
@@ -73,7 +121,12 @@ fn document_paths(api: &mut OpenApi) {
             }
             if let Some(RefOr::T(Schema::Object(o))) = p.schema.as_mut() {
                 match p.parameter_in {
-                    ParameterIn::Path => with(o, path_pattern()),
+                    ParameterIn::Path => {
+                        with(o, path_pattern());
+                        // A path's `/`s travel in the URL as they are (the route takes the
+                        // rest of it); the example says so, to clients and fuzzers alike.
+                        o.examples = vec![serde_json::json!("data/report.csv")];
+                    }
                     _ => with(o, dir_pattern()),
                 }
             }
@@ -83,6 +136,34 @@ fn document_paths(api: &mut OpenApi) {
         if let Some(p) = property(components, "InputFileBody", "path") {
             with(p, path_pattern());
         }
+    }
+}
+
+/// A session's `metadata` and `env` carry their bounds (bounds.rs) where a schema can state
+/// them: counts, and a metadata key's and value's length in characters. The environment's
+/// sizes (32 KiB a variable as `NAME=value`, 256 KiB in all, in bytes as Linux counts them)
+/// have no JSON Schema keyword.
+fn document_labels(components: &mut utoipa::openapi::Components) {
+    use runcell_engine::{
+        MAX_ENV_VARS, MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS,
+    };
+    if let Some(m) = property(components, "CreateSessionRequest", "metadata") {
+        m.max_properties = Some(MAX_METADATA_KEYS);
+        if let Some(names) = m.property_names.as_deref_mut() {
+            if let Schema::Object(names) = names {
+                names.min_length = Some(1);
+                names.max_length = Some(MAX_METADATA_KEY_CHARS);
+            }
+        }
+        if let Some(utoipa::openapi::schema::AdditionalProperties::RefOr(RefOr::T(
+            Schema::Object(values),
+        ))) = m.additional_properties.as_deref_mut()
+        {
+            values.max_length = Some(MAX_METADATA_VALUE_CHARS);
+        }
+    }
+    if let Some(env) = property(components, "CreateSessionRequest", "env") {
+        env.max_properties = Some(MAX_ENV_VARS);
     }
 }
 
@@ -108,9 +189,10 @@ fn document_upload(op: &mut Operation) {
         )))))
         .build();
     schema.min_properties = Some(1);
+    body.required = Some(utoipa::openapi::Required::True);
     // A part's name is its path (below `?path=`).
     let mut name = ObjectBuilder::new().schema_type(Type::String).build();
-    name.pattern = Some(path_pattern());
+    name.pattern = Some(path_of(HEADER_NAME));
     name.max_length = Some(PATH_MAX_CHARS);
     schema.property_names = Some(Box::new(Schema::Object(name)));
     form.schema = Some(RefOr::T(Schema::Object(schema)));

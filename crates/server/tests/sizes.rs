@@ -156,7 +156,7 @@ async fn every_bound_is_refused_quoting_itself() {
     let big = "v".repeat(1 << 20);
     let (s, v) = new_session(&srv, json!({"metadata": {"k": big}})).await;
     let m = error_of(s, &v, StatusCode::BAD_REQUEST, "invalid_request");
-    assert!(m.contains("over the limit of 512 bytes"), "{m}");
+    assert!(m.contains("over the limit of 512 characters"), "{m}");
     let many: serde_json::Map<String, Value> =
         (0..65).map(|i| (format!("k{i}"), json!("v"))).collect();
     let (s, v) = new_session(&srv, json!({ "metadata": many })).await;
