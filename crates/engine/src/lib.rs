@@ -7,7 +7,9 @@ mod bounds;
 mod commands;
 mod core;
 mod error;
+mod execution;
 mod files;
+mod launch;
 mod limits;
 mod model;
 mod oneshot;
@@ -18,14 +20,15 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
-pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, SANDBOX_PYTHON};
+pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig};
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
     Oversize, Quota, RecordError, Resource, WorkspaceConflict,
 };
+pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
-    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
+    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,

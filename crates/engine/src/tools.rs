@@ -619,8 +619,8 @@ impl Engine {
                 if path.is_empty() {
                     return self.view_dir(session, "", &shown);
                 }
-                // Listing a file finds no directory there (not found, as any read below a
-                // file): it is read instead, and the read says whether nothing is there.
+                // Not a directory: a file, or nothing (a listing cannot tell them apart since
+                // one below a file is "not found"; the read says which).
                 if self.list_files(session, &path).is_ok() {
                     return self.view_dir(session, &path, &shown);
                 }
