@@ -408,11 +408,11 @@ pub fn serve(
         defaults = ?limits.defaults,
         "session limits"
     );
-    let engine = crate::audited_engine_with(data_dir, &store, preload, limits)?;
+    let engine = crate::serving_engine(data_dir, &store, preload, limits)?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);
 
-    let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
+    let (recovered, dead) = engine.sessions().recover_previous()?;
     if recovered + dead > 0 {
         tracing::warn!(
             recovered,

@@ -710,7 +710,7 @@ fn nothing_is_left_behind() {
     );
     assert_status(&exec, "ok", Value::Null);
     assert!(find_process("555.5").is_none());
-    let ws = data_dir().join("workspaces");
+    let ws = runcell_engine::workspaces_dir(data_dir());
     let left: Vec<_> = std::fs::read_dir(&ws)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();

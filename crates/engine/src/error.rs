@@ -85,6 +85,11 @@ pub enum EngineError {
     /// nothing is acknowledged that was not recorded.
     #[error("internal error: cannot record the execution")]
     NotRecorded(#[source] RecordError),
+    /// The store failed at what it keeps for the engine (sessions, uploads, the audit log)
+    /// otherwise than for a full disk ([`EngineError::InsufficientStorage`]); its error is
+    /// the source.
+    #[error("internal error: the store failed")]
+    Store(#[source] runcell_store::StoreError),
     /// The tenants' policies (quotas, default start) could not be read.
     #[error("internal error: cannot read the tenant's quota")]
     TenantPolicy {
@@ -129,6 +134,9 @@ pub enum Invalid {
     /// A session environment over one of its bounds, or a variable no `execve` can pass.
     #[error("env: {0}")]
     Env(String),
+    /// Input the store refuses (a value over its bounds), in the store's words.
+    #[error("{0}")]
+    Store(String),
     /// A shell command with a NUL byte.
     #[error("the command contains a NUL byte, which no program argument can hold")]
     NulInCommand,
@@ -145,6 +153,10 @@ pub enum Resource {
     /// A path in a session's workspace.
     #[error("file {path}")]
     File { path: String },
+    /// A record the store does not hold (a recorded execution, a `before` cursor), in the
+    /// store's words.
+    #[error("{0}")]
+    Record(String),
 }
 
 /// A session that has ended.
@@ -284,12 +296,16 @@ pub enum NoSpace {
     /// The data directory (workspaces' mount points, kernel files).
     #[error("the server's data directory is full (cannot {action} a file there); retry once space is freed")]
     DataDir { action: &'static str },
+    /// The database, for a write other than an execution's record (a session's, an
+    /// upload's).
+    #[error("{}", RecordError::NoSpace)]
+    Database,
     /// The store the audit log is in ([`RecordError::NoSpace`]).
     #[error("cannot record the execution: {}", RecordError::NoSpace)]
     Audit,
 }
 
-/// Why an [`crate::AuditSink`] could not record an execution.
+/// Why the audit log could not record an execution.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RecordError {
     /// The store has no room (its disk is full): nothing was recorded, and recording works
