@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use runcell_agent::{ProviderConfig, ProviderKind};
 use runcell_sandbox::doctor::{self, State};
 
+use crate::args::invalid;
 use crate::config::ServeFile;
 
 #[derive(Debug, clap::Args)]
@@ -206,8 +207,7 @@ fn limit_policy(
             .or(file.default_idle_timeout_s)
             .unwrap_or(d.idle_timeout_s),
     };
-    p.validate()
-        .map_err(|e| anyhow::anyhow!("invalid request: limits: {e}"))?;
+    p.validate().map_err(|e| invalid(format!("limits: {e}")))?;
     // The operator may know better (a shared config file, a host about to grow); say so.
     if p.committed_memory_mb > host.memory_mb {
         tracing::warn!(
@@ -247,29 +247,28 @@ pub fn serve(
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     let scheduling = match (args.scheduling, &file.scheduling) {
         (Some(s), _) => s,
-        (None, Some(name)) => {
-            <Scheduling as clap::ValueEnum>::from_str(name, false).map_err(|_| {
-                anyhow::anyhow!("invalid request: scheduling {name:?}: batch or normal")
-            })?
-        }
+        (None, Some(name)) => <Scheduling as clap::ValueEnum>::from_str(name, false)
+            .map_err(|_| invalid(format!("scheduling {name:?}: batch or normal")))?,
         (None, None) => Scheduling::Batch,
     };
     let warm_sessions = args.warm_sessions.or(file.warm_sessions).unwrap_or(2);
     if warm_sessions > 64 {
-        bail!("invalid request: warm_sessions must be at most 64");
+        return Err(invalid("warm_sessions must be at most 64"));
     }
     let agent_provider = match (args.agent_provider, &file.agent_provider) {
         (Some(k), _) => Some(k),
         (None, Some(name)) => Some(
             crate::ask::parse_provider(name)
-                .map_err(|e| anyhow::anyhow!("invalid request: agent_provider: {e}"))?,
+                .map_err(|e| invalid(format!("agent_provider: {e}")))?,
         ),
         (None, None) => None,
     };
     let agent_model = args.agent_model.or(file.agent_model.clone());
     let agent_base_url = args.agent_base_url.or(file.agent_base_url.clone());
     if agent_provider.is_none() && (agent_model.is_some() || agent_base_url.is_some()) {
-        bail!("invalid request: --agent-model and --agent-base-url need --agent-provider");
+        return Err(invalid(
+            "--agent-model and --agent-base-url need --agent-provider",
+        ));
     }
     let agent_max_steps = args.agent_max_steps.or(file.agent_max_steps).unwrap_or(12);
     let no_zygote = args.no_zygote || file.no_zygote.unwrap_or(false);
@@ -284,7 +283,7 @@ pub fn serve(
     for name in file.allowed_hosts.iter().flatten() {
         allowed_hosts.push(
             name.parse()
-                .map_err(|e| anyhow::anyhow!("invalid request: allowed_hosts {name:?}: {e}"))?,
+                .map_err(|e| invalid(format!("allowed_hosts {name:?}: {e}")))?,
         );
     }
     // Before any thread exists: every thread and process started from here on inherits it.
@@ -307,7 +306,7 @@ pub fn serve(
             .or(file.max_connections)
             .map(|n| n as usize),
     )
-    .map_err(|m| anyhow::anyhow!("invalid request: {m}"))?;
+    .map_err(invalid)?;
     tracing::info!(
         open_files,
         max_connections = capacity.max_connections,
@@ -387,7 +386,7 @@ pub fn serve(
     let chat = match agent_provider {
         Some(kind) => {
             if agent_max_steps == 0 {
-                bail!("invalid request: --agent-max-steps must be at least 1");
+                return Err(invalid("--agent-max-steps must be at least 1"));
             }
             let provider = ProviderConfig::from_env(kind, agent_model, agent_base_url)
                 .context("cannot configure the chat's model provider")?;
