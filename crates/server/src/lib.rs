@@ -17,6 +17,7 @@ mod oneshot;
 mod openapi;
 mod sessions;
 mod state;
+mod vendor;
 mod web;
 
 use std::future::Future;
@@ -39,6 +40,7 @@ pub use error::{ApiError, ErrorCode};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use state::{AppState, OPEN_TENANT};
+pub use vendor::VendorConfig;
 
 /// Largest request body ([`runcell_engine::MAX_REQUEST_BYTES`]).
 pub const MAX_BODY_BYTES: usize = runcell_engine::MAX_REQUEST_BYTES;
@@ -97,6 +99,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
+        .nest("/anthropic", vendor::anthropic::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)
@@ -528,6 +531,7 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         loopback: listen.ip().is_loopback(),
         auth: Arc::default(),
         chat: None,
+        vendor: None,
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,

@@ -1,0 +1,41 @@
+//! Vendor-compatible prefixes (DESIGN.md §11): code written against a hosted code tool
+//! (Anthropic's `code_execution`, OpenAI's `code_interpreter`) switches to runcell by changing
+//! its SDK's base URL and key. runcell answers those requests itself: the conversation goes to
+//! the model the operator configured (`serve --agent-provider`), whose tool calls run in a
+//! runcell session of the caller's tenant (one per vendor container, listed in `/v1/sessions`,
+//! every cell in the audit log), and the reply comes back in the vendor's wire shapes and error
+//! envelopes.
+
+pub(crate) mod anthropic;
+mod file_store;
+mod sandbox;
+
+use runcell_agent::ProviderConfig;
+
+pub(crate) use file_store::{FileStore, StoredFile};
+
+/// The model behind the vendor prefixes, set when the server starts.
+#[derive(Debug, Clone)]
+pub struct VendorConfig {
+    pub provider: ProviderConfig,
+    /// Whether `provider.model` answers whatever model a request names (the operator chose
+    /// it: `serve --agent-model`); otherwise a request's model goes to the provider as is.
+    pub pin_model: bool,
+    /// Model replies at most per request; past it the reply stops with the vendor's "paused"
+    /// reason, and sending it back continues the turn.
+    pub max_steps: usize,
+}
+
+impl VendorConfig {
+    /// The provider to ask for one request that names `model` and allows `max_tokens`.
+    pub(crate) fn provider_for(&self, model: &str, max_tokens: Option<u64>) -> ProviderConfig {
+        let mut p = self.provider.clone();
+        if !self.pin_model && !model.trim().is_empty() {
+            p.model = model.to_owned();
+        }
+        if let Some(t) = max_tokens {
+            p.max_tokens = u32::try_from(t).unwrap_or(u32::MAX);
+        }
+        p
+    }
+}
