@@ -16,7 +16,7 @@ use std::str::FromStr;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, Uri};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -302,7 +302,7 @@ fn shown(s: &str) -> String {
 pub(crate) async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match state.hosts.check(req.method(), req.uri(), req.headers()) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => crate::vendor::refusal(req.uri().path(), e),
     }
 }
 

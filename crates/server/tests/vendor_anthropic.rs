@@ -351,6 +351,23 @@ async fn bad_requests_get_anthropics_envelope_and_status() {
     }
     assert!(r["unknown_tool"]["message"].as_str().is_some_and(|m| m.contains("web_search_20250305")));
     assert!(r["missing_max_tokens"]["message"].as_str().is_some_and(|m| m.contains("max_tokens")));
+    assert_eq!(
+        r["bad_role"]["message"],
+        "messages.0.role: unknown variant `robot`, expected `user` or `assistant`",
+        "Anthropic's paths, and no parser positions"
+    );
+    // Refusals decided in front of the routes speak Anthropic's envelope here too.
+    let resp = srv
+        .http
+        .get(format!("{}/anthropic/v1/files", srv.base))
+        .header("host", "rebound.example")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "permission_error", "{body}");
     // None of them reached the model, and none started a session.
     assert!(stand_in.requests().is_empty());
     assert!(srv.engine.sessions().list().is_empty());

@@ -10,7 +10,10 @@ pub(crate) mod anthropic;
 mod file_store;
 mod sandbox;
 
+use axum::response::{IntoResponse, Response};
 use runcell_agent::ProviderConfig;
+
+use crate::error::ApiError;
 
 pub(crate) use file_store::{FileStore, StoredFile};
 
@@ -37,5 +40,19 @@ impl VendorConfig {
             p.max_tokens = u32::try_from(t).unwrap_or(u32::MAX);
         }
         p
+    }
+}
+
+/// A refusal decided in front of every route (the `Host` check, the connection cap), in the
+/// envelope of the API `path` belongs to: a vendor's SDK reads only its vendor's.
+pub(crate) fn refusal(path: &str, e: ApiError) -> Response {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+    };
+    if under("/anthropic") {
+        anthropic::Error::from(e).into_response()
+    } else {
+        e.into_response()
     }
 }

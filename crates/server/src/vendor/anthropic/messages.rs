@@ -1047,8 +1047,13 @@ pub(super) async fn create(
     })?;
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let req: CreateMessage = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
+        // Anthropic's way of naming a field (`messages.0.role`), and no parser positions.
+        let path = e.path().to_string().replace('[', ".").replace(']', "");
+        let inner = e.into_inner().to_string();
+        let inner = match inner.rfind(" at line ") {
+            Some(at) => &inner[..at],
+            None => &inner,
+        };
         if path == "." {
             Error::invalid(format!("the body is not a Messages request: {inner}"))
         } else {
