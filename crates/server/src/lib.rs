@@ -100,6 +100,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let router = router
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
+        .nest("/openai/v1", vendor::openai::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)

@@ -27,7 +27,7 @@ pub struct AppState {
     pub auth: Arc<AuthCache>,
     /// The model behind `/v1/chat`; none unless the operator configured one.
     pub chat: Option<Arc<ChatConfig>>,
-    /// The model behind the vendor-compatible prefixes (`/anthropic`); none unless the
+    /// The model behind the vendor-compatible prefixes (`/anthropic`, `/openai/v1`); none unless the
     /// operator configured one.
     pub vendor: Option<Arc<crate::vendor::VendorConfig>>,
     /// The names this server answers to (`Host`, `Origin`): its listener's, and the

@@ -13,7 +13,11 @@ use serde_json::{json, Value};
 use vendor::{scripted, section, Step};
 
 /// A server whose vendor prefixes talk to `stand_in`.
-async fn server(stand_in: &runcell_agent::testing::StandIn, kind: ProviderKind, pin: bool) -> common::Server {
+async fn server(
+    stand_in: &runcell_agent::testing::StandIn,
+    kind: ProviderKind,
+    pin: bool,
+) -> common::Server {
     let provider = stand_in.config(kind);
     common::start_with(move |s| {
         s.with_vendor(runcell_server::VendorConfig {
@@ -26,10 +30,16 @@ async fn server(stand_in: &runcell_agent::testing::StandIn, kind: ProviderKind, 
 }
 
 async fn sdk(scenario: &str, srv: &common::Server, key: &str) -> Value {
-    let (scenario, base, key) = (scenario.to_owned(), format!("{}/anthropic", srv.base), key.to_owned());
-    tokio::task::spawn_blocking(move || vendor::run_sdk("anthropic_client.py", &[&scenario, &base, &key]))
-        .await
-        .expect("the SDK client")
+    let (scenario, base, key) = (
+        scenario.to_owned(),
+        format!("{}/anthropic", srv.base),
+        key.to_owned(),
+    );
+    tokio::task::spawn_blocking(move || {
+        vendor::run_sdk("anthropic_client.py", &[&scenario, &base, &key])
+    })
+    .await
+    .expect("the SDK client")
 }
 
 const FIB_SCRIPT: &str = "python3 - <<'EOF'\na, b = 0, 1\nout = []\nfor _ in range(10):\n    out.append(a)\n    a, b = b, a + b\nprint(*out)\nEOF";
@@ -55,14 +65,22 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
     let (_, key) = srv.store.create_key("app", "acme").expect("key");
     let r = sdk("fibonacci", &srv, &key).await;
 
-    assert_eq!(r["stdout"].as_str().map(str::trim), Some("0 1 1 2 3 5 8 13 21 34"), "{r}");
+    assert_eq!(
+        r["stdout"].as_str().map(str::trim),
+        Some("0 1 1 2 3 5 8 13 21 34"),
+        "{r}"
+    );
     assert_eq!(r["return_code"], 0);
     assert_eq!(r["tool"], "bash_code_execution");
     assert_eq!(r["answer"], "The result: 0 1 1 2 3 5 8 13 21 34.");
     assert_eq!(r["follow_stdout"].as_str().map(str::trim), Some("832040"));
     assert_eq!(r["follow_answer"], "The result: 832040.");
     assert_eq!(r["model"], "claude-sonnet-4-5");
-    assert_eq!(r["usage"], json!([201, 20]), "the first request's two model calls, summed: {r}");
+    assert_eq!(
+        r["usage"],
+        json!([201, 20]),
+        "the first request's two model calls, summed: {r}"
+    );
 
     // The model got the request's model name, runcell's sub-tools, and, the second time,
     // the first exchange as the SDK sent it back.
@@ -75,7 +93,11 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
         .iter()
         .filter_map(|t| t["function"]["name"].as_str())
         .collect();
-    assert_eq!(tools, ["bash_code_execution", "text_editor_code_execution"], "2025-08-25 has no stateful Python");
+    assert_eq!(
+        tools,
+        ["bash_code_execution", "text_editor_code_execution"],
+        "2025-08-25 has no stateful Python"
+    );
     let history = requests[2].body["messages"].to_string();
     assert!(history.contains("0 1 1 2 3 5 8 13 21 34"), "{history}");
     assert!(history.contains("srvtoolu_call_0"), "{history}");
@@ -101,7 +123,10 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
         .store
         .list_executions("acme", None, 10, None)
         .expect("executions");
-    assert!(rows.iter().any(|e| e.code == FIB_SCRIPT), "the cell is in the audit log");
+    assert!(
+        rows.iter().any(|e| e.code == FIB_SCRIPT),
+        "the cell is in the audit log"
+    );
 
     // Another tenant cannot reach that container: it does not exist for them.
     let (_, other) = srv.store.create_key("other", "globex").expect("key");
@@ -109,9 +134,11 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
         .http
         .post(format!("{}/anthropic/v1/messages", srv.base))
         .header("x-api-key", &other)
-        .json(&json!({"model": "m", "max_tokens": 10, "container": container,
+        .json(
+            &json!({"model": "m", "max_tokens": 10, "container": container,
             "tools": [{"type": "code_execution_20250825", "name": "code_execution"}],
-            "messages": [{"role": "user", "content": "hi"}]}))
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
         .send()
         .await
         .expect("post");
@@ -152,11 +179,19 @@ async fn monthly_sales_statistics_are_computed_on_an_uploaded_file() {
     let mean = sales.iter().sum::<f64>() / 6.0;
     let std = (sales.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 5.0).sqrt();
     let expected = format!("mean={mean:.2} median=1412.5 std={std:.2} best=Jun");
-    assert_eq!(r["stdout"].as_str().map(str::trim), Some(expected.as_str()), "{r}");
+    assert_eq!(
+        r["stdout"].as_str().map(str::trim),
+        Some(expected.as_str()),
+        "{r}"
+    );
     assert_eq!(r["answer"], format!("Monthly sales: {expected}"));
     assert_eq!(r["return_code"], 0);
     let task = stand_in.requests()[0].body["messages"][1]["content"].clone();
-    assert!(task.as_str().is_some_and(|t| t.contains("/workspace/sales.csv")), "{task}");
+    assert!(
+        task.as_str()
+            .is_some_and(|t| t.contains("/workspace/sales.csv")),
+        "{task}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,7 +217,9 @@ async fn a_bar_chart_written_to_output_dir_comes_back_as_a_downloadable_file() {
     assert!(f["size_bytes"].as_u64().is_some_and(|n| n > 1000), "{f}");
     let id = f["id"].as_str().expect("id");
     assert!(
-        r["answer"].as_str().is_some_and(|a| a.contains(id) && a.contains("chart.png")),
+        r["answer"]
+            .as_str()
+            .is_some_and(|a| a.contains(id) && a.contains("chart.png")),
         "the model was told the file id: {r}"
     );
 }
@@ -192,13 +229,25 @@ async fn the_palindrome_check_that_madam_breaks_is_fixed_with_the_editor() {
     let stand_in = scripted(ProviderKind::OpenAi, |_, outputs| {
         let editor = "text_editor_code_execution";
         match outputs.len() {
-            0 => Step::Call(editor, json!({"command": "create", "path": "/workspace/palindrome.py",
-                "file_text": "def is_palindrome(s):\n    return s == s[::-1]\n\nprint(is_palindrome('racecar'), is_palindrome('Madam'))\n"})),
-            1 | 3 => Step::Call("bash_code_execution", json!({"command": "python3 palindrome.py"})),
-            2 => Step::Call(editor, json!({"command": "str_replace", "path": "/workspace/palindrome.py",
-                "old_str": "    return s == s[::-1]", "new_str": "    s = s.lower()\n    return s == s[::-1]"})),
+            0 => Step::Call(
+                editor,
+                json!({"command": "create", "path": "/workspace/palindrome.py",
+                "file_text": "def is_palindrome(s):\n    return s == s[::-1]\n\nprint(is_palindrome('racecar'), is_palindrome('Madam'))\n"}),
+            ),
+            1 | 3 => Step::Call(
+                "bash_code_execution",
+                json!({"command": "python3 palindrome.py"}),
+            ),
+            2 => Step::Call(
+                editor,
+                json!({"command": "str_replace", "path": "/workspace/palindrome.py",
+                "old_str": "    return s == s[::-1]", "new_str": "    s = s.lower()\n    return s == s[::-1]"}),
+            ),
             4 => Step::Call(editor, json!({"command": "view", "path": "palindrome.py"})),
-            5 => Step::Call(editor, json!({"command": "view", "path": "/workspace/missing.py"})),
+            5 => Step::Call(
+                editor,
+                json!({"command": "view", "path": "/workspace/missing.py"}),
+            ),
             _ => Step::Say(format!(
                 "Before the fix: {}; after the fix: {}.",
                 section(&outputs[1], "stdout"),
@@ -210,14 +259,26 @@ async fn the_palindrome_check_that_madam_breaks_is_fixed_with_the_editor() {
     let r = sdk("palindrome", &srv, "unused").await;
 
     assert_eq!(r["runs"], json!(["True False\n", "True True\n"]), "{r}");
-    assert_eq!(r["answer"], "Before the fix: True False; after the fix: True True.");
+    assert_eq!(
+        r["answer"],
+        "Before the fix: True False; after the fix: True True."
+    );
     assert_eq!(r["is_file_update"], false);
     assert_eq!(r["replace_start"], 2);
     assert_eq!(
         r["replace_lines"],
-        json!(["-    return s == s[::-1]", "+    s = s.lower()", "+    return s == s[::-1]"])
+        json!([
+            "-    return s == s[::-1]",
+            "+    s = s.lower()",
+            "+    return s == s[::-1]"
+        ])
     );
-    assert!(r["view"].as_str().is_some_and(|v| v.contains("s = s.lower()")), "{r}");
+    assert!(
+        r["view"]
+            .as_str()
+            .is_some_and(|v| v.contains("s = s.lower()")),
+        "{r}"
+    );
     assert_eq!(r["view_total_lines"], 5);
     assert_eq!(r["error_code"], "file_not_found");
 }
@@ -238,20 +299,36 @@ async fn the_linear_system_streams_as_anthropic_events_from_an_anthropic_model()
     assert_eq!(r["stdout"], "x = 2, y = 1\n", "{r}");
     assert_eq!(r["answer"], "The solution: x = 2, y = 1");
     assert_eq!(r["stop_reason"], "end_turn");
-    assert!(r["container"].as_str().is_some_and(|c| c.starts_with("container_")));
+    assert!(r["container"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("container_")));
     assert_eq!(
         r["raw_events"],
         json!([
             "message_start",
-            "content_block_start", "content_block_delta", "content_block_stop",
-            "content_block_start", "content_block_stop",
-            "content_block_start", "content_block_delta", "content_block_stop",
-            "message_delta", "message_stop"
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
         ]),
         "server_tool_use (input as JSON), its result, the answer: {r}"
     );
-    let events: Vec<&str> = r["events"].as_array().expect("events").iter().filter_map(Value::as_str).collect();
-    assert!(events.contains(&"text") && events.contains(&"input_json"), "the SDK's helper events: {events:?}");
+    let events: Vec<&str> = r["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        events.contains(&"text") && events.contains(&"input_json"),
+        "the SDK's helper events: {events:?}"
+    );
     // The operator pinned the model: the request's name did not reach the provider.
     let requests = stand_in.requests();
     assert_eq!(requests[0].body["model"], "test-model");
@@ -262,16 +339,28 @@ async fn the_linear_system_streams_as_anthropic_events_from_an_anthropic_model()
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(tools, ["bash_code_execution", "text_editor_code_execution", "code_execution"]);
+    assert_eq!(
+        tools,
+        [
+            "bash_code_execution",
+            "text_editor_code_execution",
+            "code_execution"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_passed_back_keeps_python_state_and_a_new_one_starts_clean() {
-    let stand_in = scripted(ProviderKind::OpenAi, |task, outputs| match (task, outputs) {
-        ("Set x to 42", []) => Step::Call("code_execution", json!({"code": "x = 42\nprint('x is set')"})),
-        ("Use x", []) => Step::Call("code_execution", json!({"code": "print(x + 1)"})),
-        (_, [out, ..]) => Step::Say(out.clone()),
-        (t, []) => Step::Say(format!("unexpected task {t:?}")),
+    let stand_in = scripted(ProviderKind::OpenAi, |task, outputs| {
+        match (task, outputs) {
+            ("Set x to 42", []) => Step::Call(
+                "code_execution",
+                json!({"code": "x = 42\nprint('x is set')"}),
+            ),
+            ("Use x", []) => Step::Call("code_execution", json!({"code": "print(x + 1)"})),
+            (_, [out, ..]) => Step::Say(out.clone()),
+            (t, []) => Step::Say(format!("unexpected task {t:?}")),
+        }
     });
     let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
     let r = sdk("state", &srv, "unused").await;
@@ -283,7 +372,12 @@ async fn a_container_passed_back_keeps_python_state_and_a_new_one_starts_clean()
     assert_eq!(r["again"], json!(["43\n", 0]));
     assert_eq!(r["object_form"], "43\n");
     assert_eq!(r["fresh"][1], 1);
-    assert!(r["fresh"][0].as_str().is_some_and(|e| e.contains("NameError")), "{r}");
+    assert!(
+        r["fresh"][0]
+            .as_str()
+            .is_some_and(|e| e.contains("NameError")),
+        "{r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,7 +388,9 @@ async fn a_client_tool_stops_the_turn_and_its_result_continues_it() {
             "record_result",
             json!({"value": section(out, "stdout").parse::<i64>().unwrap_or(-1)}),
         ),
-        [out, recorded, ..] => Step::Say(format!("Recorded {}: {recorded}", section(out, "stdout"))),
+        [out, recorded, ..] => {
+            Step::Say(format!("Recorded {}: {recorded}", section(out, "stdout")))
+        }
     });
     let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
     let r = sdk("tool_use", &srv, "unused").await;
@@ -316,7 +412,10 @@ async fn the_files_api_round_trips_with_the_ga_and_beta_resources() {
     assert_eq!(listed.len(), 2, "{r}");
     assert_eq!(&listed[0], &up[1], "newest first");
     assert_eq!(r["beta_listed"], r["listed"]);
-    assert_eq!(r["paged"], r["listed"], "the SDK's auto-paging, one file a page");
+    assert_eq!(
+        r["paged"], r["listed"],
+        "the SDK's auto-paging, one file a page"
+    );
     assert_eq!(r["meta"], json!(["notes.txt", "text/plain", 12, true]));
     assert_eq!(r["body"], "hello files\n");
     assert_eq!(r["deleted"], json!([up[0], "file_deleted"]));
@@ -332,25 +431,54 @@ async fn bad_requests_get_anthropics_envelope_and_status() {
     let r = sdk("errors", &srv, "unused").await;
 
     for (name, class, status, kind) in [
-        ("unknown_tool", "BadRequestError", 400, "invalid_request_error"),
+        (
+            "unknown_tool",
+            "BadRequestError",
+            400,
+            "invalid_request_error",
+        ),
         ("bad_container", "NotFoundError", 404, "not_found_error"),
-        ("malformed_container", "NotFoundError", 404, "not_found_error"),
-        ("missing_max_tokens", "BadRequestError", 400, "invalid_request_error"),
+        (
+            "malformed_container",
+            "NotFoundError",
+            404,
+            "not_found_error",
+        ),
+        (
+            "missing_max_tokens",
+            "BadRequestError",
+            400,
+            "invalid_request_error",
+        ),
         ("bad_role", "BadRequestError", 400, "invalid_request_error"),
         ("no_such_file", "NotFoundError", 404, "not_found_error"),
         ("no_such_upload", "NotFoundError", 404, "not_found_error"),
         ("unknown_route", "NotFoundError", 404, "not_found_error"),
-        ("too_large", "ContentTooLargeError", 413, "request_too_large"),
+        (
+            "too_large",
+            "ContentTooLargeError",
+            413,
+            "request_too_large",
+        ),
     ] {
         let e = &r[name];
         assert_eq!(e["class"], class, "{name}: {e}");
         assert_eq!(e["status"], status, "{name}: {e}");
         assert_eq!(e["type"], kind, "{name}: {e}");
         assert_eq!(e["envelope"], "error", "{name}: {e}");
-        assert!(e["request_id"].as_str().is_some_and(|i| i.starts_with("req_")), "{name}: {e}");
+        assert!(
+            e["request_id"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("req_")),
+            "{name}: {e}"
+        );
     }
-    assert!(r["unknown_tool"]["message"].as_str().is_some_and(|m| m.contains("web_search_20250305")));
-    assert!(r["missing_max_tokens"]["message"].as_str().is_some_and(|m| m.contains("max_tokens")));
+    assert!(r["unknown_tool"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("web_search_20250305")));
+    assert!(r["missing_max_tokens"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("max_tokens")));
     assert_eq!(
         r["bad_role"]["message"],
         "messages.0.role: unknown variant `robot`, expected `user` or `assistant`",

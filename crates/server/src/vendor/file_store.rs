@@ -21,6 +21,9 @@ pub(crate) struct StoredFile {
     /// The session whose code wrote it; none for an upload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// What the client said it is for (OpenAI's `purpose`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<String>,
 }
 
 /// The files of one vendor API, under `<data dir>/vendor/<vendor>/files`.
@@ -47,6 +50,11 @@ impl FileStore {
         self.root.join(name)
     }
 
+    /// A fresh id for [`FileStore::put_as`].
+    pub(crate) fn new_id(&self) -> String {
+        runcell_engine::new_id(self.prefix)
+    }
+
     /// Whether `id` can name a file of this store (and nothing else: it becomes a file name).
     pub(crate) fn is_id(&self, id: &str) -> bool {
         id.strip_prefix(self.prefix)
@@ -68,15 +76,54 @@ impl FileStore {
         data: &[u8],
         session: Option<&str>,
     ) -> std::io::Result<StoredFile> {
+        self.put_for(tenant, filename, mime_type, data, session, None)
+    }
+
+    /// [`FileStore::put`], recording the file's `purpose`.
+    pub(crate) fn put_for(
+        &self,
+        tenant: &str,
+        filename: &str,
+        mime_type: &str,
+        data: &[u8],
+        session: Option<&str>,
+        purpose: Option<&str>,
+    ) -> std::io::Result<StoredFile> {
+        let id = runcell_engine::new_id(self.prefix);
+        self.put_as(tenant, &id, filename, mime_type, data, session, purpose)
+    }
+
+    /// Stores `data` under the id `id` (one of [`FileStore::new_id`]'s), replacing any file
+    /// of that id.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the metadata's fields, each named"
+    )]
+    pub(crate) fn put_as(
+        &self,
+        tenant: &str,
+        id: &str,
+        filename: &str,
+        mime_type: &str,
+        data: &[u8],
+        session: Option<&str>,
+        purpose: Option<&str>,
+    ) -> std::io::Result<StoredFile> {
+        if !self.is_id(id) {
+            return Err(std::io::Error::other(format!(
+                "{id} is not an id of this store"
+            )));
+        }
         let dir = self.dir(tenant);
         std::fs::create_dir_all(&dir)?;
         let file = StoredFile {
-            id: runcell_engine::new_id(self.prefix),
+            id: id.to_owned(),
             filename: filename.to_owned(),
             mime_type: mime_type.to_owned(),
             size_bytes: data.len() as u64,
             created_at: Utc::now(),
             session: session.map(str::to_owned),
+            purpose: purpose.map(str::to_owned),
         };
         write_durably(&dir, &format!("{}.bin", file.id), data)?;
         let meta = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
@@ -195,7 +242,14 @@ mod tests {
             .collect();
         assert_eq!(ids.len(), 2);
         assert!(ids.contains(&b.id));
-        for bad in ["../x", "file_../../etc", "file_", "cntr_abc", "file_ABC", "file_a/b"] {
+        for bad in [
+            "../x",
+            "file_../../etc",
+            "file_",
+            "cntr_abc",
+            "file_ABC",
+            "file_a/b",
+        ] {
             assert!(!store.is_id(bad), "{bad}");
             assert_eq!(store.get("acme", bad).expect("get"), None);
         }

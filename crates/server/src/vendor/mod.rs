@@ -8,10 +8,15 @@
 
 pub(crate) mod anthropic;
 mod file_store;
+pub(crate) mod openai;
 mod sandbox;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use runcell_agent::ProviderConfig;
+use runcell_engine::{CancelToken, Engine};
 
 use crate::error::ApiError;
 
@@ -52,7 +57,36 @@ pub(crate) fn refusal(path: &str, e: ApiError) -> Response {
     };
     if under("/anthropic") {
         anthropic::Error::from(e).into_response()
+    } else if under("/openai") {
+        openai::Error::from(e).into_response()
     } else {
         e.into_response()
     }
+}
+
+/// Stops a run whose client went away: no further model call, and the running cell is
+/// interrupted. Disarmed once the reply is complete.
+pub(crate) struct Abort {
+    pub stop: Arc<AtomicBool>,
+    pub cancel: CancelToken,
+    pub engine: Engine,
+    pub session: Option<String>,
+    pub armed: bool,
+}
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(s) = &self.session {
+            self.engine.sessions().cancel(s, &self.cancel);
+        }
+    }
+}
+
+/// One server-sent event.
+pub(crate) fn sse(event: &str, data: &serde_json::Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
 }

@@ -99,11 +99,7 @@ type Snapshot = BTreeMap<String, (u64, chrono::DateTime<chrono::Utc>)>;
 /// The last component of a name a client or the code gave a file, safe to write anywhere.
 pub(crate) fn safe_name(name: &str) -> String {
     let base = name.rsplit(['/', '\\']).next().unwrap_or("");
-    let clean: String = base
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(200)
-        .collect();
+    let clean: String = base.chars().filter(|c| !c.is_control()).take(200).collect();
     match clean.trim() {
         "" | "." | ".." => "upload".to_owned(),
         s => s.to_owned(),
@@ -115,7 +111,10 @@ fn lines_of(text: &str) -> Vec<&str> {
     if text.is_empty() {
         return Vec::new();
     }
-    text.strip_suffix('\n').unwrap_or(text).split('\n').collect()
+    text.strip_suffix('\n')
+        .unwrap_or(text)
+        .split('\n')
+        .collect()
 }
 
 impl Sandbox<'_> {
@@ -147,10 +146,13 @@ impl Sandbox<'_> {
 
     fn keep(&self, out: &mut Vec<Saved>, path: String, data: &[u8]) {
         let mime = runcell_engine::mime_of(&path);
-        match self
-            .files
-            .put(self.tenant, &safe_name(&path), &mime, data, Some(self.session))
-        {
+        match self.files.put(
+            self.tenant,
+            &safe_name(&path),
+            &mime,
+            data,
+            Some(self.session),
+        ) {
             Ok(file) => out.push(Saved { path, file }),
             Err(e) => tracing::warn!(%path, error = %e, "cannot store an output file"),
         }
@@ -422,10 +424,7 @@ impl Edit {
                 if out.is_empty() {
                     out.push_str("(empty)\n");
                 }
-                format!(
-                    "{out}({} lines in all)",
-                    total_lines.unwrap_or_default()
-                )
+                format!("{out}({} lines in all)", total_lines.unwrap_or_default())
             }
             Edit::View { .. } => "the image is attached".into(),
             Edit::Create {
@@ -433,7 +432,11 @@ impl Edit {
                 is_file_update,
             } => format!(
                 "{} /workspace/{path}",
-                if *is_file_update { "overwrote" } else { "created" }
+                if *is_file_update {
+                    "overwrote"
+                } else {
+                    "created"
+                }
             ),
             Edit::StrReplace {
                 path,

@@ -41,7 +41,11 @@ pub fn sdk_python() -> PathBuf {
             .arg(&requirements)
             .status()
             .expect("run pip");
-        assert!(status.success(), "pip install -r {}", requirements.display());
+        assert!(
+            status.success(),
+            "pip install -r {}",
+            requirements.display()
+        );
     });
     venv.join("venv/bin/python")
 }

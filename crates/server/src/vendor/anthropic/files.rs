@@ -91,8 +91,7 @@ pub(super) async fn upload(
         .filter(|m| !m.is_empty() && m != "application/octet-stream")
         .unwrap_or_else(|| runcell_engine::mime_of(&filename));
     let store = file_store(&state);
-    let stored =
-        blocking(move || store.put(&tenant.0, &filename, &mime, &data, None)).await?;
+    let stored = blocking(move || store.put(&tenant.0, &filename, &mime, &data, None)).await?;
     Ok(Json(metadata_json(&stored)))
 }
 
@@ -150,7 +149,10 @@ pub(super) async fn list(
         all[end.saturating_sub(limit)..end].iter().collect()
     } else {
         let start = match &after {
-            Some(a) => all.iter().position(|f| &f.id == a).map_or(all.len(), |i| i + 1),
+            Some(a) => all
+                .iter()
+                .position(|f| &f.id == a)
+                .map_or(all.len(), |i| i + 1),
             None => 0,
         };
         all[start..].iter().take(limit).collect()

@@ -27,8 +27,8 @@ use serde_json::{json, Value};
 
 use super::{container_id, file_store, request_id, session_of, Caller, Error};
 use crate::state::AppState;
-use crate::vendor::sandbox::{EditRequest, Edit, Sandbox, Saved};
-use crate::vendor::FileStore;
+use crate::vendor::sandbox::{Edit, EditRequest, Sandbox, Saved};
+use crate::vendor::{sse, Abort, FileStore};
 
 /// The code tool's sub-tools, as the model calls them and the reply names them.
 const BASH: &str = "bash_code_execution";
@@ -371,7 +371,9 @@ fn tool_result_content(content: Option<&Value>) -> (String, Vec<ToolImage>) {
             for p in parts {
                 match block_type(p) {
                     "text" => text.push(p.get("text").and_then(Value::as_str).unwrap_or("")),
-                    "image" if p.pointer("/source/type").and_then(Value::as_str) == Some("base64") => {
+                    "image"
+                        if p.pointer("/source/type").and_then(Value::as_str) == Some("base64") =>
+                    {
                         images.push(ToolImage {
                             mime: p
                                 .pointer("/source/media_type")
@@ -480,7 +482,15 @@ fn result_text(c: &Value) -> (String, bool) {
         "text_editor_code_execution_view_result" => (s("content").to_owned(), false),
         "text_editor_code_execution_create_result" => {
             let update = c.get("is_file_update").and_then(Value::as_bool) == Some(true);
-            (if update { "file overwritten" } else { "file created" }.into(), false)
+            (
+                if update {
+                    "file overwritten"
+                } else {
+                    "file created"
+                }
+                .into(),
+                false,
+            )
         }
         "text_editor_code_execution_str_replace_result" => {
             let lines: Vec<&str> = c
@@ -499,11 +509,7 @@ fn result_text(c: &Value) -> (String, bool) {
 }
 
 /// The files the request's `container_upload` blocks name, checked before anything starts.
-fn uploads(
-    messages: &[InMessage],
-    store: &FileStore,
-    tenant: &str,
-) -> Result<Vec<Upload>, Error> {
+fn uploads(messages: &[InMessage], store: &FileStore, tenant: &str) -> Result<Vec<Upload>, Error> {
     let mut out: Vec<Upload> = Vec::new();
     for (m, msg) in messages.iter().enumerate() {
         let Content::Blocks(blocks) = &msg.content else {
@@ -596,7 +602,13 @@ fn server_id(id: &str) -> String {
     }
     let clean: String = id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("srvtoolu_{clean}")
 }
@@ -608,7 +620,12 @@ fn saved_text(saved: &[Saved]) -> String {
     }
     let list: Vec<String> = saved
         .iter()
-        .map(|s| format!("- {} ({} bytes, returned to the user as {})", s.path, s.file.size_bytes, s.file.id))
+        .map(|s| {
+            format!(
+                "- {} ({} bytes, returned to the user as {})",
+                s.path, s.file.size_bytes, s.file.id
+            )
+        })
         .collect();
     format!("\n\nfiles saved:\n{}", list.join("\n"))
 }
@@ -665,7 +682,9 @@ impl Job {
             let mut client_calls = false;
             for call in &reply.calls {
                 if self.custom.contains(&call.name) {
-                    sink(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}));
+                    sink(
+                        json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}),
+                    );
                     client_calls = true;
                     continue;
                 }
@@ -691,7 +710,8 @@ impl Job {
         call: &ToolUse,
         sink: &mut dyn FnMut(Value),
     ) -> Result<ToolReply, Error> {
-        let known = matches!(call.name.as_str(), BASH | EDITOR) || (call.name == PYTHON && self.python);
+        let known =
+            matches!(call.name.as_str(), BASH | EDITOR) || (call.name == PYTHON && self.python);
         let (Some(sb), true) = (sandbox, known) else {
             return Ok(ToolReply {
                 id: call.id.clone(),
@@ -875,28 +895,6 @@ fn python_stderr(e: &runcell_engine::Execution) -> String {
     err
 }
 
-/// Stops a run whose client went away: no further model call, and the running cell is
-/// interrupted. Disarmed once the reply is complete.
-struct Abort {
-    stop: Arc<AtomicBool>,
-    cancel: CancelToken,
-    engine: Engine,
-    session: Option<String>,
-    armed: bool,
-}
-
-impl Drop for Abort {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(s) = &self.session {
-            self.engine.sessions().cancel(s, &self.cancel);
-        }
-    }
-}
-
 /// `{id, expires_at}` of the container, after the run.
 fn container_json(engine: &Engine, session: Option<&str>) -> Value {
     match session.and_then(|s| engine.sessions().get(s).ok()) {
@@ -950,13 +948,21 @@ async fn container_session(
         None => None,
     };
     if let Some(id) = id {
-        let missing = || Error::not_found(format!("container: no container {id} (it may have expired)"));
+        let missing = || {
+            Error::not_found(format!(
+                "container: no container {id} (it may have expired)"
+            ))
+        };
         let session = session_of(&id).ok_or_else(missing)?;
         return match crate::sessions::owned(state, tenant, &session).await {
             Ok(info) => Ok(info.id),
             Err(e) => {
                 let e = Error::from(e);
-                Err(if e.status == StatusCode::NOT_FOUND { missing() } else { e })
+                Err(if e.status == StatusCode::NOT_FOUND {
+                    missing()
+                } else {
+                    e
+                })
             }
         };
     }
@@ -978,10 +984,6 @@ async fn container_session(
         return Err(e.into());
     }
     Ok(info.id)
-}
-
-fn sse(event: &str, data: &Value) -> String {
-    format!("event: {event}\ndata: {data}\n\n")
 }
 
 /// A finished block as the stream's events: start, the deltas a client accumulates (text,
@@ -1009,7 +1011,8 @@ fn block_events(index: usize, block: &Value) -> String {
             let mut empty = block.clone();
             empty["input"] = json!({});
             let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
-            start(empty) + &delta(json!({"type": "input_json_delta", "partial_json": input.to_string()}))
+            start(empty)
+                + &delta(json!({"type": "input_json_delta", "partial_json": input.to_string()}))
         }
         _ => start(block.clone()),
     };
@@ -1100,7 +1103,11 @@ pub(super) async fn create(
     tools.extend(offer.custom);
     let mut system = match req.system {
         Some(System::Text(t)) => t,
-        Some(System::Blocks(b)) => b.into_iter().map(|b| b.text).collect::<Vec<_>>().join("\n\n"),
+        Some(System::Blocks(b)) => b
+            .into_iter()
+            .map(|b| b.text)
+            .collect::<Vec<_>>()
+            .join("\n\n"),
         None => String::new(),
     };
     if offer.code.is_some() {
@@ -1173,8 +1180,14 @@ pub(super) async fn create(
         abort.armed = false;
         let end = end?;
         let container = container_json(&engine, session.as_deref());
-        let mut resp = Json(message_json(&message_id, &model, content, Some(&end), container))
-            .into_response();
+        let mut resp = Json(message_json(
+            &message_id,
+            &model,
+            content,
+            Some(&end),
+            container,
+        ))
+        .into_response();
         if let Ok(v) = request_id().parse() {
             resp.headers_mut().insert("request-id", v);
         }
@@ -1248,7 +1261,10 @@ pub(super) async fn create(
             // The run's thread ended without a word: it panicked.
             None => {
                 s.done = true;
-                sse("error", &json!({"type": "error", "error": Error::internal("the run ended without an outcome").object()}))
+                sse(
+                    "error",
+                    &json!({"type": "error", "error": Error::internal("the run ended without an outcome").object()}),
+                )
             }
         };
         Some((Ok(Bytes::from(text)), s))
@@ -1292,14 +1308,22 @@ mod tests {
         ]));
         let turns = transcript(&m, &HashMap::new()).expect("transcript");
         assert_eq!(turns.len(), 6, "{turns:#?}");
-        let Turn::Assistant(first) = &turns[1] else { panic!("{turns:#?}") };
+        let Turn::Assistant(first) = &turns[1] else {
+            panic!("{turns:#?}")
+        };
         assert_eq!(first.text, "Let me run it.");
         assert_eq!(first.calls[0].name, "bash_code_execution");
-        let Turn::Tools(r) = &turns[2] else { panic!("{turns:#?}") };
+        let Turn::Tools(r) = &turns[2] else {
+            panic!("{turns:#?}")
+        };
         assert!(r[0].text.contains("55"), "{r:?}");
-        let Turn::Assistant(second) = &turns[3] else { panic!("{turns:#?}") };
+        let Turn::Assistant(second) = &turns[3] else {
+            panic!("{turns:#?}")
+        };
         assert_eq!(second.calls[0].id, "toolu_2");
-        let Turn::Tools(r) = &turns[4] else { panic!("{turns:#?}") };
+        let Turn::Tools(r) = &turns[4] else {
+            panic!("{turns:#?}")
+        };
         assert_eq!((r[0].name.as_str(), r[0].text.as_str()), ("notify", "sent"));
         assert!(matches!(&turns[5], Turn::User(t) if t == "thanks"));
     }

@@ -54,9 +54,8 @@ pub(crate) fn container_id(session: &str) -> String {
 /// The session a container id names, if it can name one.
 fn session_of(container: &str) -> Option<String> {
     let rest = container.strip_prefix("container_")?;
-    let ok = !rest.is_empty()
-        && rest.len() <= 64
-        && rest.bytes().all(|b| b.is_ascii_alphanumeric());
+    let ok =
+        !rest.is_empty() && rest.len() <= 64 && rest.bytes().all(|b| b.is_ascii_alphanumeric());
     ok.then(|| format!("ses_{rest}"))
 }
 
@@ -119,9 +118,7 @@ impl From<ApiError> for Error {
             ErrorCode::Forbidden => "permission_error",
             ErrorCode::NotFound => "not_found_error",
             ErrorCode::PayloadTooLarge => "request_too_large",
-            ErrorCode::SessionBusy if status == StatusCode::TOO_MANY_REQUESTS => {
-                "rate_limit_error"
-            }
+            ErrorCode::SessionBusy if status == StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             ErrorCode::Unavailable => "overloaded_error",
             ErrorCode::Internal | ErrorCode::InsufficientStorage => "api_error",
             _ => "invalid_request_error",
