@@ -20,6 +20,9 @@ fn dir() -> PathBuf {
 
 /// The Python of a venv with the pinned SDKs.
 pub fn sdk_python() -> PathBuf {
+    // The tests of one binary run at once, and would install into the same directory.
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     let requirements = dir().join("requirements.txt");
     let pin = std::fs::read_to_string(&requirements).expect("requirements.txt");
     let venv = clients::installed("vendor-sdks", pin.trim(), |dir| {

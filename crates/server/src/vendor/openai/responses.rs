@@ -5,7 +5,7 @@
 //! the code wrote with a `container_file_citation`. Responses are kept (unless `store:
 //! false`) so that `previous_response_id` continues a conversation, in the same container.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -63,6 +63,10 @@ struct Record {
     response: Value,
     #[serde(default)]
     session: Option<String>,
+    /// What the model read of each code interpreter call of the conversation, by item id,
+    /// so a continued conversation shows it the same results (an item's logs are less).
+    #[serde(default)]
+    tool_texts: BTreeMap<String, String>,
 }
 
 fn item_type(v: &Value) -> &str {
@@ -100,7 +104,7 @@ fn content_text(content: Option<&Value>) -> String {
 
 /// The conversation's items as the agent's transcript, and the system and developer
 /// messages' text (which joins the instructions).
-fn transcript(items: &[Value]) -> (Vec<Turn>, String) {
+fn transcript(items: &[Value], tool_texts: &BTreeMap<String, String>) -> (Vec<Turn>, String) {
     let mut turns = Vec::new();
     let mut system = Vec::new();
     let call = |id: &str, name: &str, input: Value, arguments: String| ToolUse {
@@ -147,14 +151,15 @@ fn transcript(items: &[Value]) -> (Vec<Turn>, String) {
                     .flatten()
                     .filter_map(|o| o.get("logs").and_then(Value::as_str))
                     .collect();
+                let text = match tool_texts.get(&id) {
+                    Some(t) => t.clone(),
+                    None if logs.is_empty() => "(no output)".into(),
+                    None => logs.join("\n"),
+                };
                 turns.push(Turn::Tools(vec![ToolReply {
                     id,
                     name: PYTHON.into(),
-                    text: if logs.is_empty() {
-                        "(no output)".into()
-                    } else {
-                        logs.join("\n")
-                    },
+                    text,
                     images: Vec::new(),
                     is_error: false,
                 }]));
@@ -307,6 +312,8 @@ struct End {
     complete: bool,
     input_tokens: u64,
     output_tokens: u64,
+    /// What the model read of each call, by item id.
+    tool_texts: BTreeMap<String, String>,
 }
 
 fn upstream_error(e: AgentError) -> Error {
@@ -418,7 +425,11 @@ impl Job {
                     client_calls = true;
                     continue;
                 }
-                replies.push(self.python(call, &mut produced, sink)?);
+                let (item, reply) = self.python(call, &mut produced, sink)?;
+                if let Some(item) = item {
+                    end.tool_texts.insert(item, reply.text.clone());
+                }
+                replies.push(reply);
             }
             turns.push(Turn::Assistant(reply));
             if !replies.is_empty() {
@@ -437,7 +448,7 @@ impl Job {
         call: &ToolUse,
         produced: &mut Vec<(String, String)>,
         sink: &mut dyn FnMut(Emit),
-    ) -> Result<ToolReply, Error> {
+    ) -> Result<(Option<String>, ToolReply), Error> {
         let mut tool = ToolReply {
             id: call.id.clone(),
             name: call.name.clone(),
@@ -454,7 +465,7 @@ impl Job {
                 (None, true) => "error: the python tool needs a `code` string".into(),
                 (None, false) => format!("error: there is no tool named {:?}", call.name),
             };
-            return Ok(tool);
+            return Ok((None, tool));
         };
         let id = runcell_engine::new_id("ci");
         let container = container_id(session);
@@ -525,7 +536,7 @@ impl Job {
             "type": "code_interpreter_call", "id": id, "code": code, "container_id": container,
             "outputs": outputs, "status": status,
         })));
-        Ok(tool)
+        Ok((Some(id), tool))
     }
 }
 
@@ -690,7 +701,11 @@ pub(super) async fn create(
         }
     };
 
-    let (turns, extra_system) = transcript(&items);
+    let mut tool_texts = previous
+        .as_ref()
+        .map(|p| p.tool_texts.clone())
+        .unwrap_or_default();
+    let (turns, extra_system) = transcript(&items, &tool_texts);
     let mut system: Vec<String> = req.instructions.iter().cloned().collect();
     if !extra_system.is_empty() {
         system.push(extra_system);
@@ -744,14 +759,16 @@ pub(super) async fn create(
             session.clone(),
             echo.clone(),
         );
-        move |response: Value| -> Result<(), Error> {
+        move |response: Value, texts: &BTreeMap<String, String>| -> Result<(), Error> {
             if !echo.store {
                 return Ok(());
             }
+            tool_texts.extend(texts.clone());
             let record = Record {
                 history: items,
                 response,
                 session,
+                tool_texts,
             };
             let data = serde_json::to_vec(&record).map_err(Error::internal)?;
             store
@@ -780,7 +797,10 @@ pub(super) async fn create(
                     }
                 });
                 let kept = match &end {
-                    Ok(end) => keep(response_json(&id, &echo, output.clone(), Some(end))),
+                    Ok(end) => keep(
+                        response_json(&id, &echo, output.clone(), Some(end)),
+                        &end.tool_texts,
+                    ),
                     Err(_) => Ok(()),
                 };
                 (output, end, kept)
@@ -808,7 +828,7 @@ pub(super) async fn create(
             let frame = match end {
                 Ok(end) => {
                     let response = response_json(&id, &echo, output, Some(&end));
-                    match keep(response.clone()) {
+                    match keep(response.clone(), &end.tool_texts) {
                         Ok(()) => Frame::End(response),
                         Err(e) => Frame::Failed(e),
                     }
@@ -1066,7 +1086,7 @@ mod tests {
             json!({"type": "function_call", "call_id": "c2", "name": "save", "arguments": "{\"n\":55}"}),
             json!({"type": "function_call_output", "call_id": "c2", "output": "ok"}),
         ];
-        let (turns, system) = transcript(&items);
+        let (turns, system) = transcript(&items, &BTreeMap::new());
         assert_eq!(system, "be brief");
         assert_eq!(turns.len(), 6, "{turns:#?}");
         assert!(matches!(&turns[0], Turn::User(t) if t == "fib?"));
