@@ -3,6 +3,7 @@
 //! deletes at the end); their results go back (images as image content); until the model
 //! answers without calling a tool, `max_steps` model replies, or too many failed executions in
 //! a row. Synchronous: the HTTP client blocks, the engine blocks.
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -16,7 +16,11 @@ pub struct ReplArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// Per-cell time limit in seconds (interrupted, then killed after a grace period).
-    #[arg(long, default_value_t = 30.0, value_name = "S")]
+    #[arg(
+        long,
+        default_value_t = runcell_engine::SessionLimits::DESIGN_DEFAULTS.exec_timeout_s as f64,
+        value_name = "S"
+    )]
     timeout: f64,
 }
 

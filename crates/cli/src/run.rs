@@ -13,7 +13,7 @@ pub struct RunArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// Wall-clock limit in seconds; the whole process tree is killed after it.
-    #[arg(long, default_value_t = 60.0, value_name = "S")]
+    #[arg(long, default_value_t = runcell_engine::ONE_SHOT_TIMEOUT.as_secs_f64(), value_name = "S")]
     timeout: f64,
     /// The program file, or `-` to read it from stdin.
     #[arg(value_name = "FILE|-")]

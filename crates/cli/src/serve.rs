@@ -185,32 +185,26 @@ fn limit_policy(
         .or(file.max_idle_timeout_s)
         .unwrap_or(m.idle_timeout_s);
     // A default nobody set is DESIGN's, lowered to its maximum; one that was set is checked.
-    let d = SessionLimits::DESIGN_DEFAULTS;
+    let d = SessionLimits::DESIGN_DEFAULTS.within(m);
     p.defaults = SessionLimits {
         memory_mb: flags
             .default_memory_mb
             .or(file.default_memory_mb)
-            .unwrap_or(d.memory_mb.min(m.memory_mb)),
-        cpu: flags
-            .default_cpu
-            .or(file.default_cpu)
-            .unwrap_or(d.cpu.min(m.cpu)),
-        pids: flags
-            .default_pids
-            .or(file.default_pids)
-            .unwrap_or(d.pids.min(m.pids)),
+            .unwrap_or(d.memory_mb),
+        cpu: flags.default_cpu.or(file.default_cpu).unwrap_or(d.cpu),
+        pids: flags.default_pids.or(file.default_pids).unwrap_or(d.pids),
         disk_mb: flags
             .default_disk_mb
             .or(file.default_disk_mb)
-            .unwrap_or(d.disk_mb.min(m.disk_mb)),
+            .unwrap_or(d.disk_mb),
         exec_timeout_s: flags
             .default_exec_timeout_s
             .or(file.default_exec_timeout_s)
-            .unwrap_or(d.exec_timeout_s.min(m.exec_timeout_s)),
+            .unwrap_or(d.exec_timeout_s),
         idle_timeout_s: flags
             .default_idle_timeout_s
             .or(file.default_idle_timeout_s)
-            .unwrap_or(d.idle_timeout_s.min(m.idle_timeout_s)),
+            .unwrap_or(d.idle_timeout_s),
     };
     p.validate()
         .map_err(|e| anyhow::anyhow!("invalid request: limits: {e}"))?;

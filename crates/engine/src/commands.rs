@@ -3,11 +3,16 @@
 
 use std::time::Duration;
 
-use runcell_sandbox::{Launch, RunOptions};
+use runcell_sandbox::{KillReason, RunOptions, RunOutcome};
 use serde::Serialize;
 
-use crate::core::{base_env, Engine};
-use crate::model::{Execution, Language, Truncated, UsageInfo};
+use crate::core::Engine;
+use crate::execution::{Began, Ended, Produced};
+use crate::launch::Program;
+use crate::limits::OUTPUT_CAP_BYTES;
+use crate::model::{
+    new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, Truncated, UsageInfo,
+};
 use crate::EngineError;
 
 /// What `POST /v1/sessions/{id}/commands` returns.
@@ -41,23 +46,10 @@ impl Engine {
             self.core.config.limits.committed_memory_mb,
             crate::limits::Admit::Checked,
         )?;
-        let (_, ro_binds) = self.core.python();
-        let limits = info.limits.sandbox_limits();
-        let launch = Launch {
-            argv: vec!["/bin/bash".into(), "-c".into(), command.to_owned()],
-            // The session's runtime is on PATH, so `python3` and `pip list` see the same packages.
-            env: base_env(
-                Language::Python,
-                limits.cpu_millis,
-                self.core.config.python_runtime.is_some(),
-            ),
-            workspace: &workspace,
-            ro_binds,
-            limits,
-            channel: false,
-        };
-        let before = workspace.snapshot().ok();
-        let started_at = chrono::Utc::now();
+        let launch = self
+            .core
+            .launch(Program::Command(command), &workspace, &info.limits, &[])?;
+        let began = Began::now(new_ordered_id("ex"), Some(session.to_owned()), &workspace);
         let out = self
             .core
             .sandbox
@@ -65,74 +57,55 @@ impl Engine {
                 &launch,
                 &RunOptions {
                     timeout,
+                    output_cap: OUTPUT_CAP_BYTES,
                     ..RunOptions::default()
                 },
                 &mut |_, _| {},
             )
             .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
-        let output = CommandOutput {
-            stdout: out.stdout.render(),
-            stderr: out.stderr.render(),
-            exit_code: out.exit.shell_code(),
-            truncated: Truncated {
-                stdout: out.stdout.truncated(),
-                stderr: out.stderr.truncated(),
-                results: false,
-                files: false,
-            },
-            usage: UsageInfo {
-                wall_ms: out.usage.wall.as_millis() as u64,
-                cpu_ms: out.usage.cpu.as_millis() as u64,
-                peak_memory_bytes: out.usage.peak_memory_bytes,
-                killed_by: out.killed_by.map(Into::into),
-            },
-        };
-        // Commands are code too: they go into the audit log like cells (language bash,
-        // execution_count 0 as they are not cells of the kernel).
-        let after = workspace.snapshot().ok();
-        let diff = crate::oneshot::diff_files(before.as_ref(), after.as_ref());
-        let record = command_execution(session, &output, started_at, diff);
+        // Commands are code too: they go into the audit log like cells.
+        let record = command_execution(began.end(&workspace), &out);
         self.core.audit(&info.owner, &record, command)?;
-        Ok(output)
+        Ok(CommandOutput {
+            stdout: record.stdout,
+            stderr: record.stderr,
+            exit_code: out.exit.shell_code(),
+            // What the command changed is not part of its reply.
+            truncated: Truncated {
+                files: false,
+                ..record.truncated
+            },
+            usage: record.usage,
+        })
     }
 }
 
-fn command_execution(
-    session: &str,
-    out: &CommandOutput,
-    started_at: chrono::DateTime<chrono::Utc>,
-    diff: crate::oneshot::FileDiff,
-) -> Execution {
-    use crate::model::{ErrorInfo, ExecutionStatus, KilledBy};
-    let status = match (out.usage.killed_by, out.exit_code) {
-        (Some(KilledBy::Timeout), _) => ExecutionStatus::Timeout,
+/// A command's record: language bash, execution_count 0 as it is not a cell of the kernel,
+/// and an `ExitCode` error unless it exited 0.
+fn command_execution(ended: Ended, out: &RunOutcome) -> Execution {
+    let exit_code = out.exit.shell_code();
+    let status = match (out.killed_by, exit_code) {
+        (Some(KillReason::Timeout), _) => ExecutionStatus::Timeout,
         (Some(_), _) => ExecutionStatus::Killed,
         (None, 0) => ExecutionStatus::Ok,
         (None, _) => ExecutionStatus::Error,
     };
-    Execution {
-        id: crate::model::new_ordered_id("ex"),
-        session_id: Some(session.to_owned()),
+    ended.execution(Produced {
         language: Language::Bash,
         execution_count: 0,
         status,
-        stdout: out.stdout.clone(),
-        stderr: out.stderr.clone(),
-        truncated: Truncated {
-            files: diff.truncated,
-            ..out.truncated
-        },
-        results: Vec::new(),
         error: (status != ExecutionStatus::Ok).then(|| ErrorInfo {
             name: "ExitCode".into(),
-            value: out.exit_code.to_string(),
+            value: exit_code.to_string(),
             traceback: String::new(),
         }),
-        files: diff.files,
+        stdout: &out.stdout,
+        stderr: &out.stderr,
+        results: Vec::new(),
+        results_dropped: false,
         usage: out.usage,
-        started_at,
-        finished_at: chrono::Utc::now(),
-    }
+        killed_by: out.killed_by,
+    })
 }
 
 #[cfg(test)]
@@ -141,31 +114,37 @@ mod tests {
 
     #[test]
     fn command_records_say_how_the_command_ended() {
-        let out = |exit_code, killed_by| CommandOutput {
-            stdout: "x".into(),
-            stderr: String::new(),
-            exit_code,
-            truncated: Truncated::default(),
-            usage: UsageInfo {
+        use runcell_sandbox::{CappedOutput, ExitStatus};
+        let out = |exit, killed_by| {
+            let mut stdout = CappedOutput::new(OUTPUT_CAP_BYTES);
+            stdout.push(b"x");
+            RunOutcome {
+                exit,
                 killed_by,
-                ..UsageInfo::default()
-            },
+                stdout,
+                stderr: CappedOutput::new(OUTPUT_CAP_BYTES),
+                usage: Default::default(),
+            }
         };
         let t = chrono::Utc::now();
-        let rec = |o: &CommandOutput| command_execution("ses_1", o, t, Default::default());
-        use crate::model::{ExecutionStatus, KilledBy};
-        assert_eq!(rec(&out(0, None)).status, ExecutionStatus::Ok);
-        let e = rec(&out(3, None));
+        let rec = |o: &RunOutcome| command_execution(Ended::at(Some("ses_1"), t), o);
+        assert_eq!(
+            rec(&out(ExitStatus::Code(0), None)).status,
+            ExecutionStatus::Ok
+        );
+        let e = rec(&out(ExitStatus::Code(3), None));
         assert_eq!(e.status, ExecutionStatus::Error);
         assert_eq!(e.error.map(|x| x.value), Some("3".into()));
         assert_eq!(
-            rec(&out(137, Some(KilledBy::Timeout))).status,
+            rec(&out(ExitStatus::Signal(9), Some(KillReason::Timeout))).status,
             ExecutionStatus::Timeout
         );
-        assert_eq!(
-            rec(&out(137, Some(KilledBy::Oom))).status,
-            ExecutionStatus::Killed
-        );
-        assert_eq!(rec(&out(0, None)).language, Language::Bash);
+        let oom = rec(&out(ExitStatus::Signal(9), Some(KillReason::Oom)));
+        assert_eq!(oom.status, ExecutionStatus::Killed);
+        assert_eq!(oom.error.map(|x| x.value), Some("137".into()));
+        let ok = rec(&out(ExitStatus::Code(0), None));
+        assert_eq!(ok.language, Language::Bash);
+        assert_eq!((ok.stdout.as_str(), ok.execution_count), ("x", 0));
+        assert_eq!(ok.session_id.as_deref(), Some("ses_1"));
     }
 }

@@ -1,5 +1,6 @@
-//! The engine's shared core: configuration, the sandbox factory, limits, the runtimes a
-//! program runs with, and the one function every finished execution goes through (audit).
+//! The engine's shared core: configuration, the sandbox factory, limits, starting kernels
+//! (from the zygote or cold), and the one function every finished execution goes through
+//! (audit).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -7,18 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_kernel::{CellOptions, Kernel};
-use runcell_sandbox::{Bind, Launch, Sandbox, Workspace};
+use runcell_sandbox::{Sandbox, Workspace};
 
+use crate::launch::Program;
 use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits, TenantPolicies};
 use crate::model::{Execution, Language};
 use crate::session::SessionManager;
 use crate::session::Start;
 use crate::{chain, EngineError};
 
-/// Where the Python runtime (a venv) appears inside every sandbox.
-pub const SANDBOX_PYTHON: &str = "/opt/runcell/python";
-/// Where the kernel's own code appears inside every sandbox.
-pub(crate) const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
 /// How long a kernel may take to say it is ready.
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -206,7 +204,10 @@ impl Core {
     }
 
     pub(crate) fn cell_options(&self) -> CellOptions {
-        CellOptions::default()
+        CellOptions {
+            output_cap: crate::limits::OUTPUT_CAP_BYTES,
+            ..CellOptions::default()
+        }
     }
 
     pub(crate) fn resolve_session_limits(
@@ -234,20 +235,6 @@ impl Core {
         }
     }
 
-    /// The interpreter path inside the sandbox and the binds it needs.
-    pub(crate) fn python(&self) -> (String, Vec<Bind>) {
-        match &self.config.python_runtime {
-            Some(venv) => (
-                format!("{SANDBOX_PYTHON}/bin/python3"),
-                vec![Bind {
-                    source: venv.clone(),
-                    target: SANDBOX_PYTHON.into(),
-                }],
-            ),
-            None => ("/usr/bin/python3".into(), Vec::new()),
-        }
-    }
-
     /// The kernel code's host directory, written on first use.
     pub(crate) fn kernel_dir(&self) -> Result<PathBuf, EngineError> {
         let mut dir = self.kernel_dir.lock().unwrap_or_else(|p| p.into_inner());
@@ -269,41 +256,15 @@ impl Core {
         extra_env: &[(String, String)],
         start: Start,
     ) -> Result<(Kernel, Start), EngineError> {
-        // The runtime is bound for every language: `python3` in a bash cell is the same
-        // data-science Python as a Python session's.
-        let (python, mut binds) = self.python();
-        binds.push(Bind {
-            source: self.kernel_dir()?,
-            target: SANDBOX_KERNEL_DIR.into(),
-        });
-        let l = limits.sandbox_limits();
-        let mut env = base_env(language, l.cpu_millis, self.config.python_runtime.is_some());
-        // Caller-supplied variables may not replace the ones runcell relies on.
-        for (k, v) in extra_env {
-            if !env.iter().any(|(ek, _)| ek == k) {
-                env.push((k.clone(), v.clone()));
-            }
-        }
-        let kernel = |file: &str| format!("{SANDBOX_KERNEL_DIR}/{file}");
-        let argv = match language {
-            Language::Python => vec![python, kernel("runcell_kernel.py")],
-            // The bash kernel is a small stdlib program on the host's own Python.
-            Language::Bash => vec!["/usr/bin/python3".into(), kernel("runcell_bash_kernel.py")],
-            Language::Javascript => vec!["/usr/bin/node".into(), kernel("runcell_js_kernel.js")],
-        };
-        let launch = Launch {
-            argv,
-            env,
-            workspace,
-            ro_binds: binds,
-            limits: l,
-            channel: true,
-        };
+        let launch = self.launch(Program::Kernel(language), workspace, limits, extra_env)?;
         // The zygote's BLAS runs one thread (it is fixed when numpy loads): sessions granted
         // more than one CPU start cold, with a BLAS pool their size.
         // A cold start is the session's own interpreter: its own hash secret and address-space
         // layout, which every fork of one zygote shares (docs/sandbox.md).
-        if language == Language::Python && l.cpu_millis <= 1000 && start == Start::Zygote {
+        if language == Language::Python
+            && launch.limits.cpu_millis <= 1000
+            && start == Start::Zygote
+        {
             if let Some(zygote) = self.zygote() {
                 match Kernel::start_in(&self.sandbox, &zygote, &launch, KERNEL_READY_TIMEOUT) {
                     Ok(k) => return Ok((k, Start::Zygote)),
@@ -500,7 +461,7 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
-    let files = runcell_kernel::KERNEL_FILES;
+    let files = runcell_kernel::KERNELS.map(|k| (k.file, k.source));
     let all: Vec<u8> = files
         .iter()
         .flat_map(|(name, code)| [name.as_bytes(), b"\0", code.as_bytes(), b"\0"].concat())
@@ -527,45 +488,4 @@ fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
             .map_err(io_error("chmod", &d))?;
     }
     Ok(dir)
-}
-
-/// The whole environment a program sees. Nothing comes from the host.
-pub(crate) fn base_env(
-    language: Language,
-    cpu_millis: u64,
-    has_runtime: bool,
-) -> Vec<(String, String)> {
-    let threads = cpu_millis.div_ceil(1000).max(1).to_string();
-    let path = if has_runtime {
-        format!("{SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin")
-    } else {
-        "/usr/local/bin:/usr/bin:/bin".to_owned()
-    };
-    let mut env: Vec<(&str, String)> = vec![
-        ("PATH", path),
-        ("HOME", "/tmp".into()),
-        ("USER", "sandbox".into()),
-        ("LOGNAME", "sandbox".into()),
-        ("HOSTNAME", "runcell".into()),
-        ("LANG", "C.UTF-8".into()),
-        ("TMPDIR", "/tmp".into()),
-        // Prompts written for Anthropic's code execution tool save files here.
-        ("OUTPUT_DIR", "/workspace".into()),
-    ];
-    match language {
-        Language::Python => env.extend([
-            ("PYTHONUNBUFFERED", "1".into()),
-            // The runtime is read-only: compiled files could not be written anyway.
-            ("PYTHONDONTWRITEBYTECODE", "1".into()),
-            ("MPLBACKEND", "Agg".into()),
-            ("MPLCONFIGDIR", "/tmp/.matplotlib".into()),
-            // BLAS pools sized to the CPU quota, not to the host's cores.
-            ("OPENBLAS_NUM_THREADS", threads.clone()),
-            ("OMP_NUM_THREADS", threads.clone()),
-            ("MKL_NUM_THREADS", threads),
-        ]),
-        Language::Javascript => env.push(("NODE_OPTIONS", "--max-old-space-size=4096".into())),
-        Language::Bash => {}
-    }
-    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

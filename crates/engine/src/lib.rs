@@ -6,7 +6,9 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod execution;
 mod files;
+mod launch;
 mod limits;
 mod model;
 mod oneshot;
@@ -19,10 +21,11 @@ mod zygote;
 
 use std::path::PathBuf;
 
-pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, RecordError, SANDBOX_PYTHON};
+pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, RecordError};
+pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
-    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, RETRY_AFTER,
+    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,

@@ -25,6 +25,17 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MAX_IDLE_S: u64 = 24 * 3600;
 /// The default maximum of processes and threads per session.
 pub const MAX_PIDS: u64 = 4096;
+/// A one-shot run's time limit when it names none (DESIGN.md §7), at most the maximum.
+pub const ONE_SHOT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes of stdout, and of stderr, one execution keeps (DESIGN.md §7): the head and the tail,
+/// with a `[… N bytes truncated …]` line between them.
+pub const OUTPUT_CAP_BYTES: usize = 1 << 20;
+
+/// The size of a sandbox's /tmp and of its /dev/shm, each (DESIGN.md §7), at most its memory.
+const TMP_BYTES: u64 = 256 << 20;
+/// Open files per sandbox process: ample for a data job's files and sockets, still a bound on
+/// a descriptor leak (the server's own hard limit must be at least this, docs/operations.md).
+const NOFILE: u64 = 4096;
 
 /// The smallest values a request may ask for (below them nothing useful runs).
 const MIN_MEMORY_MB: u64 = 16;
@@ -94,31 +105,28 @@ impl SessionLimits {
         idle_timeout_s: 20 * 60,
     };
 
-    /// What the sandbox enforces for a process of this session.
+    /// What the sandbox enforces for each process of this session (or one-shot run): the one
+    /// place where the engine's limits become the sandbox's.
     pub(crate) fn sandbox_limits(&self) -> Limits {
-        sandbox_limits(self.memory_mb, self.cpu, self.pids, self.disk_mb)
+        let memory_bytes = self.memory_mb << 20;
+        // /tmp and /dev/shm count against memory; never let them exceed it.
+        let tmp_bytes = TMP_BYTES.min(memory_bytes);
+        Limits {
+            memory_bytes,
+            pids: self.pids,
+            cpu_millis: (self.cpu * 1000.0).round() as u64,
+            tmp_bytes,
+            nofile: NOFILE,
+            // Only a backstop behind the tmpfs sizes, above both so that a full workspace or
+            // /tmp says ENOSPC (what it is) rather than EFBIG.
+            fsize_bytes: self.disk_bytes().max(tmp_bytes).saturating_mul(2),
+        }
     }
-}
 
-/// The sandbox's limits for these values.
-fn sandbox_limits(memory_mb: u64, cpu: f64, pids: u64, disk_mb: u64) -> Limits {
-    let d = Limits::default();
-    // /tmp and /dev/shm count against memory; never let them exceed it.
-    let tmp_bytes = d.tmp_bytes.min(memory_mb << 20);
-    Limits {
-        memory_bytes: memory_mb << 20,
-        pids,
-        cpu_millis: (cpu * 1000.0).round() as u64,
-        fsize_bytes: fsize_for(disk_mb << 20, tmp_bytes),
-        tmp_bytes,
-        ..d
+    /// The size of the workspace (a tmpfs of its own).
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        self.disk_mb << 20
     }
-}
-
-/// RLIMIT_FSIZE: only a backstop behind the tmpfs sizes, above both so that a full workspace
-/// or /tmp says ENOSPC (what it is) rather than EFBIG.
-fn fsize_for(disk_bytes: u64, tmp_bytes: u64) -> u64 {
-    disk_bytes.max(tmp_bytes).saturating_mul(2)
 }
 
 /// The most one session (or one-shot run) may ask for: `serve --max-*`.
@@ -162,7 +170,7 @@ impl HostCapacity {
             (Some(t), Some(c)) => t.min(c),
             (Some(t), None) => t,
             // No /proc (unlikely on a host that passed the doctor's checks): DESIGN's default.
-            (None, c) => c.unwrap_or(1024),
+            (None, c) => c.unwrap_or(SessionLimits::DESIGN_DEFAULTS.memory_mb),
         };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
         HostCapacity { memory_mb, cpus }
@@ -375,18 +383,6 @@ impl LimitPolicy {
         })
     }
 
-    /// A one-shot run's sandbox limits and workspace size (MiB); its timeouts are its own.
-    pub(crate) fn resolve_one_shot(
-        &self,
-        req: &LimitsRequest,
-    ) -> Result<(Limits, u64), EngineError> {
-        let l = self.resolve(req)?;
-        Ok((
-            sandbox_limits(l.memory_mb, l.cpu, l.pids, l.disk_mb),
-            l.disk_mb,
-        ))
-    }
-
     /// Checks one execution's (or command's, or one-shot run's) time limit.
     pub fn check_timeout(&self, timeout: Duration) -> Result<Duration, EngineError> {
         if timeout.is_zero() {
@@ -414,15 +410,15 @@ impl LimitPolicy {
         Ok(timeout)
     }
 
-    /// A one-shot run's default time limit: a minute (DESIGN.md §7), at most the maximum.
+    /// A one-shot run's default time limit: [`ONE_SHOT_TIMEOUT`], at most the maximum.
     pub fn one_shot_timeout(&self) -> Duration {
-        Duration::from_secs(60).min(Duration::from_secs(self.max.exec_timeout_s))
+        ONE_SHOT_TIMEOUT.min(Duration::from_secs(self.max.exec_timeout_s))
     }
 }
 
 impl SessionLimits {
     /// Each value lowered to its maximum (for defaults only: requests are refused instead).
-    fn within(self, m: &Maxima) -> SessionLimits {
+    pub fn within(self, m: &Maxima) -> SessionLimits {
         SessionLimits {
             memory_mb: self.memory_mb.min(m.memory_mb),
             cpu: self.cpu.min(m.cpu),
@@ -678,6 +674,33 @@ mod tests {
         });
         assert_eq!(tiny.defaults.memory_mb, 750);
         assert!(tiny.validate().is_ok());
+    }
+
+    #[test]
+    fn sandbox_limits_keep_tmp_within_memory_and_fsize_above_every_tmpfs() {
+        let d = SessionLimits::DESIGN_DEFAULTS.sandbox_limits();
+        assert_eq!(
+            d,
+            Limits {
+                memory_bytes: 1 << 30,
+                pids: 128,
+                cpu_millis: 1000,
+                tmp_bytes: 256 << 20,
+                nofile: 4096,
+                fsize_bytes: 2 << 30,
+            }
+        );
+        // A small session: /tmp no larger than its memory; a full tmpfs is ENOSPC, not EFBIG.
+        let small = SessionLimits {
+            memory_mb: 64,
+            cpu: 0.25,
+            disk_mb: 16,
+            ..SessionLimits::DESIGN_DEFAULTS
+        }
+        .sandbox_limits();
+        assert_eq!(small.tmp_bytes, 64 << 20);
+        assert_eq!(small.fsize_bytes, 128 << 20);
+        assert_eq!(small.cpu_millis, 250);
     }
 
     #[test]

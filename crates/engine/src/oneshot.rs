@@ -6,22 +6,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chrono::Utc;
 use runcell_sandbox::{
-    Bind, ExitStatus, KillReason, Launch, Limits, RunOptions, Snapshot, Stream, UidLease, Workspace,
+    CappedOutput, ExitStatus, KillReason, RunOptions, Stream, UidLease, Workspace,
 };
 
-use crate::bounds::MAX_FILE_CHANGES;
-use crate::core::{base_env, Engine};
-use crate::limits::LimitsRequest;
-use crate::model::{
-    new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind, Language,
-    Truncated, UsageInfo,
-};
+use crate::core::Engine;
+use crate::execution::{Began, Produced};
+use crate::launch::{program_file, Program};
+use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};
+use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language};
 use crate::EngineError;
-
-/// Where the program file is bound, read-only, inside the sandbox.
-const INPUT_DIR: &str = "/opt/runcell/input";
 
 /// A file placed in /workspace before the program starts.
 #[derive(Debug, Clone)]
@@ -55,9 +49,9 @@ impl OneShot {
             code: code.into(),
             files: Vec::new(),
             stdin: Vec::new(),
-            timeout: Duration::from_secs(60),
+            timeout: ONE_SHOT_TIMEOUT,
             limits: LimitsRequest::default(),
-            output_cap: 1 << 20,
+            output_cap: OUTPUT_CAP_BYTES,
             cancel: None,
         }
     }
@@ -73,21 +67,20 @@ impl Engine {
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
         let policy = &self.core.config.limits;
-        let (limits, disk_mb) = policy.resolve_one_shot(&req.limits)?;
+        let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
         // Held until the sandbox is gone (the end of this function).
         let _reserved = self.core.ledger.reserve(
-            limits.memory_bytes >> 20,
+            limits.memory_mb,
             policy.committed_memory_mb,
             crate::limits::Admit::Checked,
         )?;
-        let disk_bytes = disk_mb << 20;
         let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let ws_path = self.core.config.data_dir.join("workspaces").join(&id);
-        let workspace =
-            Workspace::create(&ws_path, disk_bytes, lease).map_err(crate::core::workspace_error)?;
+        let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
+            .map_err(crate::core::workspace_error)?;
         for f in &req.files {
             workspace
                 .write_file(&f.path, &f.content)
@@ -95,31 +88,18 @@ impl Engine {
                 // (`a`, then `a/b`): the same conflict as in a session's workspace.
                 .map_err(crate::files::map_err(crate::files::Op::Write))?;
         }
-        let before = workspace.snapshot().ok();
 
         let input = ProgramDir::create(
             &self.core.config.data_dir.join("tmp"),
             req.language,
             &req.code,
         )?;
-        let (python, mut ro_binds) = self.core.python();
-        ro_binds.push(Bind {
-            source: input.path.clone(),
-            target: INPUT_DIR.into(),
-        });
-        let launch = Launch {
-            argv: interpreter(req.language, python),
-            env: base_env(
-                req.language,
-                limits.cpu_millis,
-                self.core.config.python_runtime.is_some(),
-            ),
-            workspace: &workspace,
-            ro_binds,
-            limits,
-            channel: false,
+        let program = Program::OneShot {
+            language: req.language,
+            dir: &input.path,
         };
-        let started_at = Utc::now();
+        let launch = self.core.launch(program, &workspace, &limits, &[])?;
+        let began = Began::now(id, None, &workspace);
         let outcome = self
             .core
             .sandbox
@@ -135,40 +115,29 @@ impl Engine {
                 on_output,
             )
             .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
-        let finished_at = Utc::now();
-        let after = workspace.snapshot().ok();
-        let diff = diff_files(before.as_ref(), after.as_ref());
+        let ended = began.end(&workspace);
         drop(input);
         drop(workspace);
 
-        let stderr = outcome.stderr.render();
-        let (status, error) = classify(req, &limits, outcome.exit, outcome.killed_by, &stderr);
-        let execution = Execution {
-            id,
-            session_id: None,
+        let (status, error) = classify(
+            req,
+            &limits,
+            outcome.exit,
+            outcome.killed_by,
+            &outcome.stderr,
+        );
+        let execution = ended.execution(Produced {
             language: req.language,
             execution_count: 1,
             status,
-            stdout: outcome.stdout.render(),
-            stderr,
-            truncated: Truncated {
-                stdout: outcome.stdout.truncated(),
-                stderr: outcome.stderr.truncated(),
-                results: false,
-                files: diff.truncated,
-            },
-            results: Vec::new(),
             error,
-            files: diff.files,
-            usage: UsageInfo {
-                wall_ms: outcome.usage.wall.as_millis() as u64,
-                cpu_ms: outcome.usage.cpu.as_millis() as u64,
-                peak_memory_bytes: outcome.usage.peak_memory_bytes,
-                killed_by: outcome.killed_by.map(Into::into),
-            },
-            started_at,
-            finished_at,
-        };
+            stdout: &outcome.stdout,
+            stderr: &outcome.stderr,
+            results: Vec::new(),
+            results_dropped: false,
+            usage: outcome.usage,
+            killed_by: outcome.killed_by,
+        });
         self.core.audit(&req.owner, &execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,
@@ -183,23 +152,6 @@ impl Engine {
 pub struct OneShotOutcome {
     pub execution: Execution,
     pub exit_code: i32,
-}
-
-fn interpreter(language: Language, python: String) -> Vec<String> {
-    let program = format!("{INPUT_DIR}/{}", program_file(language));
-    match language {
-        Language::Python => vec![python, program],
-        Language::Bash => vec!["/bin/bash".into(), program],
-        Language::Javascript => vec!["/usr/bin/node".into(), program],
-    }
-}
-
-fn program_file(language: Language) -> &'static str {
-    match language {
-        Language::Python => "main.py",
-        Language::Bash => "main.sh",
-        Language::Javascript => "main.js",
-    }
 }
 
 /// The program file on the host, bound read-only into the sandbox; removed on drop.
@@ -229,10 +181,10 @@ impl ProgramDir {
 
 fn classify(
     req: &OneShot,
-    limits: &Limits,
+    limits: &SessionLimits,
     exit: ExitStatus,
     killed_by: Option<KillReason>,
-    stderr: &str,
+    stderr: &CappedOutput,
 ) -> (ExecutionStatus, Option<ErrorInfo>) {
     let err = |name: &str, value: String| {
         Some(ErrorInfo {
@@ -258,7 +210,7 @@ fn classify(
                 "MemoryError",
                 format!(
                     "killed: the memory limit of {} MiB was exceeded",
-                    limits.memory_bytes >> 20
+                    limits.memory_mb
                 ),
             ),
         ),
@@ -292,7 +244,7 @@ fn classify(
                 ExecutionStatus::Error,
                 Some(
                     (req.language == Language::Python)
-                        .then(|| python_error(stderr))
+                        .then(|| python_error(&stderr.render()))
                         .flatten()
                         .unwrap_or(ErrorInfo {
                             name: "ExitCode".into(),
@@ -328,72 +280,6 @@ fn python_error(stderr: &str) -> Option<ErrorInfo> {
     })
 }
 
-/// The files a run created, modified or deleted.
-pub(crate) fn diff_files(before: Option<&Snapshot>, after: Option<&Snapshot>) -> FileDiff {
-    let (Some(before), Some(after)) = (before, after) else {
-        // Without both pictures nothing can be said; an empty one would make every file
-        // look created or deleted.
-        return FileDiff {
-            files: Vec::new(),
-            truncated: true,
-        };
-    };
-    let mut out = Vec::new();
-    let mut truncated = false;
-    for (path, stat) in &after.files {
-        let change = match before.files.get(path) {
-            None if before.complete => FileChangeKind::Created,
-            // Perhaps there all along, where the first walk did not reach.
-            None => {
-                truncated = true;
-                continue;
-            }
-            Some(old) if old != stat => FileChangeKind::Modified,
-            Some(_) => continue,
-        };
-        out.push(FileChange {
-            path: path.clone(),
-            size: stat.size,
-            mime: crate::mime_of(path),
-            change,
-        });
-    }
-    if after.complete {
-        for path in before
-            .files
-            .keys()
-            .filter(|p| !after.files.contains_key(*p))
-        {
-            out.push(FileChange {
-                path: path.clone(),
-                size: 0,
-                mime: crate::mime_of(path),
-                change: FileChangeKind::Deleted,
-            });
-        }
-    } else if before.files.keys().any(|p| !after.files.contains_key(p)) {
-        // Never a false deletion: a file the second walk did not reach may well exist.
-        truncated = true;
-    }
-    if out.len() > MAX_FILE_CHANGES {
-        out.truncate(MAX_FILE_CHANGES);
-        truncated = true;
-    }
-    FileDiff {
-        files: out,
-        truncated,
-    }
-}
-
-/// What changed in a workspace between two snapshots.
-#[derive(Debug, Default)]
-pub(crate) struct FileDiff {
-    /// Created and modified files by path, then deleted ones, at most [`MAX_FILE_CHANGES`].
-    pub(crate) files: Vec<FileChange>,
-    /// More changed than `files` says (see [`Truncated::files`]).
-    pub(crate) truncated: bool,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,81 +297,5 @@ mod tests {
             ("KeyboardInterrupt", "")
         );
         assert!(python_error("plain failure").is_none());
-    }
-
-    use runcell_sandbox::FileStat;
-    use std::collections::BTreeMap;
-
-    fn snapshot(files: &[(&str, u64, std::time::SystemTime)], complete: bool) -> Snapshot {
-        Snapshot {
-            files: files
-                .iter()
-                .map(|&(p, size, modified)| (p.to_owned(), FileStat { size, modified }))
-                .collect::<BTreeMap<_, _>>(),
-            complete,
-        }
-    }
-
-    #[test]
-    fn file_diff_reports_created_modified_deleted() {
-        let t0 = std::time::SystemTime::UNIX_EPOCH;
-        let t1 = t0 + Duration::from_secs(1);
-        let before = snapshot(&[("a.txt", 1, t0), ("b.csv", 2, t0)], true);
-        let after = snapshot(&[("a.txt", 1, t1), ("c.png", 3, t1)], true);
-        let d = diff_files(Some(&before), Some(&after));
-        let got: Vec<_> = d
-            .files
-            .iter()
-            .map(|f| (f.path.as_str(), f.change, f.mime.as_str()))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                ("a.txt", FileChangeKind::Modified, "text/plain"),
-                ("c.png", FileChangeKind::Created, "image/png"),
-                ("b.csv", FileChangeKind::Deleted, "text/csv"),
-            ]
-        );
-        assert!(!d.truncated);
-    }
-
-    /// A walk that did not see everything never turns an unseen file into a deletion (or an
-    /// old file into a new one); the diff says it is partial instead.
-    #[test]
-    fn an_incomplete_snapshot_reports_no_false_change() {
-        let t0 = std::time::SystemTime::UNIX_EPOCH;
-        let t1 = t0 + Duration::from_secs(1);
-        let full = snapshot(&[("a", 1, t0), ("b", 1, t0), ("c", 1, t0)], true);
-        let part = snapshot(&[("a", 2, t1)], false);
-        let d = diff_files(Some(&full), Some(&part));
-        let got: Vec<_> = d
-            .files
-            .iter()
-            .map(|f| (f.path.as_str(), f.change))
-            .collect();
-        assert_eq!(got, vec![("a", FileChangeKind::Modified)]);
-        assert!(d.truncated);
-        let d = diff_files(Some(&part), Some(&full));
-        assert!(
-            d.files.iter().all(|f| f.change != FileChangeKind::Created),
-            "{:?}",
-            d.files
-        );
-        assert!(d.truncated);
-        let d = diff_files(Some(&full), None);
-        assert!(d.files.is_empty() && d.truncated);
-    }
-
-    #[test]
-    fn file_changes_past_the_bound_are_summarised() {
-        let t0 = std::time::SystemTime::UNIX_EPOCH;
-        let names: Vec<String> = (0..MAX_FILE_CHANGES + 5)
-            .map(|i| format!("f{i:05}"))
-            .collect();
-        let files: Vec<_> = names.iter().map(|n| (n.as_str(), 1, t0)).collect();
-        let d = diff_files(Some(&snapshot(&[], true)), Some(&snapshot(&files, true)));
-        assert_eq!(d.files.len(), MAX_FILE_CHANGES);
-        assert!(d.truncated);
-        assert_eq!(d.files[0].path, "f00000");
     }
 }

@@ -21,13 +21,13 @@ use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
 use serde::Serialize;
 
 use crate::core::Core;
+use crate::execution::{Began, Produced};
 use crate::limits::{Admit, Reservation, SessionLimits};
 use crate::model::{
-    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Truncated,
-    UsageInfo,
+    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem,
 };
 use crate::pool::{Warm, WarmPool};
-use crate::{oneshot::diff_files, EngineError};
+use crate::EngineError;
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
@@ -338,7 +338,7 @@ impl SessionManager {
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let workspace = Workspace::create(
             &self.core.config.data_dir.join("workspaces").join(id),
-            limits.disk_mb << 20,
+            limits.disk_bytes(),
             lease,
         )
         .map_err(crate::core::workspace_error)?;
@@ -1017,13 +1017,10 @@ struct Runner {
 
 /// What a cell's start noted, for its Execution.
 struct CellStart {
-    id: String,
-    session_id: String,
+    began: Began,
     owner: String,
     limits: SessionLimits,
     language: Language,
-    before: Option<runcell_sandbox::Snapshot>,
-    started_at: DateTime<Utc>,
 }
 
 impl Runner {
@@ -1071,13 +1068,10 @@ impl Runner {
             )
         };
         CellStart {
-            id,
-            session_id,
+            began: Began::now(id, Some(session_id), &self.workspace),
             owner,
             limits,
             language,
-            before: self.workspace.snapshot().ok(),
-            started_at: Utc::now(),
         }
     }
 
@@ -1122,7 +1116,7 @@ impl Runner {
                 })),
             }
         };
-        let outcome = kernel.execute(&start.id, code, &opts, &mut on_event);
+        let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
         self.finish_cell(entry, start, outcome, timeout)
     }
 
@@ -1143,7 +1137,7 @@ impl Runner {
             .kernel
             .as_mut()
             .ok_or(EngineError::Sandbox("no kernel".into()))?;
-        let outcome = kernel.execute_async(&start.id, code, &opts).await;
+        let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
         let restarts = !matches!(
             &outcome,
             Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
@@ -1185,7 +1179,7 @@ impl Runner {
                     protocol_error: None,
                     error: None,
                     wall: Utc::now()
-                        .signed_duration_since(start.started_at)
+                        .signed_duration_since(start.began.started_at)
                         .to_std()
                         .unwrap_or_default(),
                     cpu: Duration::ZERO,
@@ -1194,9 +1188,7 @@ impl Runner {
                 (failed, Some(crate::chain(&e)))
             }
         };
-        let finished_at = Utc::now();
-        let after = self.workspace.snapshot().ok();
-        let diff = diff_files(start.before.as_ref(), after.as_ref());
+        let ended = start.began.end(&self.workspace);
 
         let mut error = outcome.error.map(|e| ErrorInfo {
             name: e.name,
@@ -1249,20 +1241,13 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
-        let execution = Execution {
-            id: start.id,
-            session_id: Some(start.session_id),
+        let execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
             status,
-            stdout: outcome.stdout.render(),
-            stderr: outcome.stderr.render(),
-            truncated: Truncated {
-                stdout: outcome.stdout.truncated(),
-                stderr: outcome.stderr.truncated(),
-                results: outcome.dropped.count > 0,
-                files: diff.truncated,
-            },
+            error,
+            stdout: &outcome.stdout,
+            stderr: &outcome.stderr,
             results: outcome
                 .results
                 .into_iter()
@@ -1271,17 +1256,14 @@ impl Runner {
                     data,
                 })
                 .collect(),
-            error,
-            files: diff.files,
-            usage: UsageInfo {
-                wall_ms: outcome.wall.as_millis() as u64,
-                cpu_ms: outcome.cpu.as_millis() as u64,
+            results_dropped: outcome.dropped.count > 0,
+            usage: runcell_sandbox::Usage {
+                wall: outcome.wall,
+                cpu: outcome.cpu,
                 peak_memory_bytes: outcome.peak_memory_bytes,
-                killed_by: killed_by.map(Into::into),
             },
-            started_at: start.started_at,
-            finished_at,
-        };
+            killed_by,
+        });
         Ok((execution, start.owner))
     }
 }

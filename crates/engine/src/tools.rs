@@ -619,10 +619,10 @@ impl Engine {
                 if path.is_empty() {
                     return self.view_dir(session, "", &shown);
                 }
-                match self.list_files(session, &path) {
-                    Ok(_) => return self.view_dir(session, &path, &shown),
-                    Err(EngineError::NotFound(_)) => return Err(format!("{shown} does not exist")),
-                    Err(_) => {}
+                // Not a directory: a file, or nothing (a listing cannot tell them apart since
+                // one below a file is "not found"; the read says which).
+                if self.list_files(session, &path).is_ok() {
+                    return self.view_dir(session, &path, &shown);
                 }
                 let text = read_text("inspect")?;
                 let lines = lines_of(&text);

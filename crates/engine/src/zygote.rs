@@ -5,9 +5,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use runcell_kernel::{runtime::SANDBOX_PYTHON_BIN, SANDBOX_KERNEL_DIR};
 use runcell_sandbox::{Zygote, ZygoteConfig};
 
-use crate::core::{base_env, Core, SANDBOX_KERNEL_DIR, SANDBOX_PYTHON};
+use crate::core::Core;
+use crate::launch::{base_env, SANDBOX_PYTHON};
 use crate::model::Language;
 
 /// Modules a zygote imports unless configured otherwise.
@@ -171,7 +173,7 @@ impl Core {
         let kernel_dir = self.kernel_dir().map_err(|e| crate::chain(&e))?;
         let preload = self.config.preload.clone().unwrap_or_default();
         let config = ZygoteConfig {
-            python: format!("{SANDBOX_PYTHON}/bin/python3").into(),
+            python: SANDBOX_PYTHON_BIN.into(),
             libpython: runcell_sandbox::zygote::libpython_for(&version),
             binds: vec![
                 (runtime.clone(), SANDBOX_PYTHON.into()),
@@ -181,7 +183,7 @@ impl Core {
             // what keeps the zygote single-threaded.
             env: base_env(Language::Python, 1000, true),
             kernel_dir: SANDBOX_KERNEL_DIR.into(),
-            kernel_module: "runcell_kernel".into(),
+            kernel_module: runcell_kernel::PYTHON.module().into(),
             preload,
         };
         Zygote::start(&self.config.init_exe, &config, START_TIMEOUT).map_err(|e| crate::chain(&e))

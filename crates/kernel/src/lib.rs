@@ -1,26 +1,17 @@
 //! runcell-kernel: the host side of one session — start its kernel in a sandbox, speak the
 //! protocol, enforce deadlines and output caps, report how it ended so it can be restarted.
-//! `python/runcell_kernel.py` is the in-sandbox Python kernel (stdlib only).
+//! `python/runcell_kernel.py` is the in-sandbox Python kernel (stdlib only); `programs`
+//! says how each language's kernel is started.
 #![forbid(unsafe_code)]
 
 mod process;
+mod programs;
 pub mod runtime;
 
 pub use process::{
     blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, DroppedResults, Kernel,
     KernelError, ResultLimits, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
-
-/// The in-sandbox Python kernel, embedded so the binary is all a host needs.
-pub const PYTHON_KERNEL: &str = include_str!("../python/runcell_kernel.py");
-/// The bash kernel: a stdlib Python program driving one persistent bash.
-pub const BASH_KERNEL: &str = include_str!("../bash/runcell_bash_kernel.py");
-/// The JavaScript kernel, for Node.js (built-in modules only).
-pub const JAVASCRIPT_KERNEL: &str = include_str!("../javascript/runcell_js_kernel.js");
-
-/// Every kernel program with the file name it is run as inside the sandbox.
-pub const KERNEL_FILES: &[(&str, &str)] = &[
-    ("runcell_kernel.py", PYTHON_KERNEL),
-    ("runcell_bash_kernel.py", BASH_KERNEL),
-    ("runcell_js_kernel.js", JAVASCRIPT_KERNEL),
-];
+pub use programs::{
+    KernelProgram, BASH, JAVASCRIPT, KERNELS, NODE, PYTHON, SANDBOX_KERNEL_DIR, SYSTEM_PYTHON,
+};

@@ -42,17 +42,6 @@ pub struct InnerLimits {
     pub nproc: u64,
 }
 
-impl Default for InnerLimits {
-    fn default() -> Self {
-        Self {
-            tmp_bytes: 256 << 20,
-            nofile: 4096,
-            fsize_bytes: 1 << 30,
-            nproc: 128,
-        }
-    }
-}
-
 /// Everything the init helper needs to build one sandbox and exec the program in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
@@ -157,9 +146,17 @@ impl Spec {
             ro_binds: Vec::new(),
             host_uid: 0,
             cgroup_procs: Vec::new(),
-            limits: InnerLimits::default(),
+            // Set once every limit has been read.
+            limits: InnerLimits {
+                tmp_bytes: 0,
+                nofile: 0,
+                fsize_bytes: 0,
+                nproc: 0,
+            },
             channel: false,
         };
+        // Every limit must be named: a spec never falls back to numbers of its own.
+        let [mut tmp, mut nofile, mut fsize, mut nproc] = [None; 4];
         let mut pending_src: Option<PathBuf> = None;
         let mut it = args.into_iter();
         while let Some(key) = it.next() {
@@ -197,14 +194,22 @@ impl Spec {
                         })?
                 }
                 "cgroup-procs" => spec.cgroup_procs.push(PathBuf::from(value)),
-                "tmp-bytes" => spec.limits.tmp_bytes = number(&value)?,
-                "nofile" => spec.limits.nofile = number(&value)?,
-                "fsize-bytes" => spec.limits.fsize_bytes = number(&value)?,
-                "nproc" => spec.limits.nproc = number(&value)?,
+                "tmp-bytes" => tmp = Some(number(&value)?),
+                "nofile" => nofile = Some(number(&value)?),
+                "fsize-bytes" => fsize = Some(number(&value)?),
+                "nproc" => nproc = Some(number(&value)?),
                 "channel" => spec.channel = number(&value)? == 1,
                 _ => return Err(SpecError::UnknownKey(key)),
             }
         }
+        let named =
+            |v: Option<u64>, key: &str| v.ok_or_else(|| SpecError::MissingValue(key.into()));
+        spec.limits = InnerLimits {
+            tmp_bytes: named(tmp, "tmp-bytes")?,
+            nofile: named(nofile, "nofile")?,
+            fsize_bytes: named(fsize, "fsize-bytes")?,
+            nproc: named(nproc, "nproc")?,
+        };
         spec.validate()?;
         Ok(spec)
     }
@@ -284,6 +289,11 @@ mod tests {
             Spec::from_args(args),
             Err(SpecError::BadNumber { .. })
         ));
+        let mut args = sample().to_args().expect("encode");
+        let pos = args.iter().position(|a| a == "nproc").expect("nproc");
+        args.drain(pos..pos + 2);
+        let err = Spec::from_args(args).expect_err("no nproc");
+        assert_eq!(err.to_string(), "missing value for spec key \"nproc\"");
         let mut relative = sample();
         relative.workspace = "ws".into();
         let args = relative.to_args().expect("encode");

@@ -22,7 +22,8 @@ use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
 use crate::sys::{pipe_cloexec, socketpair_cloexec};
 use crate::workspace::Workspace;
 
-/// Per-sandbox limits (DESIGN.md §7 defaults).
+/// Per-sandbox limits. The cgroup enforces memory, pids and CPU; the init helper the rest
+/// ([`InnerLimits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Memory, including the sandbox's tmpfs pages (bytes).
@@ -39,15 +40,19 @@ pub struct Limits {
     pub fsize_bytes: u64,
 }
 
+/// A small sandbox, for direct users of this crate (its tests, a tool) that have no policy
+/// of their own. These are not runcell's session defaults: the engine sets every field from
+/// a session's limits (DESIGN.md §7, `runcell-engine`'s limits module) and never reads these.
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            memory_bytes: 1 << 30,
-            pids: 128,
+            memory_bytes: 256 << 20,
+            pids: 64,
             cpu_millis: 1000,
-            tmp_bytes: 256 << 20,
-            nofile: 4096,
-            fsize_bytes: 1 << 30,
+            tmp_bytes: 64 << 20,
+            nofile: 1024,
+            // Above /tmp, so that a full tmpfs says ENOSPC rather than EFBIG.
+            fsize_bytes: 256 << 20,
         }
     }
 }

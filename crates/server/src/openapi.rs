@@ -81,8 +81,9 @@ fn document_start(api: &mut OpenApi) {
 const NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00]{1,255}";
 
 /// A name that can also travel in a multipart part's `Content-Disposition` header, where
-/// control characters cannot be written.
-const HEADER_NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00-\x1f\x7f]{1,255}";
+/// control characters cannot be written — except CR, LF (which clients send percent-encoded,
+/// as HTML's form encoding does: the name arrives as `%0A`, itself a fine name) and tab.
+const HEADER_NAME: &str = r"(?!\.\.?(?:/|$))[^/\x00-\x08\x0b\x0c\x0e-\x1f\x7f]{1,255}";
 
 /// A workspace path as `validate_relative` takes it: relative, names separated by one or more
 /// `/`, `.` names allowed (and skipped), at least one real name, a `/` at the end allowed.
@@ -149,11 +150,9 @@ fn document_labels(components: &mut utoipa::openapi::Components) {
     };
     if let Some(m) = property(components, "CreateSessionRequest", "metadata") {
         m.max_properties = Some(MAX_METADATA_KEYS);
-        if let Some(names) = m.property_names.as_deref_mut() {
-            if let Schema::Object(names) = names {
-                names.min_length = Some(1);
-                names.max_length = Some(MAX_METADATA_KEY_CHARS);
-            }
+        if let Some(Schema::Object(names)) = m.property_names.as_deref_mut() {
+            names.min_length = Some(1);
+            names.max_length = Some(MAX_METADATA_KEY_CHARS);
         }
         if let Some(utoipa::openapi::schema::AdditionalProperties::RefOr(RefOr::T(
             Schema::Object(values),

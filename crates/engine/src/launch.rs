@@ -1,0 +1,171 @@
+//! Every sandbox the engine starts is described here: the program, its environment, its binds
+//! and its limits. A session's kernel, a command beside it and a one-shot program all come from
+//! [`Core::launch`], so what one sandbox sees cannot drift from what another does.
+
+use std::path::Path;
+
+use runcell_kernel::{runtime::SANDBOX_PYTHON_BIN, KernelProgram, SANDBOX_KERNEL_DIR};
+use runcell_sandbox::{Bind, Launch, Workspace};
+
+use crate::core::Core;
+use crate::limits::SessionLimits;
+use crate::model::Language;
+use crate::EngineError;
+
+/// Where the Python runtime (a venv) appears inside every sandbox.
+pub const SANDBOX_PYTHON: &str = runcell_kernel::runtime::SANDBOX_PYTHON_PREFIX;
+/// Where a one-shot run's program file is bound, read-only, inside its sandbox.
+const INPUT_DIR: &str = "/opt/runcell/input";
+/// The shell that runs commands and one-shot bash programs.
+const BASH: &str = "/bin/bash";
+
+/// What a sandbox runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Program<'a> {
+    /// A session's kernel, which talks to the host over a channel at fd 3.
+    Kernel(Language),
+    /// A shell command beside a session's kernel.
+    Command(&'a str),
+    /// A one-shot program: `dir` holds its file, named [`program_file`].
+    OneShot { language: Language, dir: &'a Path },
+}
+
+impl Language {
+    /// This language's in-sandbox kernel (the kernel crate says how it is started).
+    pub(crate) fn kernel(self) -> &'static KernelProgram {
+        match self {
+            Language::Python => &runcell_kernel::PYTHON,
+            Language::Bash => &runcell_kernel::BASH,
+            Language::Javascript => &runcell_kernel::JAVASCRIPT,
+        }
+    }
+}
+
+impl Core {
+    /// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
+    /// variables) comes after runcell's own and never replaces one of them.
+    pub(crate) fn launch<'w>(
+        &self,
+        program: Program<'_>,
+        workspace: &'w Workspace,
+        limits: &SessionLimits,
+        extra_env: &[(String, String)],
+    ) -> Result<Launch<'w>, EngineError> {
+        let limits = limits.sandbox_limits();
+        // The runtime is bound for every program: `python3` in a bash cell or a command is the
+        // same data-science Python as a Python session's.
+        let (python, mut ro_binds) = self.python();
+        let (argv, env_language, channel) = match program {
+            Program::Kernel(language) => {
+                ro_binds.push(Bind {
+                    source: self.kernel_dir()?,
+                    target: SANDBOX_KERNEL_DIR.into(),
+                });
+                (language.kernel().command(&python), language, true)
+            }
+            // The session's runtime is on PATH, so `python3` and `pip list` see the same
+            // packages, with the same environment.
+            Program::Command(command) => (
+                vec![BASH.into(), "-c".into(), command.to_owned()],
+                Language::Python,
+                false,
+            ),
+            Program::OneShot { language, dir } => {
+                ro_binds.push(Bind {
+                    source: dir.to_owned(),
+                    target: INPUT_DIR.into(),
+                });
+                let program = format!("{INPUT_DIR}/{}", program_file(language));
+                let interpreter = match language {
+                    Language::Python => python,
+                    Language::Bash => BASH.into(),
+                    Language::Javascript => runcell_kernel::NODE.into(),
+                };
+                (vec![interpreter, program], language, false)
+            }
+        };
+        let mut env = base_env(
+            env_language,
+            limits.cpu_millis,
+            self.config.python_runtime.is_some(),
+        );
+        for (k, v) in extra_env {
+            if !env.iter().any(|(ek, _)| ek == k) {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        Ok(Launch {
+            argv,
+            env,
+            workspace,
+            ro_binds,
+            limits,
+            channel,
+        })
+    }
+
+    /// The session's interpreter inside the sandbox and the binds it needs: the runtime's
+    /// when one is configured, else the system's.
+    fn python(&self) -> (String, Vec<Bind>) {
+        match &self.config.python_runtime {
+            Some(venv) => (
+                SANDBOX_PYTHON_BIN.into(),
+                vec![Bind {
+                    source: venv.clone(),
+                    target: SANDBOX_PYTHON.into(),
+                }],
+            ),
+            None => (runcell_kernel::SYSTEM_PYTHON.into(), Vec::new()),
+        }
+    }
+}
+
+/// The name of a one-shot program's file, which its interpreter is given.
+pub(crate) fn program_file(language: Language) -> &'static str {
+    match language {
+        Language::Python => "main.py",
+        Language::Bash => "main.sh",
+        Language::Javascript => "main.js",
+    }
+}
+
+/// The whole environment a program sees. Nothing comes from the host.
+pub(crate) fn base_env(
+    language: Language,
+    cpu_millis: u64,
+    has_runtime: bool,
+) -> Vec<(String, String)> {
+    let threads = cpu_millis.div_ceil(1000).max(1).to_string();
+    let path = if has_runtime {
+        format!("{SANDBOX_PYTHON}/bin:/usr/local/bin:/usr/bin:/bin")
+    } else {
+        "/usr/local/bin:/usr/bin:/bin".to_owned()
+    };
+    let mut env: Vec<(&str, String)> = vec![
+        ("PATH", path),
+        ("HOME", "/tmp".into()),
+        ("USER", "sandbox".into()),
+        ("LOGNAME", "sandbox".into()),
+        ("HOSTNAME", "runcell".into()),
+        ("LANG", "C.UTF-8".into()),
+        ("TMPDIR", "/tmp".into()),
+        // Prompts written for Anthropic's code execution tool save files here.
+        ("OUTPUT_DIR", "/workspace".into()),
+    ];
+    match language {
+        Language::Python => env.extend([
+            ("PYTHONUNBUFFERED", "1".into()),
+            // The runtime is read-only: compiled files could not be written anyway.
+            ("PYTHONDONTWRITEBYTECODE", "1".into()),
+            ("MPLBACKEND", "Agg".into()),
+            ("MPLCONFIGDIR", "/tmp/.matplotlib".into()),
+            // BLAS pools sized to the CPU quota, not to the host's cores.
+            ("OPENBLAS_NUM_THREADS", threads.clone()),
+            ("OMP_NUM_THREADS", threads.clone()),
+            ("MKL_NUM_THREADS", threads),
+        ]),
+        Language::Javascript => env.push(("NODE_OPTIONS", "--max-old-space-size=4096".into())),
+        Language::Bash => {}
+    }
+    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
