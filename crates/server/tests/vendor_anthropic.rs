@@ -75,7 +75,7 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
     assert_eq!(r["answer"], "The result: 0 1 1 2 3 5 8 13 21 34.");
     assert_eq!(r["follow_stdout"].as_str().map(str::trim), Some("832040"));
     assert_eq!(r["follow_answer"], "The result: 832040.");
-    assert_eq!(r["model"], "claude-sonnet-4-5");
+    assert_eq!(r["model"], "claude-sonnet-5-5");
     assert_eq!(
         r["usage"],
         json!([201, 20]),
@@ -86,7 +86,7 @@ async fn fibonacci_runs_in_a_container_of_the_keys_tenant_and_the_conversation_g
     // the first exchange as the SDK sent it back.
     let requests = stand_in.requests();
     assert_eq!(requests.len(), 4, "two model calls per request");
-    assert_eq!(requests[0].body["model"], "claude-sonnet-4-5");
+    assert_eq!(requests[0].body["model"], "claude-sonnet-5-5");
     let tools: Vec<&str> = requests[0].body["tools"]
         .as_array()
         .expect("tools")

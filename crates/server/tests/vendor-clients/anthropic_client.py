@@ -41,7 +41,7 @@ from anthropic.types.text_editor_code_execution_view_result_block import (
     TextEditorCodeExecutionViewResultBlock,
 )
 
-MODEL = "claude-sonnet-4-5"
+MODEL = "claude-sonnet-5-5"
 V2025 = [{"type": "code_execution_20250825", "name": "code_execution"}]
 V2026 = [{"type": "code_execution_20260120", "name": "code_execution"}]
 V202605 = [{"type": "code_execution_20260521", "name": "code_execution"}]
