@@ -220,21 +220,18 @@ impl Sandbox<'_> {
     /// about the session itself; everything the model got wrong is an [`Edit::Failed`].
     pub(crate) fn edit(&self, req: &EditRequest) -> Result<Edit, EngineError> {
         self.engine.sessions().get(self.session)?;
-        Ok(self.edit_inner(req).unwrap_or_else(|f| f))
+        Ok(self
+            .edit_inner(req)
+            .unwrap_or_else(|(code, message)| Edit::Failed { code, message }))
     }
 
-    fn edit_inner(&self, req: &EditRequest) -> Result<Edit, Edit> {
-        let invalid = |message: String| Edit::Failed {
-            code: "invalid_tool_input",
-            message,
-        };
+    /// The edit, or its failure's `error_code` and message.
+    fn edit_inner(&self, req: &EditRequest) -> Result<Edit, (&'static str, String)> {
+        let invalid = |message: String| ("invalid_tool_input", message);
         let path = workspace_path(&req.path).map_err(invalid)?;
         let shown = format!("/workspace/{path}");
         let shown = shown.trim_end_matches('/').to_owned();
-        let not_found = || Edit::Failed {
-            code: "file_not_found",
-            message: format!("{shown} does not exist"),
-        };
+        let not_found = || ("file_not_found", format!("{shown} does not exist"));
         let file_err = |e: EngineError| match e {
             EngineError::NotFound(_) => not_found(),
             other => invalid(runcell_engine::error_chain(&other)),

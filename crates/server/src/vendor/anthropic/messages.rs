@@ -1350,7 +1350,7 @@ mod tests {
             json!({"name": "bash_code_execution", "input_schema": {"type": "object"}}),
             json!({"name": "x"}),
         ] {
-            let e = parse_tools(&[bad.clone()]).expect_err("refused");
+            let e = parse_tools(std::slice::from_ref(&bad)).expect_err("refused");
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
         }
     }
