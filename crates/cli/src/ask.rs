@@ -58,7 +58,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;
 
     let store = crate::audit::open_store(data_dir)?;
-    let engine = crate::audited_engine(data_dir, &store, None)?;
+    let engine = crate::audited_engine(data_dir, &store)?;
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -77,7 +77,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     let agent = Agent::new(engine.clone(), provider)?;
     let opts = AgentOptions {
         max_steps: args.max_steps,
-        owner: runcell_server::OPEN_TENANT.to_owned(),
+        owner: runcell_engine::OPEN_TENANT.to_owned(),
         ..AgentOptions::default()
     };
     let show = args.show_code;

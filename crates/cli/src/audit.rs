@@ -62,7 +62,7 @@ pub fn signer(data_dir: &Path) -> anyhow::Result<AuditSigner> {
 pub fn checkpoint(data_dir: &Path, tenant: Option<&str>) -> anyhow::Result<ExitCode> {
     let store = open_store(data_dir)?;
     let signer = signer(data_dir)?;
-    let cp = runcell_server::audit::take(&store, &signer, tenant)?;
+    let cp = signer.checkpoint(&*store, tenant)?;
     println!("{}", serde_json::to_string(&cp)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -36,7 +36,7 @@ pub fn clean(data_dir: &Path) -> anyhow::Result<ExitCode> {
     println!(
         "removed {removed} orphaned session workspace{} under {}",
         if removed == 1 { "" } else { "s" },
-        data_dir.join("workspaces").display()
+        engine.config().workspaces_dir().display()
     );
     Ok(ExitCode::SUCCESS)
 }

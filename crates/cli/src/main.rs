@@ -180,23 +180,34 @@ fn engine_with_runtime(data_dir: &std::path::Path) -> anyhow::Result<runcell_eng
     engine_on(data_dir, Some(info.path))
 }
 
-/// The engine `serve` and `ask` run: the default runtime (installed if missing), and every
-/// execution recorded in the data dir's database before anyone sees it.
+/// The engine `ask` runs: the default runtime (installed if missing), and every execution
+/// recorded in the data dir's database before anyone sees it.
 fn audited_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
-    preload: Option<Vec<String>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
-    audited_engine_with(data_dir, store, preload, Default::default())
+    let config = config_with_runtime(data_dir, None, Default::default())?;
+    Ok(runcell_engine::Engine::audited(config, store.domain())?)
 }
 
-/// [`audited_engine`] with the server's limit policy.
-fn audited_engine_with(
+/// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
+/// missing), and its sessions, uploads and executions recorded in the data dir's database.
+fn serving_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
     limits: runcell_engine::LimitPolicy,
 ) -> anyhow::Result<runcell_engine::Engine> {
+    let config = config_with_runtime(data_dir, preload, limits)?;
+    Ok(runcell_engine::Engine::with_store(config, store.domain())?)
+}
+
+/// This binary as the sandbox init helper and the default runtime, installed if missing.
+fn config_with_runtime(
+    data_dir: &std::path::Path,
+    preload: Option<Vec<String>>,
+    limits: runcell_engine::LimitPolicy,
+) -> anyhow::Result<runcell_engine::EngineConfig> {
     use anyhow::Context;
     let runtime = runtime::ensure_default(data_dir)?;
     let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
@@ -204,12 +215,7 @@ fn audited_engine_with(
     config.python_runtime = Some(runtime.path);
     config.preload = preload;
     config.limits = limits;
-    Ok(runcell_engine::Engine::with_audit(
-        config,
-        Some(std::sync::Arc::new(runcell_server::StoreAudit(
-            store.clone(),
-        ))),
-    )?)
+    Ok(config)
 }
 
 fn engine_on(

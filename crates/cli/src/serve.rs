@@ -31,7 +31,7 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
-    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic) on: the model
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
     /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
     /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
@@ -419,11 +419,11 @@ pub fn serve(
         defaults = ?limits.defaults,
         "session limits"
     );
-    let engine = crate::audited_engine_with(data_dir, &store, preload, limits)?;
+    let engine = crate::serving_engine(data_dir, &store, preload, limits)?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);
 
-    let (recovered, dead) = runcell_server::recover_sessions(&engine, &store)?;
+    let (recovered, dead) = engine.sessions().recover_previous()?;
     if recovered + dead > 0 {
         tracing::warn!(
             recovered,

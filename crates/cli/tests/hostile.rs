@@ -542,11 +542,12 @@ fn cpu_spin_and_sleep_are_killed_at_the_deadline() {
         assert!(started.elapsed() < Duration::from_secs(10));
     }
     // The CPU spin's CPU time is accounted (up to one CPU for its second, quota 1 CPU). The
-    // bound is low on purpose: on a loaded 2-core machine the spin may get a fifth of a CPU,
-    // while a broken accounting reports ~0 (a sleeping program uses a few ms).
+    // bound is low on purpose: on a loaded 2-core machine the spin may get a tenth of a CPU
+    // (86 ms was seen with eight builds beside it), while a broken accounting reports ~0 (a
+    // sleeping program uses a few ms).
     let (exec, _) = run_json("python", "while True:\n    pass", &["--timeout", "1"]);
     let cpu = exec["usage"]["cpu_ms"].as_u64().unwrap_or(0);
-    assert!(cpu > 100, "cpu {cpu}");
+    assert!(cpu > 50, "cpu {cpu}");
     // Control: a short program is not killed.
     let (ok, _) = run_json(
         "python",
@@ -709,7 +710,7 @@ fn nothing_is_left_behind() {
     );
     assert_status(&exec, "ok", Value::Null);
     assert!(find_process("555.5").is_none());
-    let ws = data_dir().join("workspaces");
+    let ws = runcell_engine::workspaces_dir(data_dir());
     let left: Vec<_> = std::fs::read_dir(&ws)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();

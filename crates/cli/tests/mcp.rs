@@ -40,7 +40,7 @@ fn text(r: &CallToolResult) -> String {
 }
 
 fn workspaces(data: &Path) -> Vec<String> {
-    std::fs::read_dir(data.join("workspaces"))
+    std::fs::read_dir(runcell_engine::workspaces_dir(data))
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())

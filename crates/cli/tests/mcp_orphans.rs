@@ -43,7 +43,7 @@ async fn mcp_with_a_session(data: &Path) -> (RunningService<RoleClient, ()>, u32
         .expect("tools/call");
     let execution = r.structured_content.expect("structuredContent");
     let session = execution["session_id"].as_str().expect("session");
-    let ws = data.join("workspaces").join(session);
+    let ws = runcell_engine::workspaces_dir(data).join(session);
     assert!(mounted(&ws), "{} is not mounted", ws.display());
     (client, pid, ws)
 }

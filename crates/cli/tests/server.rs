@@ -317,7 +317,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     // Warm sessions (`--warm-sessions`, 2 by default) are zygote-born too, and have no row in
     // the store: the next server must remove their workspaces.
     let warm_workspaces = || -> Vec<String> {
-        std::fs::read_dir(data.join("workspaces"))
+        std::fs::read_dir(runcell_engine::workspaces_dir(&data))
             .expect("workspaces")
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| n.starts_with("ses_") && n != id)
@@ -405,7 +405,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     assert_eq!(s["status"], "ready", "{s}");
     for w in &warm {
         assert!(
-            !data.join("workspaces").join(w).exists() && !mounted(w),
+            !runcell_engine::workspaces_dir(&data).join(w).exists() && !mounted(w),
             "the killed server's warm session {w} was left behind"
         );
     }

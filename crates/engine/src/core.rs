@@ -11,8 +11,9 @@ use runcell_kernel::{CellOptions, Kernel};
 use runcell_sandbox::{Sandbox, Workspace};
 
 use crate::launch::Program;
-use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits, TenantPolicies};
+use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits};
 use crate::model::{Execution, Language};
+use crate::records::Records;
 use crate::session::SessionManager;
 use crate::session::Start;
 use crate::{chain, EngineError};
@@ -20,10 +21,16 @@ use crate::{chain, EngineError};
 /// How long a kernel may take to say it is ready.
 const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Where workspaces live under a data dir: one directory per session (`ses_…`) and per
+/// one-shot run (`ex_…`), named by its id.
+pub fn workspaces_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("workspaces")
+}
+
 /// Receives every finished execution with its code and owner before anyone sees the result
-/// (the store implements it). An error fails the execution's reply: nothing is acknowledged
-/// that was not recorded.
-pub trait AuditSink: Send + Sync {
+/// (the store's chains, `records.rs`). An error fails the execution's reply: nothing is
+/// acknowledged that was not recorded.
+pub(crate) trait AuditSink: Send + Sync {
     fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError>;
 
     /// Records several executions, in order, sharing one commit where the store can; one
@@ -38,7 +45,7 @@ pub trait AuditSink: Send + Sync {
 
 /// Why an [`AuditSink`] could not record an execution.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     /// The store has no room (its disk is full): nothing was recorded, and recording works
     /// again once space is freed.
     #[error("{0}")]
@@ -69,10 +76,10 @@ impl RecordError {
 
 /// One execution for [`AuditSink::record_batch`].
 #[derive(Debug, Clone, Copy)]
-pub struct AuditItem<'a> {
-    pub owner: &'a str,
-    pub execution: &'a Execution,
-    pub code: &'a str,
+pub(crate) struct AuditItem<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) execution: &'a Execution,
+    pub(crate) code: &'a str,
 }
 
 /// Host paths and the sandbox factory an engine runs with.
@@ -106,6 +113,16 @@ impl EngineConfig {
             limits: LimitPolicy::default(),
         }
     }
+
+    /// Where this engine's workspaces live ([`workspaces_dir`] of its data dir).
+    pub fn workspaces_dir(&self) -> PathBuf {
+        workspaces_dir(&self.data_dir)
+    }
+
+    /// The host directory of session (or one-shot run) `id`'s workspace.
+    pub fn workspace_path(&self, id: &str) -> PathBuf {
+        self.workspaces_dir().join(id)
+    }
 }
 
 pub(crate) struct Core {
@@ -115,6 +132,9 @@ pub(crate) struct Core {
     /// first kernel starts, so one-shot runs (`runcell run`) never pay for it.
     kernel_dir: std::sync::Mutex<Option<PathBuf>>,
     pub(crate) zygote: crate::zygote::ZygoteSlot,
+    /// The store, and how much of the domain is kept there; none: nothing is recorded.
+    pub(crate) records: Option<Records>,
+    /// The store's audit chains (from `records`).
     audit: Option<Arc<dyn AuditSink>>,
     /// Records sessions' executions off their workers (see `audit`); with `audit`.
     auditor: Option<crate::audit::Auditor>,
@@ -122,12 +142,10 @@ pub(crate) struct Core {
     pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Committed sandbox memory and tenants' live sessions (admission control, quotas).
     pub(crate) ledger: Arc<Ledger>,
-    /// Tenants' quotas and default start; none until the server sets its store.
-    tenant_policies: std::sync::RwLock<Option<Arc<dyn TenantPolicies>>>,
 }
 
 impl Core {
-    fn new(config: EngineConfig, audit: Option<Arc<dyn AuditSink>>) -> Result<Core, EngineError> {
+    fn new(config: EngineConfig, records: Option<Records>) -> Result<Core, EngineError> {
         config
             .limits
             .validate()
@@ -145,10 +163,7 @@ impl Core {
             EngineError::Unavailable(chain(&runcell_sandbox::SandboxError::NoCgroups(e)))
         })?;
         let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups);
-        for dir in [
-            config.data_dir.join("workspaces"),
-            config.data_dir.join("tmp"),
-        ] {
+        for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
         }
         // A killed `runcell run` leaves its workspace and its cgroup; the workspace says so.
@@ -156,6 +171,7 @@ impl Core {
             sweep_stale_cgroups(&sandbox, &config);
         }
         let cells_running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let audit = records.as_ref().map(Records::audit_sink);
         let auditor = audit
             .clone()
             .map(|a| crate::audit::Auditor::start(a, cells_running.clone()))
@@ -165,12 +181,17 @@ impl Core {
             config,
             sandbox,
             kernel_dir: std::sync::Mutex::new(None),
+            records,
             audit,
             auditor,
             cells_running,
             ledger: Arc::default(),
-            tenant_policies: std::sync::RwLock::new(None),
         })
+    }
+
+    /// The store sessions are recorded in, if they are.
+    pub(crate) fn session_store(&self) -> Option<&dyn runcell_store::DomainStore> {
+        self.records.as_ref().and_then(Records::of_sessions)
     }
 
     /// Every finished execution passes here, before its caller sees it.
@@ -217,19 +238,13 @@ impl Core {
         self.config.limits.resolve(req)
     }
 
-    /// The tenant's policy, from the server's source if one is set (none: no quota).
+    /// The tenant's policy, from the store sessions are recorded in (none: no quota).
     pub(crate) fn tenant_policy(
         &self,
         owner: &str,
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
-        let source = self
-            .tenant_policies
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match source {
-            Some(q) => q
-                .policy(owner)
+        match self.session_store() {
+            Some(store) => crate::records::tenant_policy(store, owner)
                 .map_err(|e| EngineError::Internal(format!("cannot read the tenant's quota: {e}"))),
             None => Ok(Default::default()),
         }
@@ -305,16 +320,34 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Refuses to start when a mandatory isolation layer is missing on this host.
+    /// An engine that records nothing (`runcell run`, `repl`, `mcp`). Refuses to start when a
+    /// mandatory isolation layer is missing on this host.
     pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
-        Self::with_audit(config, None)
+        Self::build(config, None)
     }
 
-    pub fn with_audit(
+    /// A server's engine: every session is recorded in `store` when it is created and
+    /// forgotten when it ends (so a server started after a crash recovers it:
+    /// [`SessionManager::recover_previous`]), uploads and executions too, and each tenant's
+    /// quotas and default start are read from it at every session start.
+    pub fn with_store(
         config: EngineConfig,
-        audit: Option<Arc<dyn AuditSink>>,
+        store: Arc<dyn runcell_store::DomainStore>,
     ) -> Result<Engine, EngineError> {
-        let core = Arc::new(Core::new(config, audit)?);
+        Self::build(config, Some(Records::everything(store)))
+    }
+
+    /// An engine that records every execution in `store`'s audit chains, and nothing else
+    /// (`runcell ask`: its one session is the process's own, and ends with it).
+    pub fn audited(
+        config: EngineConfig,
+        store: Arc<dyn runcell_store::DomainStore>,
+    ) -> Result<Engine, EngineError> {
+        Self::build(config, Some(Records::executions_only(store)))
+    }
+
+    fn build(config: EngineConfig, records: Option<Records>) -> Result<Engine, EngineError> {
+        let core = Arc::new(Core::new(config, records)?);
         // Preloading takes a second or more: begin now, in the background.
         let _ = core.zygote();
         let sessions = SessionManager::new(core.clone());
@@ -323,6 +356,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.core.config
+    }
+
+    /// The host directory of session `id`'s workspace.
+    pub fn workspace_path(&self, id: &str) -> PathBuf {
+        self.core.config.workspace_path(id)
     }
 
     /// The zygote's state (Python sessions are forked from it when it is ready).
@@ -337,16 +375,6 @@ impl Engine {
 
     pub fn sessions(&self) -> &SessionManager {
         &self.sessions
-    }
-
-    /// Reads every tenant's quota and default start from `source` at each session start (the
-    /// server's store).
-    pub fn set_tenant_policies(&self, source: Arc<dyn TenantPolicies>) {
-        *self
-            .core
-            .tenant_policies
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(source);
     }
 
     /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
@@ -365,7 +393,7 @@ impl Engine {
 /// lease is free again (nobody holds its lock), so nobody uses them. Unmount and remove them.
 /// Returns how many it removed.
 fn sweep_stale_one_shots(config: &EngineConfig) -> usize {
-    let Ok(dir) = fs::read_dir(config.data_dir.join("workspaces")) else {
+    let Ok(dir) = fs::read_dir(config.workspaces_dir()) else {
         return 0;
     };
     let mut removed = 0;
@@ -461,7 +489,8 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
-    let files = runcell_kernel::KERNELS.map(|k| (k.file, k.source));
+    // The programs and the modules they import from beside them (runcell_snapshot.py).
+    let files = runcell_kernel::KERNEL_FILES;
     let all: Vec<u8> = files
         .iter()
         .flat_map(|(name, code)| [name.as_bytes(), b"\0", code.as_bytes(), b"\0"].concat())

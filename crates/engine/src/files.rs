@@ -100,6 +100,28 @@ impl Engine {
         Ok(entry(path, st))
     }
 
+    /// [`Engine::write_file`] for a client's upload: recorded (its size and SHA-256) with the
+    /// session, where sessions are recorded, before it is acknowledged.
+    pub fn upload_file(
+        &self,
+        session: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<FileEntry, EngineError> {
+        let entry = self.write_file(session, path, data)?;
+        if let Some(store) = self.core.session_store() {
+            let sha256 = {
+                use sha2::Digest;
+                let d = sha2::Sha256::digest(data);
+                d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            };
+            store
+                .record_upload(session, &entry.path, entry.size, &sha256, Utc::now())
+                .map_err(crate::records::store_error)?;
+        }
+        Ok(entry)
+    }
+
     /// Walks of the session's workspace tree so far (every cell takes two; an upload none).
     #[cfg(feature = "test-support")]
     pub fn workspace_scans(&self, session: &str) -> Result<u64, EngineError> {

@@ -13,6 +13,7 @@ mod limits;
 mod model;
 mod oneshot;
 mod pool;
+mod records;
 mod session;
 #[cfg(feature = "test-support")]
 pub mod testing;
@@ -21,11 +22,11 @@ mod zygote;
 
 use std::path::PathBuf;
 
-pub use crate::core::{AuditItem, AuditSink, Engine, EngineConfig, RecordError};
+pub use crate::core::{workspaces_dir, Engine, EngineConfig};
 pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
-    HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicies, TenantPolicy,
-    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
+    HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
+    MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
@@ -40,12 +41,21 @@ pub use model::{
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
+pub use records::ExecutionPage;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
-    CancelToken, CreateSession, EventSink, ExecEvent, RecoverSession, SandboxSlot, SessionInfo,
-    SessionManager, SessionStatus, Start, QUEUE_DEPTH,
+    CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
+    SessionStatus, Start, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
+
+/// The tenant of callers without one: a server without API keys (loopback only) serves
+/// everyone as this tenant, and an engine's records of an empty owner are kept under it.
+pub const OPEN_TENANT: &str = "default";
+
+/// How many sandboxes can run at once on one host: each runs as a host uid of its own, from a
+/// range of this many.
+pub const MAX_SANDBOXES: u32 = runcell_sandbox::HOST_UID_COUNT;
 
 /// Errors of the engine, in the words a caller can act on.
 #[derive(Debug, thiserror::Error)]

@@ -432,18 +432,13 @@ impl SessionLimits {
 
 /// What a tenant's sessions are held to and start with: at most `max_sessions` live sessions
 /// and `max_memory_mb` in the sum of their memory limits (`None`: no quota), and how its
-/// sessions start when they do not say (`None`: from the zygote for Python).
+/// sessions start when they do not say (`None`: from the zygote for Python). Read from the
+/// store at every session start (`records.rs`), so `runcell keys update` takes effect at once.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TenantPolicy {
     pub max_sessions: Option<u64>,
     pub max_memory_mb: Option<u64>,
     pub start: Option<crate::session::Start>,
-}
-
-/// Where tenants' policies come from (the server's store); read at every session start, so
-/// `runcell keys update` takes effect at once.
-pub trait TenantPolicies: Send + Sync {
-    fn policy(&self, owner: &str) -> Result<TenantPolicy, String>;
 }
 
 /// How long a client refused for capacity should wait before trying again.

@@ -78,7 +78,7 @@ impl Engine {
         let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
-        let ws_path = self.core.config.data_dir.join("workspaces").join(&id);
+        let ws_path = self.core.config.workspace_path(&id);
         let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
             .map_err(crate::core::workspace_error)?;
         for f in &req.files {

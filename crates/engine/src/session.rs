@@ -219,15 +219,15 @@ impl std::fmt::Debug for SessionManager {
 
 /// What `recover` takes: what the store remembers of a session.
 #[derive(Debug, Clone)]
-pub struct RecoverSession {
-    pub id: String,
-    pub language: Language,
-    pub owner: String,
-    pub created_at: DateTime<Utc>,
-    pub limits: SessionLimits,
+pub(crate) struct RecoverSession {
+    pub(crate) id: String,
+    pub(crate) language: Language,
+    pub(crate) owner: String,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) limits: SessionLimits,
     /// What the session asked for (a cold session stays cold).
-    pub start: Start,
-    pub metadata: BTreeMap<String, String>,
+    pub(crate) start: Start,
+    pub(crate) metadata: BTreeMap<String, String>,
 }
 
 /// What `create` takes.
@@ -337,7 +337,7 @@ impl SessionManager {
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
             .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
         let workspace = Workspace::create(
-            &self.core.config.data_dir.join("workspaces").join(id),
+            &self.core.config.workspace_path(id),
             limits.disk_bytes(),
             lease,
         )
@@ -350,7 +350,7 @@ impl SessionManager {
     /// server killed with warm sessions, or between starting a session and recording it,
     /// leaves such workspaces. Returns how many were removed.
     pub fn sweep_orphan_workspaces(&self, known: &dyn Fn(&str) -> bool) -> usize {
-        let dir = self.core.config.data_dir.join("workspaces");
+        let dir = self.core.config.workspaces_dir();
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return 0;
         };
@@ -469,7 +469,35 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, env, kernel, reservation)
+        let info = self.launch(info, workspace, env, kernel, reservation)?;
+        if let Err(e) = self.record(&info) {
+            // A session the store does not know would be lost at the next start, and the
+            // caller, told it failed, would never delete it: end it now (a full disk, say).
+            if let Some(entry) = self.take(&info.id) {
+                self.end(entry);
+            }
+            return Err(e);
+        }
+        Ok(info)
+    }
+
+    /// Records a new session in the store (when sessions are recorded).
+    fn record(&self, info: &SessionInfo) -> Result<(), EngineError> {
+        let Some(store) = self.core.session_store() else {
+            return Ok(());
+        };
+        let rec = crate::records::session_record(info, &self.core.config.workspace_path(&info.id));
+        store.put_session(&rec).map_err(crate::records::store_error)
+    }
+
+    /// Forgets a session's record; whether there was one.
+    fn forget(&self, id: &str) -> Result<bool, EngineError> {
+        match self.core.session_store() {
+            Some(store) => store
+                .delete_session(id)
+                .map_err(crate::records::store_error),
+            None => Ok(false),
+        }
     }
 
     /// A place under the session cap for one create, held until the session is in the map.
@@ -492,11 +520,49 @@ impl SessionManager {
         self.creation_slot()
     }
 
+    /// Sessions a previous server process left behind (killed with -9, say): their kernels
+    /// died with it, their workspaces did not. Each one whose workspace is still mounted gets
+    /// a fresh kernel (recovered: files intact, variables lost); the others are marked dead.
+    /// Session workspaces the store has no record of are removed. Returns (recovered, dead);
+    /// (0, 0) when sessions are not recorded. A server calls this once, before it serves.
+    pub fn recover_previous(&self) -> Result<(usize, usize), EngineError> {
+        let Some(store) = self.core.session_store() else {
+            return Ok((0, 0));
+        };
+        let (mut recovered, mut dead) = (0, 0);
+        for s in crate::records::stale_sessions(store)? {
+            let rec = &s.record;
+            match s
+                .recover
+                .and_then(|r| self.recover(r).map_err(|e| e.to_string()))
+            {
+                Ok(info) => {
+                    recovered += 1;
+                    let (at, until) = (info.last_active_at, info.expires_at);
+                    crate::records::settle(store, &rec.id, "ready", at, until)?;
+                }
+                Err(why) => {
+                    dead += 1;
+                    tracing::warn!(session = %rec.id, reason = %why, "session could not be recovered; marked dead");
+                    let (at, until) = (rec.last_active_at, rec.expires_at);
+                    crate::records::settle(store, &rec.id, "dead", at, until)?;
+                }
+            }
+        }
+        // Dead sessions past their expiry are forgotten, and their workspaces swept below.
+        crate::records::all_dead(store);
+        // Workspaces no row names: warm sessions of the killed server, or sessions it started
+        // but never recorded. Nobody can reach them; they only hold disk and memory.
+        let known = crate::records::known_sessions(store)?;
+        self.sweep_orphan_workspaces(&|id| known.contains(id));
+        Ok((recovered, dead))
+    }
+
     /// Brings back a session whose server died: its workspace (still mounted, owned by its host
     /// uid) gets a fresh kernel. Variables are gone; files are intact.
-    pub fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
+    fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
         self.start_sweeper();
-        let path = self.core.config.data_dir.join("workspaces").join(&req.id);
+        let path = self.core.config.workspace_path(&req.id);
         let unavailable = |e: &dyn std::error::Error| EngineError::Unavailable(crate::chain(e));
         let uid = Workspace::owner_of(&path)
             .ok_or_else(|| EngineError::NotFound(format!("workspace of session {}", req.id)))?;
@@ -600,15 +666,53 @@ impl SessionManager {
             .ok_or_else(|| EngineError::NotFound(format!("session {id}")))
     }
 
+    /// A live session (in memory: no I/O).
     pub fn get(&self, id: &str) -> Result<SessionInfo, EngineError> {
         Ok(self.entry(id)?.lock().info.clone())
     }
 
-    /// Every session, oldest first.
+    /// Every live session, oldest first.
     pub fn list(&self) -> Vec<SessionInfo> {
         let mut v: Vec<SessionInfo> = self.map().values().map(|e| e.lock().info.clone()).collect();
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
+    }
+
+    /// The owner's session `id`: a live one, or one only the store remembers, dead with an
+    /// earlier server process (one past its expiry is forgotten on the way). Another owner's
+    /// session is none. May read the store.
+    pub fn find(&self, owner: &str, id: &str) -> Option<SessionInfo> {
+        match self.get(id) {
+            Ok(live) => Some(live).filter(|i| i.owner == owner),
+            // The store looks it up among the owner's own.
+            Err(_) => self
+                .core
+                .session_store()
+                .and_then(|store| crate::records::dead_one(store, owner, id)),
+        }
+    }
+
+    /// The owner's sessions: the live ones, oldest first, then those only the store
+    /// remembers, dead with an earlier server process (listed, never missing, until they
+    /// expire). May read the store.
+    pub fn list_owned(&self, owner: &str) -> Vec<SessionInfo> {
+        let mut sessions: Vec<SessionInfo> = self
+            .list()
+            .into_iter()
+            .filter(|s| s.owner == owner)
+            .collect();
+        if let Some(store) = self.core.session_store() {
+            sessions.extend(crate::records::dead_of(store, owner));
+        }
+        sessions
+    }
+
+    /// How many sessions of every owner only the store remembers, dead with an earlier server
+    /// process and not yet expired (those past their expiry are forgotten on the way).
+    pub fn dead_count(&self) -> usize {
+        self.core
+            .session_store()
+            .map_or(0, |store| crate::records::all_dead(store).len())
     }
 
     /// Runs `code` after the executions already queued; blocks until it is done.
@@ -774,14 +878,43 @@ impl SessionManager {
         self.get(id)
     }
 
-    /// Ends a session: kills its kernel (a running execution ends as killed) and removes its
-    /// workspace.
+    /// Ends a session at its owner's request: forgets its record, kills its kernel (a running
+    /// execution ends as killed) and removes its workspace. A dead session only the store
+    /// remembers is forgotten.
     pub fn delete(&self, id: &str) -> Result<(), EngineError> {
-        let entry = self
-            .take(id)
-            .ok_or_else(|| EngineError::NotFound(format!("session {id}")))?;
-        self.end(entry);
-        Ok(())
+        // The record first: when the store cannot take it (a full disk), nothing has changed
+        // and the caller can retry; the other way round the session would be gone yet still
+        // recorded, and come back `dead` at the next start.
+        let forgotten = self.forget(id)?;
+        match self.take(id) {
+            Some(entry) => {
+                self.end(entry);
+                Ok(())
+            }
+            None if forgotten => Ok(()),
+            None => Err(EngineError::NotFound(format!("session {id}"))),
+        }
+    }
+
+    /// Ends a session whatever becomes of its record: kills its kernel and removes its
+    /// workspace, then forgets its record if the store can (a connection's teardown, which
+    /// must not fail; a record left behind comes back `dead` at the next start, and expires).
+    pub fn close(&self, id: &str) -> Result<(), EngineError> {
+        let ended = match self.take(id) {
+            Some(entry) => {
+                self.end(entry);
+                true
+            }
+            None => false,
+        };
+        let forgotten = self.forget(id).unwrap_or_else(|e| {
+            tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
+            false
+        });
+        match ended || forgotten {
+            true => Ok(()),
+            false => Err(EngineError::NotFound(format!("session {id}"))),
+        }
     }
 
     /// Removes a session from the map and counts it as ending, in one step under the map's
@@ -824,16 +957,24 @@ impl SessionManager {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
                 tracing::info!(session = %id, "idle session expired");
+                if let Err(e) = self.forget(&id) {
+                    // The next start finds its workspace gone: it is reported dead until its
+                    // recorded expiry, which is past.
+                    tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget an expired session's record");
+                }
             }
         }
     }
 
-    /// Deletes every session and waits (up to 30 s) for teardowns other threads started.
+    /// Ends every session and waits (up to 30 s) for teardowns other threads started. Their
+    /// records stay: the next start reports them dead (their workspaces are gone).
     pub fn shutdown(&self) {
         self.pool.stop();
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
-            let _ = self.delete(&id);
+            if let Some(entry) = self.take(&id) {
+                self.end(entry);
+            }
         }
         let n = self.ending.0.lock().unwrap_or_else(|p| p.into_inner());
         let _ = self

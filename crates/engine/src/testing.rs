@@ -79,6 +79,15 @@ pub fn engine(cache: &Path) -> TestEngine {
     TestEngine(Engine::new(engine_config(cache)).expect("engine"))
 }
 
+/// [`engine`] recording its sessions, uploads and executions in `store`, as a server's does
+/// ([`Engine::with_store`]).
+pub fn engine_with_store(
+    cache: &Path,
+    store: std::sync::Arc<dyn runcell_store::DomainStore>,
+) -> TestEngine {
+    TestEngine(Engine::with_store(engine_config(cache), store).expect("engine"))
+}
+
 /// [`engine`] with a zygote preloading the default modules, once it is ready (panics if it
 /// cannot start: the tests using it are about the zygote).
 pub fn zygote_engine(cache: &Path) -> TestEngine {

@@ -222,7 +222,7 @@ async fn a_full_queue_is_busy_and_a_deleted_session_ends_its_cells() {
         );
     }
     assert!(started.elapsed() < Duration::from_secs(10));
-    let ws = engine.config().data_dir.join("workspaces").join(&id);
+    let ws = engine.workspace_path(&id);
     assert!(!ws.exists(), "the workspace is gone");
     assert!(matches!(
         engine

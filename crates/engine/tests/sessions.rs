@@ -398,7 +398,7 @@ fn deleting_a_session_leaves_no_mount_process_or_directory() {
     let engine = common::engine();
     let id = create(&engine, LimitsRequest::default());
     exec(&engine, &id, "open('f', 'w').write('x')");
-    let ws = engine.config().data_dir.join("workspaces").join(&id);
+    let ws = engine.workspace_path(&id);
     let mounted = || {
         std::fs::read_to_string("/proc/self/mountinfo")
             .expect("mountinfo")

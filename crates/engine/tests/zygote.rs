@@ -504,7 +504,7 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
 
 /// The session workspaces on disk: a warm session has its own before anyone asks for it.
 fn workspace_ids(engine: &runcell_engine::Engine) -> std::collections::BTreeSet<String> {
-    std::fs::read_dir(engine.config().data_dir.join("workspaces"))
+    std::fs::read_dir(engine.config().workspaces_dir())
         .expect("workspaces dir")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("ses_"))
@@ -564,7 +564,7 @@ fn warm_sessions_are_handed_out_once_refilled_and_isolated() {
     assert_eq!(now.difference(&warm).count(), 2, "{now:?}");
     // Separate host uids, workspaces, and everything else.
     let owner = |id: &str| {
-        std::fs::metadata(engine.config().data_dir.join("workspaces").join(id))
+        std::fs::metadata(engine.workspace_path(id))
             .expect("workspace")
             .uid()
     };

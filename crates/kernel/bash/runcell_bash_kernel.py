@@ -118,6 +118,10 @@ class BashDied(Exception):
     """bash is gone (killed, crashed, or replaced by `exec`)."""
 
 
+class InternalInterrupted(Exception):
+    """The host interrupted a script of the kernel's own (a snapshot or restore)."""
+
+
 class SessionOver(Exception):
     """Stop serving and exit with this code."""
 
@@ -337,6 +341,8 @@ class Kernel:
         self.receiving = False  # a message is arriving; an interrupt now is for it
         self.early_interrupt = False
         self.recheck_at = None  # when to look for processes the interrupt missed
+        self.snapshots = None  # BashSnapshots, made on the first snapshot or restore
+        self.internal_seq = 0
         # Python restarts select() after a signal with its old timeout; this pipe
         # wakes it instead, so a recheck time set by on_sigint is seen.
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -386,6 +392,9 @@ class Kernel:
 
     def dispatch(self, message):
         kind = message.get("type")
+        if kind in ("snapshot", "restore"):
+            self.handle_snapshot(kind, message)
+            return
         if kind != "execute":
             self.protocol_error(None, f"unknown message type {kind!r}")
             return
@@ -446,6 +455,67 @@ class Kernel:
         else:
             self.done(msg_id, "ok")
 
+    def handle_snapshot(self, kind, message):
+        """`snapshot` or `restore` {id, path}: answered like a cell (the report or an error,
+        then `done`), outside the execution count."""
+        msg_id, path = message.get("id"), message.get("path")
+        if not isinstance(msg_id, str):
+            self.protocol_error(None, f"{kind} needs a string 'id'")
+            return
+        if not isinstance(path, str) or not path:
+            self.protocol_error(msg_id, f"{kind} needs a string 'path'")
+            self.done(msg_id, "error")
+            return
+        try:
+            if self.snapshots is None:
+                self.snapshots = BashSnapshots(self)
+            run = self.snapshots.snapshot if kind == "snapshot" else self.snapshots.restore
+            report = run(path)
+        except InternalInterrupted:
+            self.error(msg_id, "KeyboardInterrupt", "")
+            self.done(msg_id, "interrupted")
+            return
+        except BashDied:
+            how = self.shell.reap()
+            self.error(msg_id, "KernelDied", f"bash {how}; the session is over")
+            raise SessionOver(1) from None
+        except Exception as exc:
+            refused = getattr(self.snapshots, "snap", None)
+            if refused is not None and isinstance(exc, refused.Refused):
+                self.channel.send({"type": "snapshot_refused", "id": msg_id, "refusal": exc.refusal()})
+            else:
+                self.error(msg_id, "SnapshotError", f"{type(exc).__name__}: {exc}")
+            self.done(msg_id, "error")
+            return
+        self.channel.send(dict(report, type="snapshotted" if kind == "snapshot" else "restored", id=msg_id))
+        self.done(msg_id, "ok")
+
+    def run_internal(self, script):
+        """Run a script of the kernel's in the shell as a cell runs (interruptible, with the
+        shell's state), but not counted and not reported; `$?` of the next cell is still the
+        last cell's. InternalInterrupted if the host interrupted it."""
+        self.internal_seq += 1
+        seq = f"internal{self.internal_seq}"
+        os.makedirs(self.shell.dir, mode=0o700, exist_ok=True)
+        path = os.path.join(self.shell.dir, f"{seq}.sh")
+        with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(script)
+        self.running, self.started, self.interrupted = True, False, self.early_interrupt
+        self.recheck_at = None
+        self.drain_wakeups()
+        try:
+            self.shell.send_line(self.shell.cell_command(seq, path, self.last_status))
+            how, status = self.wait_for_end(seq)
+        finally:
+            self.running = False
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if self.interrupted and how == "end" and status != 0:
+            raise InternalInterrupted()
+        return how, status
+
     def drain_wakeups(self):
         try:
             while os.read(self.wake_r, 512):
@@ -491,6 +561,215 @@ class Kernel:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             elif fields[0] == "end" and len(fields) == 4:
                 return fields[2], int(fields[3])
+
+
+# --------------------------------------------------------------------------
+# Snapshots (issue 17): the shell's state to a file and back
+# --------------------------------------------------------------------------
+
+# What a snapshot holds: the shell's variables (with their attributes: arrays, exported,
+# integer...), functions, aliases, a few `set -o` options and the working directory, as the
+# shell's own `declare -p`, `declare -pf`, `alias` and `set +o` print them, NUL-separated
+# (no name or value of bash's can hold a NUL). `\builtin` and the backslashes defeat user
+# functions and aliases named like the builtins; `|| :` keeps `set -e` from ending it.
+SNAPSHOT_SCRIPT = r"""
+\builtin mapfile -t __runcell_v < <(\builtin compgen -v)
+\builtin mapfile -t __runcell_f < <(\builtin compgen -A function)
+\builtin mapfile -t __runcell_a < <(\builtin compgen -a)
+{
+for __runcell_n in "${__runcell_v[@]}"; do
+    \builtin printf 'v %s\0' "$__runcell_n"; \builtin declare -p -- "$__runcell_n" 2>/dev/null || :; \builtin printf '\0'
+done
+for __runcell_n in "${__runcell_f[@]}"; do
+    \builtin printf 'f %s\0' "$__runcell_n"; \builtin declare -pf -- "$__runcell_n" 2>/dev/null || :; \builtin printf '\0'
+done
+for __runcell_n in "${__runcell_a[@]}"; do
+    \builtin printf 'a %s\0' "$__runcell_n"; \builtin alias -- "$__runcell_n" 2>/dev/null || :; \builtin printf '\0'
+done
+\builtin printf 'o set\0'; \builtin set +o; \builtin printf '\0'
+\builtin printf 'c cwd\0%s\0' "$PWD"
+} >{out}
+\builtin unset __runcell_v __runcell_f __runcell_a __runcell_n
+"""
+# bash's own variables: the new shell has its own (dynamic, read-only or set at start-up,
+# like HOSTNAME and an interactive shell's TERM=dumb).
+BASH_OWN = frozenset(
+    """BASH BASHOPTS BASHPID BASH_ALIASES BASH_ARGC BASH_ARGV BASH_ARGV0 BASH_CMDS BASH_COMMAND
+    BASH_EXECUTION_STRING BASH_LINENO BASH_LOADABLES_PATH BASH_REMATCH BASH_SOURCE BASH_SUBSHELL
+    BASH_VERSINFO BASH_VERSION COLUMNS COMP_WORDBREAKS DIRSTACK EPOCHREALTIME EPOCHSECONDS EUID
+    FUNCNAME GROUPS HISTCMD HISTFILE HISTFILESIZE HISTSIZE HOSTNAME HOSTTYPE LINENO LINES MACHTYPE
+    MAILCHECK OLDPWD OPTERR OPTIND OSTYPE PIPESTATUS PPID PROMPT_COMMAND PS0 PS1 PS2 PS4 PWD
+    RANDOM SECONDS SHELL SHELLOPTS SHLVL SRANDOM TERM UID _""".split()
+)
+# `set -o` options a session may set and get back; the kernel owns the others (errtrace,
+# monitor, history, the editing modes) and some would break it (noexec).
+SNAPSHOT_OPTIONS = frozenset("errexit nounset pipefail noglob noclobber allexport xtrace verbose".split())
+# The kernel's own functions (see BASH_SETUP): the new shell defines them itself.
+KERNEL_FUNCTIONS = frozenset(("exit",))
+
+
+def _snapshot_module():
+    """runcell_snapshot.py: beside this file in the sandbox, in ../python in the source tree."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    for directory in (here, os.path.join(here, "..", "python")):
+        path = os.path.join(directory, "runcell_snapshot.py")
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location("runcell_snapshot", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise ImportError(f"runcell_snapshot.py is not beside {here}")
+
+
+def _declare_scalar(name, value):
+    """`declare -p`'s line for an exported scalar holding `value` (bash's double quoting)."""
+    escaped = "".join("\\" + c if c in '"\\$`' else c for c in value)
+    return f'declare -x {name}="{escaped}"'
+
+
+def parse_snapshot_output(data, environment):
+    """(entries, skipped) from SNAPSHOT_SCRIPT's output: entries (kind, name, text) to save,
+    skipped [{name, reason}]. Variables inherited from the environment and never changed are
+    the sandbox's, not the session's: the new session gets its own, so they are not saved."""
+    fields = data.split(b"\0")
+    entries, skipped = [], []
+    for tag, body in zip(fields[0::2], fields[1::2]):
+        tag = tag.decode("utf-8", "surrogateescape")
+        text = body.decode("utf-8", "surrogateescape").rstrip("\n")
+        kind, _, name = tag.partition(" ")
+        if not text or name.startswith("__runcell_"):
+            continue
+        if kind == "v":
+            if name in BASH_OWN:
+                continue
+            flags = text.split(" ", 2)[1] if text.startswith("declare -") else ""
+            if name in environment and text == _declare_scalar(name, environment[name]):
+                continue
+            if "r" in flags:
+                skipped.append({"name": name, "reason": "readonly variable"})
+                continue
+            entries.append(("variable", name, text))
+        elif kind == "f":
+            if name in KERNEL_FUNCTIONS:
+                continue
+            entries.append(("function", f"{name}()", text))
+        elif kind == "a":
+            entries.append(("alias", f"alias {name}", text))
+        elif kind == "o":
+            lines = [
+                line
+                for line in text.splitlines()
+                if len(line.split()) == 3 and line.split()[2] in SNAPSHOT_OPTIONS and line.split()[1] == "-o"
+            ]
+            if lines:
+                entries.append(("options", "set -o", "\n".join(lines)))
+        elif kind == "c":
+            entries.append(("cwd", "cwd", text))
+    return entries, skipped
+
+
+def restore_script(entries, errors):
+    """The script that puts `entries` back, one at a time: each that fails leaves its error in
+    `errors`/<index> and the others go on."""
+    lines = []
+    for index, (kind, _name, text) in enumerate(entries):
+        err = shlex.quote(os.path.join(errors, str(index)))
+        if kind == "cwd":
+            command = f"\\builtin cd -- {shlex.quote(text)}"
+        else:
+            # eval at the top level (cells are sourced there): `declare` makes globals.
+            command = f"\\builtin eval -- {shlex.quote(text)}"
+        lines.append(f"{command} 2>{err} || \\builtin printf 'failed\\n' >>{err}")
+    return "\n".join(lines) + "\n"
+
+
+class BashSnapshots:
+    """The bash kernel's `snapshot` and `restore`: run as internal cells in the shell (not
+    counted), the file written and checked by runcell_snapshot.py."""
+
+    SERIALIZER = "bash-declare"
+    SERIALIZER_VERSION = "1"
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.snap = _snapshot_module()
+        self.environment = dict(os.environ)  # what bash inherited at its start
+        self.seq = 0
+
+    def snapshot(self, path):
+        started = time.monotonic()
+        shell = self.kernel.shell
+        out = os.path.join(shell.dir, "snapshot.out")
+        self.kernel.run_internal(SNAPSHOT_SCRIPT.replace("{out}", shlex.quote(out)))
+        try:
+            with open(out, "rb") as f:
+                data = f.read()
+        finally:
+            os.unlink(out)
+        entries, skipped = parse_snapshot_output(data, self.environment)
+        pieces = [text.encode("utf-8", "surrogateescape") for _, _, text in entries]
+        header = {
+            "language": "bash",
+            "language_version": shell.version,
+            "serializer": self.SERIALIZER,
+            "serializer_version": self.SERIALIZER_VERSION,
+            "entries": [
+                {"name": name, "kind": kind, "sizes": [len(piece)]}
+                for (kind, name, _), piece in zip(entries, pieces)
+            ],
+        }
+        size = self.snap.write(path, header, pieces)
+        names, skipped, omitted = self.snap.report_lists([name for _, name, _ in entries], skipped)
+        return {
+            "bytes": size,
+            "names": names,
+            "skipped": skipped,
+            "omitted": omitted,
+            "duration_us": int((time.monotonic() - started) * 1e6),
+        }
+
+    def restore(self, path):
+        started = time.monotonic()
+        snap = self.snap
+        header, pieces = snap.read(path)
+        snap.check(header, "language", "bash")
+        snap.check(header, "language_version", self.kernel.shell.version, snap.same_major)
+        snap.check(header, "serializer", self.SERIALIZER)
+        snap.check(header, "serializer_version", self.SERIALIZER_VERSION)
+        entries = []
+        for entry, entry_pieces in zip(header["entries"], pieces):
+            kind, name = entry.get("kind"), entry.get("name")
+            if kind in ("variable", "function", "alias", "options", "cwd") and isinstance(name, str):
+                text = b"".join(entry_pieces).decode("utf-8", "surrogateescape")
+                entries.append((kind, name, text))
+        # Options last: `set -e` or `set -u` must not stop the rest of the restore.
+        entries.sort(key=lambda e: e[0] == "options")
+        errors = tempfile.mkdtemp(prefix="restore-", dir=self.kernel.shell.dir)
+        try:
+            self.kernel.run_internal(restore_script(entries, errors))
+            names, skipped = [], []
+            for index, (kind, name, _) in enumerate(entries):
+                try:
+                    with open(os.path.join(errors, str(index)), encoding="utf-8", errors="replace") as f:
+                        err = f.read().strip()
+                except OSError:
+                    err = ""
+                if err.endswith("failed"):
+                    why = err[: -len("failed")].strip().splitlines()
+                    skipped.append(snap.skip(name, f"cannot be restored ({why[-1] if why else 'failed'})"))
+                else:
+                    names.append(name)
+        finally:
+            shutil.rmtree(errors, ignore_errors=True)
+        names, skipped, omitted = snap.report_lists(names, skipped)
+        return {
+            "names": names,
+            "skipped": skipped,
+            "omitted": omitted,
+            "duration_us": int((time.monotonic() - started) * 1e6),
+        }
 
 
 def main():

@@ -1186,7 +1186,11 @@ class Kernel {
         this.handleExecute(message);
         return;
       }
-      this.sendProtocolError(null, `unknown message type ${jsonStringify(kind === undefined ? null : kind)}`);
+      if ((kind === 'snapshot' || kind === 'restore') && typeof message.id === 'string') {
+        this.refuseSnapshot(message.id, kind);
+      } else {
+        this.sendProtocolError(null, `unknown message type ${jsonStringify(kind === undefined ? null : kind)}`);
+      }
     } catch (err) {
       if (err instanceof ChannelClosed) throw err;
       warn(`kernel error:\n${err && err.stack}`);
@@ -1209,6 +1213,17 @@ class Kernel {
       if (message.ack === true) this.send({ type: 'started', id });
       this.execute(id, code);
     }
+  }
+
+  /**
+   * Snapshots (issue 17) of a JavaScript session are not made yet: answered like a request
+   * that failed (an error with its id, then `done`), so the host learns it at once instead
+   * of waiting for a `done` that would never come.
+   */
+  refuseSnapshot(id, kind) {
+    const text = `${kind}s of JavaScript sessions are not supported yet: the session keeps only its files`;
+    this.send({ type: 'error', id, name: 'SnapshotError', value: text, traceback: '' });
+    this.send({ type: 'done', id, status: 'error', execution_count: this.executionCount });
   }
 
   sendProtocolError(id, text) {

@@ -452,6 +452,20 @@ test('unknown messages and bad executes are protocol errors', () =>
     assert.equal((await k.ok('7')).text, '7');
   }));
 
+test('snapshot and restore are refused at once, with their id and a done', () =>
+  withKernel(async (k) => {
+    await k.ok('let kept = 1');
+    for (const type of ['snapshot', 'restore']) {
+      k.send({ type, id: `${type}-1`, path: '/tmp/state.snap' });
+      const error = await k.recv();
+      assert.equal(error.id, `${type}-1`);
+      assert.equal(error.name, 'SnapshotError');
+      assert.match(error.value, /not supported/);
+      assert.deepEqual(await k.recv(), { type: 'done', id: `${type}-1`, status: 'error', execution_count: 1 });
+    }
+    assert.equal((await k.ok('kept')).text, '1');
+  }));
+
 test('process.exit() is an error, not the end of the session', () =>
   withKernel(async (k) => {
     await k.ok('const before = 1');

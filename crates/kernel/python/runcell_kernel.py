@@ -35,6 +35,15 @@ import types
 import __future__
 
 try:
+    # Snapshots of the namespace (issue 17), beside this file; imported now, while sys.path[0]
+    # is still this file's directory (prepare_process points it at the workspace), and in the
+    # zygote with the kernel, so forked sessions have it preloaded.
+    import runcell_snapshot
+except ImportError as _exc:  # a kernel copied without it still runs cells
+    runcell_snapshot = None
+    _snapshot_import_error = _exc
+
+try:
     # The C functions behind `signal`: its Python wrappers convert every argument and result
     # to enums, which cost more than the system calls themselves on the per-cell path.
     import _signal as _sig
@@ -793,6 +802,8 @@ class Kernel:
         try:
             if kind == "execute":
                 self.handle_execute(message)
+            elif kind in ("snapshot", "restore"):
+                self.handle_snapshot(kind, message)
             else:
                 self.send_protocol_error(None, f"unknown message type {kind!r}")
         except ChannelClosed:
@@ -816,6 +827,66 @@ class Kernel:
             )
         else:
             self.execute(msg_id, code, message.get("ack") is True)
+
+    # ---- snapshots (issue 17): the namespace to a file and back ----
+
+    def handle_snapshot(self, kind, message):
+        """`snapshot` or `restore` {id, path}: answered like a cell (its report or an error,
+        then `done`) but outside the execution count. Pickling and unpickling run user code
+        (__reduce__, __setstate__), so they run as a cell does: interruptible, output to the
+        pipes, and a kernel bug never ends the kernel."""
+        msg_id, path = message.get("id"), message.get("path")
+        if not isinstance(msg_id, str):
+            self.send_protocol_error(None, f"{kind} needs a string 'id'")
+            return
+        _restore_std_fds()
+        self.current_id = msg_id
+        self.error_sent = False
+        self.reset_result_counts()
+        try:
+            if not isinstance(path, str) or not path:
+                self.send_protocol_error(msg_id, f"{kind} needs a string 'path'")
+                status = "error"
+            elif runcell_snapshot is None:
+                self.send_error("SnapshotError", f"snapshots are unavailable: {_snapshot_import_error}", "")
+                status = "error"
+            else:
+                run = self.take_snapshot if kind == "snapshot" else self.restore_snapshot
+                report, error = self.guarded(lambda: run(path))
+                if error is None:
+                    self.send(dict(report, type="snapshotted" if kind == "snapshot" else "restored", id=msg_id))
+                    status = "ok"
+                elif isinstance(error, runcell_snapshot.Refused):
+                    self.send({"type": "snapshot_refused", "id": msg_id, "refusal": error.refusal()})
+                    status = "error"
+                elif isinstance(error, KeyboardInterrupt):
+                    status = self.report_error(error)
+                else:
+                    text = "".join(traceback.format_exception(error))
+                    self.send_error("SnapshotError", f"{type(error).__name__}: {_exception_value(error)}", text)
+                    status = "error"
+        except ChannelClosed:
+            raise
+        except BaseException as exc:  # a kernel bug, or an interrupt in kernel code
+            _ignore_interrupts()
+            status = self.report_kernel_failure(exc)
+        finally:
+            self.current_id = None
+        _flush_std()
+        self.send({"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count})
+
+    def take_snapshot(self, path):
+        # What the kernel itself carries from cell to cell and the namespace does not.
+        extra = {"future_flags": self.future_flags}
+        return runcell_snapshot.save_namespace(self.module, path, extra)
+
+    def restore_snapshot(self, path):
+        report, extra = runcell_snapshot.load_namespace(self.module, path)
+        flags = extra.get("future_flags")
+        if isinstance(flags, int):
+            self.future_flags |= flags & FUTURE_FLAGS
+        self.install_lazy_hooks()  # a restored figure or pyplot import gets the show() patch
+        return report
 
     def send_protocol_error(self, msg_id, text):
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})

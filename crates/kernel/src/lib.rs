@@ -7,11 +7,15 @@
 mod process;
 mod programs;
 pub mod runtime;
+mod snapshot;
 
 pub use process::{
     blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, DroppedResults, Kernel,
     KernelError, ResultLimits, MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 pub use programs::{
-    KernelProgram, BASH, JAVASCRIPT, KERNELS, NODE, PYTHON, SANDBOX_KERNEL_DIR, SYSTEM_PYTHON,
+    KernelProgram, BASH, JAVASCRIPT, KERNELS, KERNEL_FILES, NODE, PYTHON, SANDBOX_KERNEL_DIR,
+    SNAPSHOT_MODULE, SYSTEM_PYTHON,
 };
+pub use runcell_protocol::{IncompatibleField, SkippedName, SnapshotRefusal};
+pub use snapshot::{RestoreReport, SnapshotError, SnapshotOptions, SnapshotReport};

@@ -205,6 +205,8 @@ pub struct Kernel {
     buf: Vec<u8>,
     /// The descriptors registered with the tokio reactor, once a cell ran asynchronously.
     async_io: Option<AsyncIo>,
+    /// The report of the running snapshot or restore request (see [`Kernel::request`]).
+    reply: Option<KernelMessage>,
 }
 
 /// Size of [`Kernel`]'s read buffer.
@@ -292,6 +294,7 @@ impl Kernel {
             version,
             buf: Vec::new(),
             async_io: None,
+            reply: None,
         })
     }
 
@@ -362,6 +365,37 @@ impl Kernel {
         Ok(out)
     }
 
+    /// Sends `msg` (a snapshot or restore, answered like a cell but outside the execution
+    /// count) and runs it as [`Kernel::execute`] runs a cell: deadline, interrupt, kill, output
+    /// drained from the pipes. Returns how it ended and the kernel's report, if one came.
+    pub(crate) fn request(
+        &mut self,
+        id: &str,
+        msg: &HostMessage,
+        opts: &CellOptions,
+    ) -> Result<(CellOutcome, Option<KernelMessage>), KernelError> {
+        let (started, cpu0, frame) = self.begin_message(id, msg, opts)?;
+        let mut out = self.new_outcome(opts);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(READ_BUF, 0);
+        let on_event = &mut |_: CellEvent<'_>| {};
+        let result = match self.settle(&mut out, opts, &mut buf) {
+            Ok(Some(ended)) => self.end_cell(ended, None, cpu0, &mut out, &mut buf, on_event),
+            Ok(None) => match self.send(&frame) {
+                Ok(()) => self.run(&mut out, opts, started, cpu0, &mut buf, on_event),
+                Err(KernelError::Gone) => {
+                    self.end_cell(Ended::Died, None, cpu0, &mut out, &mut buf, on_event)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        self.buf = buf;
+        result?;
+        out.wall = started.elapsed();
+        Ok((out, self.reply.take()))
+    }
+
     /// [`Kernel::execute`] for async callers, without events: waits for the kernel on the
     /// tokio reactor instead of blocking a thread in `poll`, so an HTTP task can run a cell
     /// itself, with no thread in between. Must run inside a tokio runtime. The rare slow paths
@@ -418,6 +452,22 @@ impl Kernel {
         code: &str,
         opts: &CellOptions,
     ) -> Result<(Instant, Duration, Vec<u8>), KernelError> {
+        let msg = HostMessage::Execute {
+            id: id.to_owned(),
+            code: code.to_owned(),
+            ack: opts.ack,
+        };
+        self.execution_count += 1;
+        self.begin_message(id, &msg, opts)
+    }
+
+    /// [`Kernel::begin`] for any message answered like a cell (frames with its id, `done`).
+    fn begin_message(
+        &mut self,
+        id: &str,
+        msg: &HostMessage,
+        opts: &CellOptions,
+    ) -> Result<(Instant, Duration, Vec<u8>), KernelError> {
         let started = Instant::now();
         // No frame longer than a result may be is ever buffered (errors are bounded too).
         self.decoder.set_keep_limit(opts.results.max_bytes_each);
@@ -426,13 +476,9 @@ impl Kernel {
             running.reset_peak();
             running.cpu_now()
         };
-        let frame = runcell_protocol::encode(&HostMessage::Execute {
-            id: id.to_owned(),
-            code: code.to_owned(),
-            ack: opts.ack,
-        })?;
+        let frame = runcell_protocol::encode(msg)?;
         self.held = opts.ack.then(Vec::new);
-        self.execution_count += 1;
+        self.reply = None;
         self.last_id = std::mem::replace(&mut self.cell_id, id.to_owned());
         Ok((started, cpu0, frame))
     }
@@ -860,7 +906,10 @@ impl Kernel {
                 KernelMessage::Error { id, .. } => {
                     !between && id.as_ref().is_none_or(|id| *id == self.cell_id)
                 }
-                KernelMessage::Started { id } => !between && *id == self.cell_id,
+                KernelMessage::Started { id }
+                | KernelMessage::Snapshotted { id, .. }
+                | KernelMessage::Restored { id, .. }
+                | KernelMessage::SnapshotRefused { id, .. } => !between && *id == self.cell_id,
                 KernelMessage::Ready { .. } => false,
             };
             match msg {
@@ -940,6 +989,19 @@ impl Kernel {
                     return Ok(Some(Ended::Done(status)));
                 }
                 KernelMessage::Ready { .. } => {}
+                // One report per request; more can only be forged (and a cell's are nobody's:
+                // `begin_message` clears it), dropped and counted like extra errors.
+                KernelMessage::Snapshotted { .. }
+                | KernelMessage::Restored { .. }
+                | KernelMessage::SnapshotRefused { .. }
+                    if self.reply.is_some() =>
+                {
+                    out.dropped.count += 1;
+                    out.dropped.bytes += len as u64;
+                }
+                report @ (KernelMessage::Snapshotted { .. }
+                | KernelMessage::Restored { .. }
+                | KernelMessage::SnapshotRefused { .. }) => self.reply = Some(report),
             }
         }
     }

@@ -79,6 +79,22 @@ pub const JAVASCRIPT: KernelProgram = KernelProgram {
 /// Every kernel, to be written into the kernel directory together.
 pub const KERNELS: [&KernelProgram; 3] = [&PYTHON, &BASH, &JAVASCRIPT];
 
+/// Snapshots of the language state (issue 17: the file format, the Python namespace's
+/// serializer), a module the Python and bash kernels import from their own directory.
+pub const SNAPSHOT_MODULE: (&str, &str) = (
+    "runcell_snapshot.py",
+    include_str!("../python/runcell_snapshot.py"),
+);
+
+/// Every file of the kernel directory, as (name, content): the kernels' programs and the
+/// modules they import from beside them.
+pub const KERNEL_FILES: [(&str, &str); 4] = [
+    (PYTHON.file, PYTHON.source),
+    (BASH.file, BASH.source),
+    (JAVASCRIPT.file, JAVASCRIPT.source),
+    SNAPSHOT_MODULE,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +124,10 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), KERNELS.len());
         assert!(KERNELS.iter().all(|k| !k.source.is_empty()));
+        let mut files: Vec<_> = KERNEL_FILES.iter().map(|(name, _)| *name).collect();
+        files.sort();
+        files.dedup();
+        assert_eq!(files.len(), KERNEL_FILES.len());
+        assert!(KERNELS.iter().all(|k| files.contains(&k.file)));
     }
 }

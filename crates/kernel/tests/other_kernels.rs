@@ -24,6 +24,16 @@ fn bash_kernel_suite_passes() {
 }
 
 #[test]
+fn bash_snapshot_suite_passes() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bash");
+    check(
+        Command::new("/usr/bin/python3")
+            .arg(dir.join("test_runcell_bash_snapshot.py"))
+            .current_dir(&dir),
+    );
+}
+
+#[test]
 fn javascript_kernel_suite_passes() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("javascript");
     check(

@@ -6,7 +6,19 @@ use std::path::Path;
 use std::process::Command;
 
 fn run_suite(python: &Path) {
-    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/test_runcell_kernel.py");
+    run_file(python, "test_runcell_kernel.py");
+}
+
+/// The snapshot suite (`python/test_runcell_snapshot.py`): with the plain host python3 its
+/// cloudpickle, pandas and scikit-learn cases are skipped; the runtime runs them all.
+fn run_snapshot_suite(python: &Path) {
+    run_file(python, "test_runcell_snapshot.py");
+}
+
+fn run_file(python: &Path, file: &str) {
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(file);
     let out = Command::new(python)
         .arg(&suite)
         .env("MPLBACKEND", "Agg")
@@ -38,4 +50,18 @@ fn kernel_suite_passes_with_the_data_science_runtime() {
         .ensure_default(&mut |_| {})
         .expect("install the default runtime");
     run_suite(&info.path.join("bin/python3"));
+}
+
+#[test]
+fn snapshot_suite_passes_with_the_plain_host_python() {
+    run_snapshot_suite(Path::new("/usr/bin/python3"));
+}
+
+#[test]
+fn snapshot_suite_passes_with_the_data_science_runtime() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("runcell-test-runtimes");
+    let info = runcell_kernel::runtime::Runtimes::new(&root)
+        .ensure_default(&mut |_| {})
+        .expect("install the default runtime");
+    run_snapshot_suite(&info.path.join("bin/python3"));
 }

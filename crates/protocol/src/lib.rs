@@ -11,6 +11,10 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+mod snapshot;
+
+pub use snapshot::{IncompatibleField, SkippedName, SnapshotRefusal, MAX_REPORT_NAMES};
+
 /// Largest frame either side accepts: a few PNGs of a big figure fit; a runaway does not.
 /// A longer length prefix is a protocol error before anything is read. The host keeps less
 /// (a [`FrameDecoder`] with a keep limit, a result's limit in runcell-kernel) and reads past
@@ -32,6 +36,13 @@ pub enum HostMessage {
         #[serde(default, skip_serializing_if = "is_false")]
         ack: bool,
     },
+    /// Write the session's language state (variables, functions, ...) to `path`, a file
+    /// inside the sandbox. Answered like a cell, outside the execution count: `Snapshotted`
+    /// or an `Error`, then `Done`.
+    Snapshot { id: String, path: String },
+    /// Read a snapshot at `path` back into the session: `Restored` or `SnapshotRefused` (or
+    /// an `Error`), then `Done`.
+    Restore { id: String, path: String },
 }
 
 /// How a cell ended, as the kernel saw it.
@@ -78,6 +89,32 @@ pub enum KernelMessage {
         dropped_results: u64,
         #[serde(default, skip_serializing_if = "is_zero")]
         dropped_bytes: u64,
+    },
+    /// A `Snapshot` was written: `bytes` long, holding `names`; `skipped` could not be saved.
+    /// Lists stop at [`MAX_REPORT_NAMES`]; `omitted` counts the names left out of them.
+    Snapshotted {
+        id: String,
+        bytes: u64,
+        names: Vec<String>,
+        skipped: Vec<SkippedName>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        omitted: u64,
+        /// The kernel's time for it, in microseconds.
+        duration_us: u64,
+    },
+    /// A `Restore` brought `names` back; `skipped` were in the snapshot but could not be.
+    Restored {
+        id: String,
+        names: Vec<String>,
+        skipped: Vec<SkippedName>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        omitted: u64,
+        duration_us: u64,
+    },
+    /// A `Restore` whose file was refused before anything in it was unpickled.
+    SnapshotRefused {
+        id: String,
+        refusal: SnapshotRefusal,
     },
 }
 
@@ -359,6 +396,78 @@ mod tests {
         let started: KernelMessage =
             serde_json::from_str(r#"{"type": "started", "id": "ex_3"}"#).expect("started");
         assert_eq!(started, KernelMessage::Started { id: "ex_3".into() });
+    }
+
+    #[test]
+    fn snapshot_messages_match_the_kernels() {
+        let snap = serde_json::to_string(&HostMessage::Snapshot {
+            id: "snapshot-1".into(),
+            path: "/workspace/s".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            snap,
+            r#"{"type":"snapshot","id":"snapshot-1","path":"/workspace/s"}"#
+        );
+        let restore = serde_json::to_string(&HostMessage::Restore {
+            id: "restore-2".into(),
+            path: "/tmp/s".into(),
+        })
+        .expect("json");
+        assert_eq!(
+            restore,
+            r#"{"type":"restore","id":"restore-2","path":"/tmp/s"}"#
+        );
+        // As the Python kernel sends them (json.dumps of dict(report, type=..., id=...)).
+        let saved: KernelMessage = serde_json::from_str(
+            r#"{"bytes": 1234, "names": ["df", "np"], "skipped": [{"name": "f", "reason": "open file 'x.txt'"}], "omitted": 0, "duration_us": 5120, "type": "snapshotted", "id": "snapshot-1"}"#,
+        )
+        .expect("snapshotted");
+        assert_eq!(
+            saved,
+            KernelMessage::Snapshotted {
+                id: "snapshot-1".into(),
+                bytes: 1234,
+                names: vec!["df".into(), "np".into()],
+                skipped: vec![SkippedName {
+                    name: "f".into(),
+                    reason: "open file 'x.txt'".into()
+                }],
+                omitted: 0,
+                duration_us: 5120,
+            }
+        );
+        let restored: KernelMessage = serde_json::from_str(
+            r#"{"names": [], "skipped": [], "omitted": 3, "duration_us": 1, "type": "restored", "id": "restore-2"}"#,
+        )
+        .expect("restored");
+        assert!(matches!(
+            restored,
+            KernelMessage::Restored { omitted: 3, .. }
+        ));
+        let refused: KernelMessage = serde_json::from_str(
+            r#"{"type": "snapshot_refused", "id": "restore-2", "refusal": {"reason": "incompatible", "field": "serializer_version", "found": "3.0.0", "expected": "3.1.3"}}"#,
+        )
+        .expect("refused");
+        let KernelMessage::SnapshotRefused { refusal, .. } = refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(
+            refusal.to_string(),
+            r#"the snapshot is incompatible: its serializer version is "3.0.0", this kernel needs "3.1.3""#
+        );
+        for (reason, expected) in [
+            ("missing", "no snapshot at the path: m"),
+            ("truncated", "the snapshot is truncated: m"),
+            ("corrupt", "the snapshot is corrupt: m"),
+        ] {
+            let r: SnapshotRefusal =
+                serde_json::from_str(&format!(r#"{{"reason": "{reason}", "message": "m"}}"#))
+                    .expect("refusal");
+            assert_eq!(r.to_string(), expected);
+        }
+        // A reason this host does not know is a malformed message, not a guess.
+        assert!(serde_json::from_str::<SnapshotRefusal>(r#"{"reason": "odd"}"#).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::Json;
-use runcell_store::audit::signed::{AuditSigner, Checkpoint, Scope};
+use runcell_store::audit::signed::{AuditSigner, Checkpoint};
 use runcell_store::Store;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -101,37 +101,23 @@ pub async fn checkpoint(
     let store = state.store.clone();
     let cp = tokio::task::spawn_blocking(move || {
         if store.has_active_keys()? {
-            take(&store, &signer, Some(&tenant.0))
+            signer.checkpoint(&*store, Some(&tenant.0))
         } else {
-            take(&store, &signer, None)
+            signer.checkpoint(&*store, None)
         }
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(crate::store_error)?;
+    .map_err(crate::error::store_error)?;
     Ok(Json(cp))
-}
-
-/// Signs the chain heads of `tenant` (or of every tenant) as they are now.
-pub fn take(
-    store: &Store,
-    signer: &AuditSigner,
-    tenant: Option<&str>,
-) -> runcell_store::Result<Checkpoint> {
-    let heads = store.chain_heads(tenant)?;
-    let scope = if tenant.is_some() {
-        Scope::Tenant
-    } else {
-        Scope::All
-    };
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
-    Ok(signer.sign(scope, now, heads))
 }
 
 /// Takes a checkpoint of every tenant and hands it out: appended to the policy's file and
 /// logged.
 fn emit(store: &Store, signer: &AuditSigner, file: Option<&PathBuf>) -> Result<(), String> {
-    let cp = take(store, signer, None).map_err(|e| runcell_engine::error_chain(&e))?;
+    let cp = signer
+        .checkpoint(&**store, None)
+        .map_err(|e| runcell_engine::error_chain(&e))?;
     let line = serde_json::to_string(&cp).map_err(|e| e.to_string())?;
     tracing::info!(target: "runcell::audit", checkpoint = %line, "audit checkpoint");
     if let Some(path) = file {

@@ -11,7 +11,7 @@ use axum::extract::{Multipart, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use runcell_agent::{Agent, AgentError, AgentOptions, ProviderConfig, StepEvent, StopReason};
+use runcell_agent::{Agent, AgentError, AgentOptions, StepEvent, StopReason};
 use runcell_engine::tools::ToolCall;
 use runcell_engine::{CreateSession, InputFile};
 use serde::Serialize;
@@ -20,15 +20,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::sessions::blocking;
-use crate::state::{AppState, Tenant};
-
-/// The model the chat talks to, set when the server starts (`runcell serve --agent-provider`).
-#[derive(Debug, Clone)]
-pub struct ChatConfig {
-    pub provider: ProviderConfig,
-    /// Model replies at most per question.
-    pub max_steps: usize,
-}
+use crate::state::{AppState, ChatConfig, Tenant};
 
 /// What the page needs to know before offering the chat.
 #[derive(Debug, Serialize, ToSchema)]
@@ -166,7 +158,6 @@ pub async fn chat(
         })
     })
     .await?;
-    crate::persist_session(&state, &info).await?;
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<bytes::Bytes>();
     let _ = tx.send(line(json!({"type": "session", "session": info})));

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, BodyTooSlow};
 
 /// How connections are bounded (`runcell serve --max-connections`, `--header-timeout`,
 /// `--keep-alive-timeout`, `--body-timeout`, `--body-min-rate`).
@@ -91,7 +91,7 @@ impl Capacity {
         let avail = open_files.saturating_sub(RESERVED_FDS + warm as u64 * FDS_PER_SESSION);
         let connections = max_connections.unwrap_or_else(|| (avail / 4).clamp(8, 1024) as usize);
         let for_sessions = avail.saturating_sub((connections + refusing(connections)) as u64);
-        let by_uids = runcell_sandbox::HOST_UID_COUNT as u64 / 2;
+        let by_uids = runcell_engine::MAX_SANDBOXES as u64 / 2;
         let sessions = (for_sessions / FDS_PER_SESSION).min(by_uids);
         if connections == 0 || sessions == 0 {
             return Err(format!(
@@ -502,28 +502,6 @@ impl MinRateBody {
             self.waited += since.elapsed();
         }
     }
-}
-
-/// A request body that came slower than `serve --body-min-rate` allows.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body arrived too slowly: after {grace_s} s, at least {rate} bytes per second")]
-pub struct BodyTooSlow {
-    grace_s: u64,
-    rate: u64,
-}
-
-/// The [`BodyTooSlow`] behind a body-reading error, if that is what it was.
-pub(crate) fn body_too_slow<'a>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a BodyTooSlow> {
-    let mut cur = Some(e);
-    while let Some(e) = cur {
-        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
-            return Some(slow);
-        }
-        cur = e.source();
-    }
-    None
 }
 
 impl hyper::body::Body for MinRateBody {

@@ -147,7 +147,7 @@ impl ApiError {
 
     /// A multipart body that could not be read: too large (413) or malformed (400).
     pub fn multipart(e: axum::extract::multipart::MultipartError) -> Self {
-        if let Some(slow) = crate::connections::body_too_slow(&e) {
+        if let Some(slow) = body_too_slow(&e) {
             return Self::too_slow(slow.to_string());
         }
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -268,6 +268,44 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A request body that came slower than `serve --body-min-rate` allows (`connections.rs`
+/// cuts it off): 408.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body arrived too slowly: after {grace_s} s, at least {rate} bytes per second")]
+pub struct BodyTooSlow {
+    pub(crate) grace_s: u64,
+    pub(crate) rate: u64,
+}
+
+/// The [`BodyTooSlow`] behind a body-reading error, if that is what it was.
+pub(crate) fn body_too_slow<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a BodyTooSlow> {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if let Some(slow) = e.downcast_ref::<BodyTooSlow>() {
+            return Some(slow);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// A store error of what the HTTP layer reads itself (API keys, checkpoints' chain heads).
+pub(crate) fn store_error(e: runcell_store::StoreError) -> ApiError {
+    use runcell_store::StoreError;
+    match e {
+        StoreError::Invalid(m) => ApiError::invalid(m),
+        StoreError::NotFound(m) => ApiError::not_found(m),
+        e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
+        other => ApiError::internal(runcell_engine::error_chain(&other)),
+    }
+}
+
+/// What a client is told when the database cannot take a write.
+const NO_SPACE: &str =
+    "the server's disk is full: nothing was recorded; retry once the operator frees space";
 
 /// A JSON-RPC error `/mcp` answers before (or instead of) its MCP service: the body is
 /// JSON-RPC's error object, as MCP clients expect, not the API's envelope.

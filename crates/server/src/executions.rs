@@ -8,6 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{ApiQuery, Path};
+use crate::sessions::blocking;
 use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -46,15 +47,6 @@ pub struct FirstBroken {
     pub reason: String,
 }
 
-fn with_code(row: runcell_store::ExecutionRow) -> serde_json::Value {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&row.execution_json).unwrap_or_else(|_| serde_json::json!({}));
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("code".into(), row.code.into());
-    }
-    v
-}
-
 #[utoipa::path(get, path = "/v1/executions", tag = "executions",
     params(ListQuery),
     responses((status = 200, body = ExecutionList, description = "the tenant's executions, newest first"),
@@ -69,21 +61,19 @@ pub async fn list_executions(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be between 1 and 1000"));
     }
-    let store = state.store.clone();
-    let (rows, next) = tokio::task::spawn_blocking(move || {
-        store.list_executions(
+    let engine = state.engine.clone();
+    let page = blocking(move || {
+        engine.executions(
             &tenant.0,
             q.session_id.as_deref(),
             limit,
             q.before.as_deref(),
         )
     })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(crate::store_error)?;
+    .await?;
     Ok(Json(ExecutionList {
-        executions: rows.into_iter().map(with_code).collect(),
-        next,
+        executions: page.executions,
+        next: page.next,
     }))
 }
 
@@ -96,13 +86,11 @@ pub async fn get_execution(
     tenant: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let store = state.store.clone();
+    let engine = state.engine.clone();
     let id2 = id.clone();
-    let row = tokio::task::spawn_blocking(move || store.get_execution(&tenant.0, &id2))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(crate::store_error)?;
-    row.map(|r| Json(with_code(r)))
+    let execution = blocking(move || engine.execution(&tenant.0, &id2)).await?;
+    execution
+        .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("execution {id}")))
 }
 
@@ -112,11 +100,8 @@ pub async fn verify(
     State(state): State<AppState>,
     tenant: Tenant,
 ) -> ApiResult<Json<VerifyResult>> {
-    let store = state.store.clone();
-    let report = tokio::task::spawn_blocking(move || store.verify_chain(Some(&tenant.0)))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(crate::store_error)?;
+    let engine = state.engine.clone();
+    let report = blocking(move || engine.verify_audit(&tenant.0)).await?;
     Ok(Json(VerifyResult {
         ok: report.ok,
         checked: report.checked,

@@ -82,7 +82,7 @@ impl From<JsonRejection> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
-        if let Some(slow) = crate::connections::body_too_slow(&r) {
+        if let Some(slow) = crate::error::body_too_slow(&r) {
             return ApiError::too_slow(slow.to_string());
         }
         if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {

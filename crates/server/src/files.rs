@@ -66,17 +66,10 @@ pub async fn put_file(
 /// Writes one upload, records it, and returns its listing entry.
 async fn store_file(state: &AppState, id: &str, path: String, data: Bytes) -> ApiResult<FileEntry> {
     let engine = state.engine.clone();
-    let (id2, path2) = (id.to_owned(), path.clone());
-    let sha256 = {
-        use sha2::Digest;
-        let d = sha2::Sha256::digest(&data);
-        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
+    let id = id.to_owned();
     // The entry comes from the file written, never from a listing: a listing of the
     // directory per part made an upload of N parts O(N²), and wrong past the listing's bound.
-    let entry = blocking(move || engine.write_file(&id2, &path2, &data)).await?;
-    crate::record_upload(state, id, &entry, sha256).await?;
-    Ok(entry)
+    blocking(move || engine.upload_file(&id, &path, &data)).await
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/files", tag = "files",

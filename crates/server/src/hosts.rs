@@ -12,6 +12,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, Uri};
@@ -19,7 +20,6 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// A host as a request names it: a DNS name (lowercased) or an IP literal.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,8 +299,12 @@ fn shown(s: &str) -> String {
 }
 
 /// The middleware in front of every route: 403 `forbidden` before any handler runs.
-pub(crate) async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    match state.hosts.check(req.method(), req.uri(), req.headers()) {
+pub(crate) async fn guard(
+    State(hosts): State<Arc<HostPolicy>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match hosts.check(req.method(), req.uri(), req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => crate::vendor::refusal(req.uri().path(), e),
     }

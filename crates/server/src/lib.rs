@@ -27,19 +27,17 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 use axum::Router;
-use chrono::{DateTime, Utc};
-use runcell_engine::{AuditSink, Execution, SessionInfo};
-use runcell_store::{NewExecution, SessionRecord, Store, StoreError};
+use runcell_store::Store;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use chat::ChatConfig;
 pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
-pub use state::{AppState, OPEN_TENANT};
+pub use runcell_engine::OPEN_TENANT;
+pub use state::{AppState, ChatConfig};
 pub use vendor::VendorConfig;
 
 /// Largest request body ([`runcell_engine::MAX_REQUEST_BYTES`]).
@@ -124,7 +122,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.hosts.clone(),
             hosts::guard,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -141,7 +139,7 @@ pub fn metrics_app(state: &AppState, listen: SocketAddr) -> Router {
         .route("/metrics", get(misc::metrics_text))
         .fallback(|| async { ApiError::not_found("route") })
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.hosts.clone(),
             hosts::guard,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -240,291 +238,13 @@ pub async fn serve_with(
     connections::serve_with(listener, router, shutdown, options).await
 }
 
-/// Records every execution in the store's per-tenant hash chain before its reply is sent.
-#[derive(Debug)]
-pub struct StoreAudit(pub Store);
-
-impl AuditSink for StoreAudit {
-    fn record(
-        &self,
-        owner: &str,
-        execution: &Execution,
-        code: &str,
-    ) -> Result<(), runcell_engine::RecordError> {
-        let rec = new_execution(owner, execution, code)?;
-        self.0
-            .append_execution(&rec)
-            .map_err(|e| record_error(&e))?;
-        Ok(())
-    }
-
-    fn record_batch(
-        &self,
-        items: &[runcell_engine::AuditItem<'_>],
-    ) -> Vec<Result<(), runcell_engine::RecordError>> {
-        let mut results: Vec<Option<Result<(), runcell_engine::RecordError>>> =
-            Vec::with_capacity(items.len());
-        let mut recs = Vec::with_capacity(items.len());
-        for i in items {
-            match new_execution(i.owner, i.execution, i.code) {
-                Ok(r) => {
-                    recs.push(r);
-                    results.push(None);
-                }
-                Err(e) => results.push(Some(Err(e.into()))),
-            }
-        }
-        let mut appended = self.0.append_executions(&recs).into_iter();
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| match appended.next() {
-                    Some(Ok(_)) => Ok(()),
-                    Some(Err(e)) => Err(record_error(&e)),
-                    None => Err(runcell_engine::RecordError::Failed(
-                        "the store gave no answer for this execution".into(),
-                    )),
-                })
-            })
-            .collect()
-    }
-}
-
-/// Tenants' quotas and default start, read from the store at every session start (so
-/// `runcell keys update`, another process, takes effect at once).
-#[derive(Debug)]
-pub struct StoreTenants(pub Store);
-
-impl runcell_engine::TenantPolicies for StoreTenants {
-    fn policy(&self, owner: &str) -> Result<runcell_engine::TenantPolicy, String> {
-        let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
-        let t = self
-            .0
-            .tenant_settings(tenant)
-            .map_err(|e| runcell_engine::error_chain(&e))?;
-        Ok(runcell_engine::TenantPolicy {
-            max_sessions: t.max_sessions,
-            max_memory_mb: t.max_memory_mb,
-            start: t.start.as_deref().map(str::parse).transpose()?,
-        })
-    }
-}
-
-/// The store's record of an execution.
-fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
-    let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
-    let status = serde_json::to_value(execution.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let tenant = if owner.is_empty() { OPEN_TENANT } else { owner };
-    Ok(NewExecution {
-        tenant: tenant.to_owned(),
-        execution_id: execution.id.clone(),
-        session_id: execution.session_id.clone(),
-        status,
-        code: code.to_owned(),
-        execution_json: json,
-        created_at: execution.finished_at,
-    })
-}
-
-/// Sessions a previous server process left behind (killed with -9, say): their kernels died
-/// with it, their workspaces did not. Each one whose workspace is still mounted gets a fresh
-/// kernel (recovered: files intact, variables lost); the others are marked dead. Session
-/// workspaces the store has no record of are removed. Returns (recovered, dead).
-pub fn recover_sessions(
-    engine: &runcell_engine::Engine,
-    store: &Store,
-) -> Result<(usize, usize), StoreError> {
-    let stale = store.sessions_with_status(&["starting", "ready", "busy"])?;
-    let (mut recovered, mut dead) = (0, 0);
-    for s in stale {
-        let limits = serde_json::from_str(&s.limits_json);
-        let metadata = serde_json::from_str(&s.metadata_json).unwrap_or_default();
-        let language = s.language.parse::<runcell_engine::Language>();
-        let result = match (limits, language) {
-            (Ok(limits), Ok(language)) => engine
-                .sessions()
-                .recover(runcell_engine::RecoverSession {
-                    id: s.id.clone(),
-                    language,
-                    owner: s.tenant.clone(),
-                    created_at: s.created_at,
-                    limits,
-                    start: s.start.parse().unwrap_or_default(),
-                    metadata,
-                })
-                .map_err(|e| e.to_string()),
-            (Err(e), _) => Err(e.to_string()),
-            (_, Err(e)) => Err(e),
-        };
-        let updated = match result {
-            Ok(info) => {
-                recovered += 1;
-                store.update_session_status(&s.id, "ready", info.last_active_at, info.expires_at)
-            }
-            Err(why) => {
-                dead += 1;
-                tracing::warn!(session = %s.id, reason = %why, "session could not be recovered; marked dead");
-                store.update_session_status(&s.id, "dead", s.last_active_at, s.expires_at)
-            }
-        };
-        match updated {
-            // A full disk must not keep the server from starting (the operator frees space
-            // through it). The row keeps its old status, which the next start settles again.
-            Err(e) if e.is_storage_full() => tracing::warn!(
-                session = %s.id,
-                "the disk is full: the session's status is not updated in the store"
-            ),
-            other => {
-                other?;
-            }
-        }
-    }
-    // Dead sessions past their expiry are forgotten, and their workspaces swept below.
-    dead_sessions(store);
-    // Workspaces no row names: warm sessions of the killed server, or sessions it started
-    // but never recorded. Nobody can reach them; they only hold disk and memory.
-    let known: std::collections::HashSet<String> = store
-        .sessions_with_status(&["starting", "ready", "busy", "dead", "expired"])?
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    engine
-        .sessions()
-        .sweep_orphan_workspaces(&|id| known.contains(id));
-    Ok((recovered, dead))
-}
-
-/// Whether a session only the store remembers as dead is past its idle expiry; it is then
-/// forgotten (its row and uploads deleted), as a live session expires after its idle timeout.
-pub(crate) fn forget_if_expired(store: &Store, rec: &SessionRecord, now: DateTime<Utc>) -> bool {
-    if rec.expires_at > now {
-        return false;
-    }
-    if let Err(e) = store.delete_session(&rec.id) {
-        tracing::warn!(session = %rec.id, error = %runcell_engine::error_chain(&e), "cannot forget an expired dead session");
-    } else {
-        tracing::info!(session = %rec.id, "dead session expired");
-    }
-    true
-}
-
-/// The sessions only the store remembers as dead and not yet expired (those past their expiry
-/// are forgotten on the way).
-pub(crate) fn dead_sessions(store: &Store) -> Vec<SessionRecord> {
-    let now = Utc::now();
-    store
-        .sessions_with_status(&["dead"])
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|r| !forget_if_expired(store, r, now))
-        .collect()
-}
-
-/// What the API shows of a session only the store remembers (its kernel is gone).
-pub(crate) fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
-    Some(SessionInfo {
-        id: rec.id.clone(),
-        language: rec.language.parse().ok()?,
-        status: runcell_engine::SessionStatus::Dead,
-        created_at: rec.created_at,
-        last_active_at: rec.last_active_at,
-        expires_at: rec.expires_at,
-        limits: serde_json::from_str(&rec.limits_json).ok()?,
-        start: rec.start.parse().unwrap_or_default(),
-        metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
-        owner: rec.tenant.clone(),
-    })
-}
-
-pub(crate) fn store_error(e: StoreError) -> ApiError {
-    match e {
-        StoreError::Invalid(m) => ApiError::invalid(m),
-        StoreError::NotFound(m) => ApiError::not_found(m),
-        e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
-        other => ApiError::internal(runcell_engine::error_chain(&other)),
-    }
-}
-
-/// What a client is told when the database cannot take a write.
-const NO_SPACE: &str =
-    "the server's disk is full: nothing was recorded; retry once the operator frees space";
-
-/// The audit sink's word for a store error.
-fn record_error(e: &StoreError) -> runcell_engine::RecordError {
-    if e.is_storage_full() {
-        runcell_engine::RecordError::NoSpace(NO_SPACE.into())
-    } else {
-        runcell_engine::RecordError::Failed(runcell_engine::error_chain(e))
-    }
-}
-
-/// What the store keeps of a live session.
-pub(crate) fn session_record(engine: &runcell_engine::Engine, info: &SessionInfo) -> SessionRecord {
-    SessionRecord {
-        id: info.id.clone(),
-        tenant: info.owner.clone(),
-        language: info.language.as_str().to_owned(),
-        status: "ready".into(),
-        created_at: info.created_at,
-        last_active_at: info.last_active_at,
-        expires_at: info.expires_at,
-        // Both serialise plain maps and numbers: they cannot fail.
-        limits_json: serde_json::to_string(&info.limits).unwrap_or_default(),
-        metadata_json: serde_json::to_string(&info.metadata).unwrap_or_default(),
-        workspace_path: engine
-            .config()
-            .data_dir
-            .join("workspaces")
-            .join(&info.id)
-            .to_string_lossy()
-            .into_owned(),
-        start: info.start.as_str().to_owned(),
-    }
-}
-
-pub(crate) async fn persist_session(state: &AppState, info: &SessionInfo) -> Result<(), ApiError> {
-    let store = state.store.clone();
-    let rec = session_record(&state.engine, info);
-    tokio::task::spawn_blocking(move || store.put_session(&rec))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(store_error)
-}
-
-pub(crate) async fn forget_session(state: &AppState, id: &str) -> Result<(), ApiError> {
-    let store = state.store.clone();
-    let id = id.to_owned();
-    tokio::task::spawn_blocking(move || store.delete_session(&id))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(store_error)?;
-    Ok(())
-}
-
-pub(crate) async fn record_upload(
-    state: &AppState,
-    session: &str,
-    entry: &runcell_engine::FileEntry,
-    sha256: String,
-) -> Result<(), ApiError> {
-    let store = state.store.clone();
-    let (session, path, size) = (session.to_owned(), entry.path.clone(), entry.size);
-    tokio::task::spawn_blocking(move || {
-        store.record_upload(&session, &path, size, &sha256, Utc::now())
-    })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(store_error)
-}
-
 /// Builds the shared state of a server listening on `listen` (the bound address, with the
 /// real port when 0 was asked for): it answers to that address and the loopback names on its
 /// port, and serves openly without keys only when it is loopback.
+///
+/// `store` is the engine's own (see [`runcell_engine::Engine::with_store`]): the server reads
+/// API keys and audit checkpoints' chain heads there, the engine everything else.
 pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -> AppState {
-    engine.set_tenant_policies(Arc::new(StoreTenants(store.clone())));
     AppState {
         engine,
         store,

@@ -27,7 +27,6 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use runcell_engine::tools::{self, ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, Language, SessionInfo};
-use runcell_store::Store;
 
 use serde_json::Value;
 
@@ -52,9 +51,9 @@ impl std::fmt::Debug for McpHandler {
 }
 
 struct Conn {
+    /// HTTP: the server's engine, which records sessions like those of `/v1` (listed,
+    /// recovered after a crash); stdio: a local engine, which records nothing.
     engine: Engine,
-    /// HTTP: sessions are recorded like those of `/v1` (listed, recovered after a crash).
-    store: Option<Store>,
     metrics: Option<Arc<Metrics>>,
     /// stdio: the owner of every session; HTTP: the tenant of each request.
     local_owner: Option<String>,
@@ -104,12 +103,11 @@ struct ConnState {
 impl McpHandler {
     /// A handler for one local client (`runcell mcp`): sessions belong to `owner`.
     pub fn local(engine: Engine, owner: &str) -> McpHandler {
-        McpHandler::new(engine, None, None, Some(owner.to_owned()), "runcell mcp")
+        McpHandler::new(engine, None, Some(owner.to_owned()), "runcell mcp")
     }
 
     fn new(
         engine: Engine,
-        store: Option<Store>,
         metrics: Option<Arc<Metrics>>,
         local_owner: Option<String>,
         client: &'static str,
@@ -117,7 +115,6 @@ impl McpHandler {
         McpHandler {
             inner: Arc::new(Conn {
                 engine,
-                store,
                 metrics,
                 local_owner,
                 client,
@@ -422,21 +419,14 @@ impl Conn {
         if let Some(m) = &self.metrics {
             m.observe_session_start(started.elapsed().as_secs_f64());
         }
-        if let Some(store) = &self.store {
-            if let Err(e) = store.put_session(&crate::session_record(&self.engine, &info)) {
-                tracing::error!(session = %info.id, error = %runcell_engine::error_chain(&e), "cannot record an MCP session");
-            }
-        }
         tracing::info!(session = %info.id, client = self.client, "MCP session started");
         Ok(info)
     }
 
-    /// Deletes a session of this connection (blocking).
+    /// Deletes a session of this connection (blocking), whatever the store says: its client
+    /// is gone.
     fn forget(&self, id: &str) {
-        let _ = self.engine.sessions().delete(id);
-        if let Some(store) = &self.store {
-            let _ = store.delete_session(id);
-        }
+        let _ = self.engine.sessions().close(id);
         tracing::info!(session = %id, "MCP session ended");
     }
 }
@@ -448,12 +438,8 @@ impl Drop for Conn {
         let default = self.state.get_mut().default.take();
         if let Some(id) = default {
             let engine = self.engine.clone();
-            let store = self.store.clone();
             std::thread::spawn(move || {
-                let _ = engine.sessions().delete(&id);
-                if let Some(store) = store {
-                    let _ = store.delete_session(&id);
-                }
+                let _ = engine.sessions().close(&id);
                 tracing::info!(session = %id, "MCP session ended");
             });
         }
@@ -606,11 +592,7 @@ pub fn end_streams() {
 
 /// `POST /mcp` (and the GET/DELETE of streamable HTTP sessions), behind the API keys.
 pub(crate) fn router(state: AppState) -> Router<AppState> {
-    let (engine, store, metrics) = (
-        state.engine.clone(),
-        state.store.clone(),
-        state.metrics.clone(),
-    );
+    let (engine, metrics) = (state.engine.clone(), state.metrics.clone());
     // The router's own Host/Origin check (`hosts.rs`) sits in front of `/mcp` like every
     // route, with the listener's port and the operator's `--allowed-hosts`; rmcp's default
     // list (loopback names on any port) would refuse those names and add nothing.
@@ -625,14 +607,10 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
     let sessions = Arc::new(manager);
     let service = StreamableHttpService::new(
         move || {
-            Ok(McpHandler::new(
-                engine.clone(),
-                Some(store.clone()),
-                Some(metrics.clone()),
-                None,
-                "mcp",
+            Ok(
+                McpHandler::new(engine.clone(), Some(metrics.clone()), None, "mcp")
+                    .with_defaults(defaults.clone()),
             )
-            .with_defaults(defaults.clone()))
         },
         sessions.clone(),
         config,

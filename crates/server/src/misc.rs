@@ -70,7 +70,6 @@ pub async fn metrics(
 /// The Prometheus text exposition, with the live sessions counted now.
 pub(crate) async fn metrics_text(State(state): State<AppState>) -> Response {
     let engine = state.engine.clone();
-    let store = state.store.clone();
     let statuses = tokio::task::spawn_blocking(move || {
         let mut statuses: Vec<_> = engine
             .sessions()
@@ -80,7 +79,7 @@ pub(crate) async fn metrics_text(State(state): State<AppState>) -> Response {
             .collect();
         // Dead with an earlier server process: still listed (and answering 409) until they
         // expire, so counted too.
-        let dead = crate::dead_sessions(&store).len();
+        let dead = engine.sessions().dead_count();
         statuses.extend(std::iter::repeat_n(
             runcell_engine::SessionStatus::Dead,
             dead,

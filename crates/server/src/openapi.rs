@@ -191,7 +191,9 @@ fn document_upload(op: &mut Operation) {
     body.required = Some(utoipa::openapi::Required::True);
     // A part's name is its path (below `?path=`).
     let mut name = ObjectBuilder::new().schema_type(Type::String).build();
-    name.pattern = Some(path_of(HEADER_NAME));
+    // A name cannot end in `\`: in a quoted header value that escapes the closing quote
+    // (multer then finds no name at all).
+    name.pattern = Some(format!(r"^(?![\s\S]*\\$){}", &path_of(HEADER_NAME)[1..]));
     name.max_length = Some(PATH_MAX_CHARS);
     schema.property_names = Some(Box::new(Schema::Object(name)));
     form.schema = Some(RefOr::T(Schema::Object(schema)));

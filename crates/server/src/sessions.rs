@@ -92,32 +92,16 @@ pub(crate) async fn owned(state: &AppState, tenant: &Tenant, id: &str) -> ApiRes
 /// A live session of the tenant, or a dead one the store remembers.
 async fn lookup(state: &AppState, tenant: &Tenant, id: &str) -> ApiResult<SessionInfo> {
     // Live sessions are in memory (a map lookup, no I/O): no trip to the blocking pool.
-    if let Ok(i) = state.engine.sessions().get(id) {
-        return match i.owner == tenant.0 {
-            true => Ok(i),
-            false => Err(ApiError::not_found(format!("session {id}"))),
-        };
+    let live = state.engine.sessions().get(id).ok();
+    if let Some(i) = live.filter(|i| i.owner == tenant.0) {
+        return Ok(i);
     }
     let engine = state.engine.clone();
-    let store = state.store.clone();
-    let (id2, tenant2) = (id.to_owned(), tenant.0.clone());
-    let found = tokio::task::spawn_blocking(move || match engine.sessions().get(&id2) {
-        Ok(i) => Some(i),
-        Err(_) => store
-            .get_session(&tenant2, &id2)
-            .ok()
-            .flatten()
-            .filter(|r| {
-                r.status == "dead" && !crate::forget_if_expired(&store, r, chrono::Utc::now())
-            })
-            .and_then(|r| crate::dead_session(&r)),
-    })
-    .await
-    .map_err(ApiError::internal)?;
-    match found {
-        Some(i) if i.owner == tenant.0 => Ok(i),
-        _ => Err(ApiError::not_found(format!("session {id}"))),
-    }
+    let (owner, id2) = (tenant.0.clone(), id.to_owned());
+    tokio::task::spawn_blocking(move || engine.sessions().find(&owner, &id2))
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("session {id}")))
 }
 
 /// A request's `timeout_s`, checked to be a duration at all; the engine holds it to the
@@ -183,14 +167,6 @@ pub async fn create_session(
     state
         .metrics
         .observe_session_start(started.elapsed().as_secs_f64());
-    if let Err(e) = crate::persist_session(&state, &info).await {
-        // A session the store does not know would be lost at the next start, and the client,
-        // told it failed, would never delete it: end it now (a full disk, say).
-        let engine = state.engine.clone();
-        let id = info.id.clone();
-        let _ = blocking(move || engine.sessions().delete(&id)).await;
-        return Err(e);
-    }
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -211,25 +187,12 @@ pub async fn list_sessions(
         }
     }
     let engine = state.engine.clone();
-    let store = state.store.clone();
     let owner = tenant.0.clone();
-    let all = tokio::task::spawn_blocking(move || {
-        let mut live = engine.sessions().list();
-        // Sessions whose kernel died with an earlier server are reported, never missing.
-        let dead = store.list_sessions(&owner).unwrap_or_default();
-        let now = chrono::Utc::now();
-        live.extend(
-            dead.iter()
-                .filter(|r| r.status == "dead" && !crate::forget_if_expired(&store, r, now))
-                .filter_map(crate::dead_session),
-        );
-        live
-    })
-    .await
-    .map_err(ApiError::internal)?;
+    let all = tokio::task::spawn_blocking(move || engine.sessions().list_owned(&owner))
+        .await
+        .map_err(ApiError::internal)?;
     let sessions = all
         .into_iter()
-        .filter(|s| s.owner == tenant.0)
         .filter(|s| filters.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
         .collect();
     Ok(Json(SessionList { sessions }))
@@ -285,16 +248,12 @@ pub async fn delete_session(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     lookup(&state, &tenant, &id).await?;
-    // The record first: when the store cannot take it (a full disk: 507), nothing has
-    // changed and the client can retry; the other way round the session would be gone yet
-    // still recorded, and come back `dead` at the next start.
-    crate::forget_session(&state, &id).await?;
-    // Dead or not, a session the engine holds is ended there: one whose kernel could not be
-    // restarted (out of descriptors, say) is dead yet still listed and mounted. Only the
-    // dead sessions of an earlier server are the store's alone.
+    // Dead or not: one whose kernel could not be restarted (out of descriptors, say) is dead
+    // yet still held and mounted, and the dead sessions of an earlier server are forgotten.
+    // A delete the store cannot record (a full disk: 507) changes nothing.
     let engine = state.engine.clone();
-    let id2 = id.clone();
-    blocking(move || match engine.sessions().delete(&id2) {
+    blocking(move || match engine.sessions().delete(&id) {
+        // Ended meanwhile (idle expiry, another delete): what the client asked for.
         Err(runcell_engine::EngineError::NotFound(_)) => Ok(()),
         other => other,
     })

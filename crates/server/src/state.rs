@@ -4,20 +4,26 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use runcell_engine::Engine;
+use runcell_engine::{Engine, OPEN_TENANT};
 use runcell_store::Store;
 
-use crate::chat::ChatConfig;
 use crate::error::ApiError;
 use crate::hosts::{AllowedHost, HostPolicy};
 use crate::metrics::Metrics;
 
-/// The tenant requests belong to when the server runs without API keys (loopback only).
-pub const OPEN_TENANT: &str = "default";
+/// The model the chat talks to, set when the server starts (`runcell serve --agent-provider`).
+#[derive(Debug, Clone)]
+pub struct ChatConfig {
+    pub provider: runcell_agent::ProviderConfig,
+    /// Model replies at most per question.
+    pub max_steps: usize,
+}
 
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
+    /// The engine's store, for what is the HTTP layer's own: API keys, and the chain heads
+    /// audit checkpoints sign.
     pub store: Store,
     pub metrics: Arc<Metrics>,
     /// Whether the listener is loopback-only: without any active key, only such a server

@@ -71,7 +71,7 @@ fn exhaust_descriptors() -> (libc::rlimit, Vec<std::fs::File>) {
 async fn deleting_a_session_whose_kernel_could_not_restart_ends_it() {
     let srv = common::start().await;
     let addr = srv.addr;
-    let workspaces = srv.engine.config().data_dir.join("workspaces");
+    let workspaces = srv.engine.config().workspaces_dir();
     tokio::task::spawn_blocking(move || {
         let mut tcp = TcpStream::connect(addr).expect("connect");
         let (status, s) = send(&mut tcp, addr, "POST", "/v1/sessions", "{}");

@@ -188,7 +188,7 @@ mod tests {
 
     use super::*;
     use crate::sqlite::SqliteStore;
-    use crate::{Backend, Durability, NewExecution};
+    use crate::{DomainStore, Durability, NewExecution};
 
     /// Small enough that a test's appends pass both limits many times over.
     const TEST_LIMITS: WalLimits = WalLimits {

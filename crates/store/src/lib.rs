@@ -1,8 +1,11 @@
 //! Persistence for runcell: API keys, sessions, upload metadata and the executions audit log.
 //!
 //! SQLite is the default (and so far only) backend; this is the only crate that speaks SQL.
-//! The interface is the [`Backend`] trait so a PostgreSQL backend can be added later; callers
-//! hold a [`Store`], a cheap-to-clone handle to some backend.
+//! The interface is two traits, so a PostgreSQL backend can be added later: [`DomainStore`],
+//! the records the engine keeps (sessions, uploads, executions, tenants' settings), and
+//! [`Backend`], everything else (API keys, tenants' changes, checkpoints' chain heads) on top
+//! of it. Callers hold a [`Store`], a cheap-to-clone handle to some backend; the engine holds
+//! its [`DomainStore`] side ([`Store::domain`]).
 //!
 //! The API is synchronous. Async callers should wrap calls in `tokio::task::spawn_blocking`.
 //!
@@ -13,9 +16,9 @@
 //! needs `synchronous=FULL` (an fsync per commit): open with [`Durability::PowerLoss`].
 //!
 //! # The audit chain
-//! [`Backend::append_execution`] adds each execution to a per-tenant chain of HMACs keyed with
+//! [`DomainStore::append_execution`] adds each execution to a per-tenant chain of HMACs keyed with
 //! a secret kept outside the database; see [`audit`] for the exact encoding, the key files and
-//! signed checkpoints, and [`Backend::verify_chain`] for what verification detects.
+//! signed checkpoints, and [`DomainStore::verify_chain`] for what verification detects.
 //!
 //! # Records
 //! The store does not depend on the engine: executions are stored as JSON text
@@ -169,7 +172,7 @@ pub struct ExecutionRow {
     pub hash: String,
 }
 
-/// Result of [`Backend::verify_chain`].
+/// Result of [`DomainStore::verify_chain`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyReport {
     /// True when every checked chain is intact.
@@ -214,50 +217,17 @@ pub struct Expected {
     pub source: String,
 }
 
-/// Storage operations. Implemented by [`SqliteStore`]; a PostgreSQL backend would implement
-/// it too. All methods validate their input and return [`StoreError::Invalid`] rather than
-/// panic.
-pub trait Backend: Send + Sync + fmt::Debug {
-    // ---- API keys ----
-
-    /// Creates an API key for `tenant` and returns it with its plaintext, which is not stored
-    /// (only its SHA-256) and cannot be recovered later. Key and tenant names must be 1..=64
-    /// characters of `[A-Za-z0-9_.-]`. Names need not be unique.
-    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)>;
-    /// Changes whenever a key is created or revoked through this store, so callers caching
-    /// authentication outcomes can tell theirs is stale. (Changes made by other processes are
-    /// not seen: such caches also expire.)
-    fn keys_generation(&self) -> u64 {
-        0
-    }
-    /// Whether the database is open for this process alone: SQLite opened on a disk too full
-    /// for its shared WAL index ([`SqliteStore::open_keyed`]).
-    fn is_exclusive(&self) -> bool {
-        false
-    }
-    /// All keys, revoked ones included, oldest first.
-    fn list_keys(&self) -> Result<Vec<KeyInfo>>;
-    /// Revokes the key with this id, or else the only active key with this name. Returns
-    /// `false` if nothing was revoked (no match, or already revoked); `Invalid` when the name
-    /// matches several active keys.
-    fn revoke_key(&self, id_or_name: &str) -> Result<bool>;
-    /// The active key whose plaintext is `key`; `None` if unknown or revoked.
-    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>>;
-    /// Whether any unrevoked key exists.
-    fn has_active_keys(&self) -> Result<bool>;
-    /// The key with this id (revoked or not), or else the only active key with this name;
-    /// `Invalid` when the name matches several active keys.
-    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
-
+/// What the engine keeps of its domain: sessions, the uploads into them, executions in their
+/// tenants' audit chains, and tenants' settings as a session start reads them. The engine holds
+/// any backend this way (`Arc<dyn DomainStore>`, see [`Store::domain`]), so it speaks to the
+/// store in records, never in SQL. Implemented by [`SqliteStore`]; a PostgreSQL backend
+/// implements it too. All methods validate their input and return [`StoreError::Invalid`]
+/// rather than panic.
+pub trait DomainStore: Send + Sync + fmt::Debug {
     // ---- tenants' quotas and default start ----
 
     /// The tenant's settings (none set: no quota, the server's default start).
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings>;
-    /// Every tenant with settings, by name.
-    fn list_tenants(&self) -> Result<Vec<TenantSettings>>;
-    /// Applies `change` to the tenant's settings and returns the result. `start` must be
-    /// `zygote` or `cold` (`Invalid` otherwise).
-    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings>;
 
     // ---- sessions ----
 
@@ -303,8 +273,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// execution id was already used (by any tenant).
     fn append_execution(&self, rec: &NewExecution) -> Result<AuditEntry>;
     /// Appends several executions, in order, sharing one commit where the backend can: one
-    /// result per record, in order, each as [`Backend::append_execution`] would give it (a bad
-    /// record fails alone; the others are still appended). Every `Ok` is durable when this
+    /// result per record, in order, each as [`DomainStore::append_execution`] would give it (a
+    /// bad record fails alone; the others are still appended). Every `Ok` is durable when this
     /// returns.
     fn append_executions(&self, recs: &[NewExecution]) -> Vec<Result<AuditEntry>> {
         recs.iter().map(|r| self.append_execution(r)).collect()
@@ -326,10 +296,58 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn verify_chain(&self, tenant: Option<&str>) -> Result<VerifyReport> {
         self.verify_extends(tenant, &[])
     }
-    /// Like [`Backend::verify_chain`], and also checks that each position in `expected` (of
-    /// the tenant walked, or of any tenant) is still in its chain: record `count` exists and has
-    /// hash `head`. A tenant expected but gone entirely is reported too.
+    /// Like [`DomainStore::verify_chain`], and also checks that each position in `expected`
+    /// (of the tenant walked, or of any tenant) is still in its chain: record `count` exists and
+    /// has hash `head`. A tenant expected but gone entirely is reported too.
     fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport>;
+}
+
+/// Everything the store does: the [`DomainStore`] records, and what only the operator and the
+/// HTTP layer need (API keys, changing tenants' settings, signed checkpoints' chain heads).
+/// Implemented by [`SqliteStore`]; a PostgreSQL backend would implement it too. All methods
+/// validate their input and return [`StoreError::Invalid`] rather than panic.
+pub trait Backend: DomainStore {
+    // ---- API keys ----
+
+    /// Creates an API key for `tenant` and returns it with its plaintext, which is not stored
+    /// (only its SHA-256) and cannot be recovered later. Key and tenant names must be 1..=64
+    /// characters of `[A-Za-z0-9_.-]`. Names need not be unique.
+    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)>;
+    /// Changes whenever a key is created or revoked through this store, so callers caching
+    /// authentication outcomes can tell theirs is stale. (Changes made by other processes are
+    /// not seen: such caches also expire.)
+    fn keys_generation(&self) -> u64 {
+        0
+    }
+    /// Whether the database is open for this process alone: SQLite opened on a disk too full
+    /// for its shared WAL index ([`SqliteStore::open_keyed`]).
+    fn is_exclusive(&self) -> bool {
+        false
+    }
+    /// All keys, revoked ones included, oldest first.
+    fn list_keys(&self) -> Result<Vec<KeyInfo>>;
+    /// Revokes the key with this id, or else the only active key with this name. Returns
+    /// `false` if nothing was revoked (no match, or already revoked); `Invalid` when the name
+    /// matches several active keys.
+    fn revoke_key(&self, id_or_name: &str) -> Result<bool>;
+    /// The active key whose plaintext is `key`; `None` if unknown or revoked.
+    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>>;
+    /// Whether any unrevoked key exists.
+    fn has_active_keys(&self) -> Result<bool>;
+    /// The key with this id (revoked or not), or else the only active key with this name;
+    /// `Invalid` when the name matches several active keys.
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
+
+    // ---- tenants' quotas and default start ----
+
+    /// Every tenant with settings, by name.
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>>;
+    /// Applies `change` to the tenant's settings and returns the result. `start` must be
+    /// `zygote` or `cold` (`Invalid` otherwise).
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings>;
+
+    // ---- the audit chain's heads ----
+
     /// Every tenant's chain head (or one tenant's: count 0 if it has none), by tenant name,
     /// from one snapshot: what a checkpoint signs.
     fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>>;
@@ -375,6 +393,11 @@ impl Store {
     /// Wraps any backend.
     pub fn from_backend(backend: Arc<dyn Backend>) -> Store {
         Store(backend)
+    }
+
+    /// The same backend as the engine holds it: its [`DomainStore`] records only.
+    pub fn domain(&self) -> Arc<dyn DomainStore> {
+        self.0.clone()
     }
 }
 

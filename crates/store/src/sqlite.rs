@@ -23,8 +23,8 @@ use crate::error::{Result, StoreError};
 use crate::group::GroupCommit;
 use crate::validate::{self, KEY_PREFIX_LEN};
 use crate::{
-    time, AuditEntry, Backend, ChainHead, ExecutionRow, Expected, KeyInfo, NewExecution,
-    SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
+    time, AuditEntry, Backend, ChainHead, DomainStore, ExecutionRow, Expected, KeyInfo,
+    NewExecution, SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
 };
 
 /// Schema migrations, applied in order, each in its own transaction, recorded in
@@ -830,138 +830,7 @@ impl SqliteStore {
     }
 }
 
-impl Backend for SqliteStore {
-    fn is_exclusive(&self) -> bool {
-        self.exclusive
-    }
-
-    fn keys_generation(&self) -> u64 {
-        self.keys_generation
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
-        // Before the change, so a cached "no key needed" cannot outlive it (and after: below).
-        self.keys_generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let _bump = BumpOnDrop(&self.keys_generation);
-        validate::name("key name", name)?;
-        validate::name("tenant", tenant)?;
-        let key = validate::new_key()?;
-        let info = KeyInfo {
-            id: validate::new_key_id()?,
-            name: name.to_owned(),
-            tenant: tenant.to_owned(),
-            created_at: Utc::now(),
-            revoked_at: None,
-            prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
-        };
-        self.write().execute(
-            "INSERT INTO api_keys (id, name, tenant, key_hash, prefix, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                info.id,
-                info.name,
-                info.tenant,
-                validate::sha256(key.as_bytes()),
-                info.prefix,
-                time::fmt(info.created_at)
-            ],
-        )?;
-        Ok((info, key))
-    }
-
-    fn list_keys(&self) -> Result<Vec<KeyInfo>> {
-        collect(
-            &self.read(),
-            &format!("SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"),
-            [],
-            key_from,
-        )
-    }
-
-    fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
-        let _bump = BumpOnDrop(&self.keys_generation);
-        let mut conn = self.write();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let by_id: Option<Option<String>> = tx
-            .query_row(
-                "SELECT revoked_at FROM api_keys WHERE id = ?1",
-                [id_or_name],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let id = match by_id {
-            Some(Some(_)) => return Ok(false), // already revoked
-            Some(None) => id_or_name.to_owned(),
-            None => {
-                let ids = collect(
-                    &tx,
-                    "SELECT id FROM api_keys WHERE name = ?1 AND revoked_at IS NULL",
-                    [id_or_name],
-                    |r| Ok(r.get::<_, String>(0)?),
-                )?;
-                match ids.as_slice() {
-                    [] => return Ok(false),
-                    [one] => one.clone(),
-                    many => {
-                        return Err(StoreError::Invalid(format!(
-                            "{} active keys are named {id_or_name:?}; revoke one by id",
-                            many.len()
-                        )))
-                    }
-                }
-            }
-        };
-        tx.execute(
-            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
-            params![id, time::fmt(Utc::now())],
-        )?;
-        tx.commit()?;
-        Ok(true)
-    }
-
-    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>> {
-        first(
-            &self.read(),
-            &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL"),
-            [validate::sha256(key.as_bytes())],
-            key_from,
-        )
-    }
-
-    fn has_active_keys(&self) -> Result<bool> {
-        Ok(self.read().query_row(
-            "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)",
-            [],
-            |r| r.get(0),
-        )?)
-    }
-
-    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
-        let conn = self.read();
-        if let Some(k) = first(
-            &conn,
-            &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
-            [id_or_name],
-            key_from,
-        )? {
-            return Ok(Some(k));
-        }
-        let mut by_name = collect(
-            &conn,
-            &format!("SELECT {KEY_COLS} FROM api_keys WHERE name = ?1 AND revoked_at IS NULL"),
-            [id_or_name],
-            key_from,
-        )?;
-        match by_name.len() {
-            0 | 1 => Ok(by_name.pop()),
-            n => Err(StoreError::Invalid(format!(
-                "{n} active keys are named {id_or_name:?}; name one by id"
-            ))),
-        }
-    }
-
+impl DomainStore for SqliteStore {
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
         Ok(first(
             &self.read(),
@@ -973,66 +842,6 @@ impl Backend for SqliteStore {
             tenant: tenant.to_owned(),
             ..TenantSettings::default()
         }))
-    }
-
-    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
-        collect(
-            &self.read(),
-            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants ORDER BY tenant",
-            [],
-            quota_from,
-        )
-    }
-
-    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
-        validate::name("tenant", tenant)?;
-        if let Some(Some(start)) = &change.start {
-            if !matches!(start.as_str(), "zygote" | "cold") {
-                return Err(StoreError::Invalid(format!(
-                    "start must be zygote or cold (got {start:?})"
-                )));
-            }
-        }
-        let int = |v: u64| {
-            i64::try_from(v).map_err(|_| StoreError::Invalid(format!("quota {v} is too large")))
-        };
-        let mut conn = self.write();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut q = first(
-            &tx,
-            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
-            [tenant],
-            quota_from,
-        )?
-        .unwrap_or_else(|| TenantSettings {
-            tenant: tenant.to_owned(),
-            ..TenantSettings::default()
-        });
-        if let Some(v) = change.max_sessions {
-            q.max_sessions = v;
-        }
-        if let Some(v) = change.max_memory_mb {
-            q.max_memory_mb = v;
-        }
-        if let Some(v) = &change.start {
-            q.start = v.clone();
-        }
-        tx.execute(
-            "INSERT INTO tenants (tenant, max_sessions, max_memory_mb, start, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (tenant) DO UPDATE SET max_sessions = excluded.max_sessions,
-                 max_memory_mb = excluded.max_memory_mb, start = excluded.start,
-                 updated_at = excluded.updated_at",
-            params![
-                tenant,
-                q.max_sessions.map(int).transpose()?,
-                q.max_memory_mb.map(int).transpose()?,
-                q.start,
-                time::fmt(Utc::now())
-            ],
-        )?;
-        tx.commit()?;
-        Ok(q)
     }
 
     fn put_session(&self, s: &SessionRecord) -> Result<()> {
@@ -1328,6 +1137,199 @@ impl Backend for SqliteStore {
             }
             None => verify_on(&mut self.write(), &self.key, tenant, expected),
         }
+    }
+}
+
+impl Backend for SqliteStore {
+    fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    fn keys_generation(&self) -> u64 {
+        self.keys_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
+        // Before the change, so a cached "no key needed" cannot outlive it (and after: below).
+        self.keys_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _bump = BumpOnDrop(&self.keys_generation);
+        validate::name("key name", name)?;
+        validate::name("tenant", tenant)?;
+        let key = validate::new_key()?;
+        let info = KeyInfo {
+            id: validate::new_key_id()?,
+            name: name.to_owned(),
+            tenant: tenant.to_owned(),
+            created_at: Utc::now(),
+            revoked_at: None,
+            prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
+        };
+        self.write().execute(
+            "INSERT INTO api_keys (id, name, tenant, key_hash, prefix, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                info.id,
+                info.name,
+                info.tenant,
+                validate::sha256(key.as_bytes()),
+                info.prefix,
+                time::fmt(info.created_at)
+            ],
+        )?;
+        Ok((info, key))
+    }
+
+    fn list_keys(&self) -> Result<Vec<KeyInfo>> {
+        collect(
+            &self.read(),
+            &format!("SELECT {KEY_COLS} FROM api_keys ORDER BY created_at, id"),
+            [],
+            key_from,
+        )
+    }
+
+    fn revoke_key(&self, id_or_name: &str) -> Result<bool> {
+        let _bump = BumpOnDrop(&self.keys_generation);
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let by_id: Option<Option<String>> = tx
+            .query_row(
+                "SELECT revoked_at FROM api_keys WHERE id = ?1",
+                [id_or_name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let id = match by_id {
+            Some(Some(_)) => return Ok(false), // already revoked
+            Some(None) => id_or_name.to_owned(),
+            None => {
+                let ids = collect(
+                    &tx,
+                    "SELECT id FROM api_keys WHERE name = ?1 AND revoked_at IS NULL",
+                    [id_or_name],
+                    |r| Ok(r.get::<_, String>(0)?),
+                )?;
+                match ids.as_slice() {
+                    [] => return Ok(false),
+                    [one] => one.clone(),
+                    many => {
+                        return Err(StoreError::Invalid(format!(
+                            "{} active keys are named {id_or_name:?}; revoke one by id",
+                            many.len()
+                        )))
+                    }
+                }
+            }
+        };
+        tx.execute(
+            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
+            params![id, time::fmt(Utc::now())],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    fn authenticate(&self, key: &str) -> Result<Option<KeyInfo>> {
+        first(
+            &self.read(),
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL"),
+            [validate::sha256(key.as_bytes())],
+            key_from,
+        )
+    }
+
+    fn has_active_keys(&self) -> Result<bool> {
+        Ok(self.read().query_row(
+            "SELECT EXISTS (SELECT 1 FROM api_keys WHERE revoked_at IS NULL)",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>> {
+        let conn = self.read();
+        if let Some(k) = first(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
+            [id_or_name],
+            key_from,
+        )? {
+            return Ok(Some(k));
+        }
+        let mut by_name = collect(
+            &conn,
+            &format!("SELECT {KEY_COLS} FROM api_keys WHERE name = ?1 AND revoked_at IS NULL"),
+            [id_or_name],
+            key_from,
+        )?;
+        match by_name.len() {
+            0 | 1 => Ok(by_name.pop()),
+            n => Err(StoreError::Invalid(format!(
+                "{n} active keys are named {id_or_name:?}; name one by id"
+            ))),
+        }
+    }
+
+    fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
+        collect(
+            &self.read(),
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants ORDER BY tenant",
+            [],
+            quota_from,
+        )
+    }
+
+    fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings> {
+        validate::name("tenant", tenant)?;
+        if let Some(Some(start)) = &change.start {
+            if !matches!(start.as_str(), "zygote" | "cold") {
+                return Err(StoreError::Invalid(format!(
+                    "start must be zygote or cold (got {start:?})"
+                )));
+            }
+        }
+        let int = |v: u64| {
+            i64::try_from(v).map_err(|_| StoreError::Invalid(format!("quota {v} is too large")))
+        };
+        let mut conn = self.write();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut q = first(
+            &tx,
+            "SELECT tenant, max_sessions, max_memory_mb, start FROM tenants WHERE tenant = ?1",
+            [tenant],
+            quota_from,
+        )?
+        .unwrap_or_else(|| TenantSettings {
+            tenant: tenant.to_owned(),
+            ..TenantSettings::default()
+        });
+        if let Some(v) = change.max_sessions {
+            q.max_sessions = v;
+        }
+        if let Some(v) = change.max_memory_mb {
+            q.max_memory_mb = v;
+        }
+        if let Some(v) = &change.start {
+            q.start = v.clone();
+        }
+        tx.execute(
+            "INSERT INTO tenants (tenant, max_sessions, max_memory_mb, start, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (tenant) DO UPDATE SET max_sessions = excluded.max_sessions,
+                 max_memory_mb = excluded.max_memory_mb, start = excluded.start,
+                 updated_at = excluded.updated_at",
+            params![
+                tenant,
+                q.max_sessions.map(int).transpose()?,
+                q.max_memory_mb.map(int).transpose()?,
+                q.start,
+                time::fmt(Utc::now())
+            ],
+        )?;
+        tx.commit()?;
+        Ok(q)
     }
 
     fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>> {

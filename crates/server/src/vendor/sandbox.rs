@@ -209,7 +209,7 @@ impl Sandbox<'_> {
         match self.engine.read_file(self.session, &path) {
             Ok(_) => {}
             Err(EngineError::NotFound(_)) => {
-                self.engine.write_file(self.session, &path, data)?;
+                self.engine.upload_file(self.session, &path, data)?;
             }
             Err(e) => return Err(e),
         }

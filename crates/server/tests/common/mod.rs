@@ -1,8 +1,6 @@
 //! The app bound to port 0 for the server's tests, torn down without leftovers.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use std::sync::Arc;
-
 use runcell_store::Store;
 
 pub struct Server {
@@ -83,8 +81,7 @@ pub async fn start_configured(
     .await
     .expect("config");
     let store = Store::open(&config.data_dir.join("runcell.db")).expect("store");
-    let audit = Arc::new(runcell_server::StoreAudit(store.clone()));
-    let engine = runcell_engine::Engine::with_audit(config, Some(audit)).expect("engine");
+    let engine = runcell_engine::Engine::with_store(config, store.domain()).expect("engine");
     // Bound first: the server answers to its real port only.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -78,7 +78,7 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The positions it fixes, for [`crate::Backend::verify_extends`].
+    /// The positions it fixes, for [`crate::DomainStore::verify_extends`].
     pub fn expected(&self) -> Vec<crate::Expected> {
         self.tenants
             .iter()
@@ -169,6 +169,22 @@ impl AuditSigner {
             tenants,
             signature: hex(&sig.to_bytes()),
         }
+    }
+
+    /// Signs the chain heads of `tenant` (or of every tenant) in `store` as they are now.
+    pub fn checkpoint(
+        &self,
+        store: &dyn crate::Backend,
+        tenant: Option<&str>,
+    ) -> Result<Checkpoint> {
+        let heads = store.chain_heads(tenant)?;
+        let scope = if tenant.is_some() {
+            Scope::Tenant
+        } else {
+            Scope::All
+        };
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        Ok(self.sign(scope, now, heads))
     }
 }
 

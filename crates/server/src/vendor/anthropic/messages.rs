@@ -976,13 +976,6 @@ async fn container_session(
         })
     })
     .await?;
-    if let Err(e) = crate::persist_session(state, &info).await {
-        // A session the store does not know would be lost at the next start.
-        let engine = state.engine.clone();
-        let id = info.id.clone();
-        let _ = crate::sessions::blocking(move || engine.sessions().delete(&id)).await;
-        return Err(e.into());
-    }
     Ok(info.id)
 }
 

@@ -183,12 +183,6 @@ pub(super) async fn start(
         })
     })
     .await?;
-    if let Err(e) = crate::persist_session(state, &info).await {
-        let engine = state.engine.clone();
-        let id = info.id.clone();
-        let _ = crate::sessions::blocking(move || engine.sessions().delete(&id)).await;
-        return Err(e.into());
-    }
     for (meta, data) in files {
         let path = crate::vendor::sandbox::safe_name(&meta.filename);
         put_file(state, &info.id, &path, data.into()).await?;
@@ -224,15 +218,9 @@ async fn put_file(
     path: &str,
     data: Bytes,
 ) -> Result<FileEntry, Error> {
-    let sha256 = {
-        use sha2::Digest;
-        let d = sha2::Sha256::digest(&data);
-        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
     let engine = state.engine.clone();
     let (s, p) = (session.to_owned(), path.to_owned());
-    let entry = crate::sessions::blocking(move || engine.write_file(&s, &p, &data)).await?;
-    crate::record_upload(state, session, &entry, sha256).await?;
+    let entry = crate::sessions::blocking(move || engine.upload_file(&s, &p, &data)).await?;
     uploaded()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -382,7 +370,6 @@ pub(super) async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let info = owned(&state, &tenant, &id).await?;
-    crate::forget_session(&state, &info.id).await?;
     let engine = state.engine.clone();
     crate::sessions::blocking(move || match engine.sessions().delete(&info.id) {
         Err(runcell_engine::EngineError::NotFound(_)) => Ok(()),
