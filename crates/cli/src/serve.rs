@@ -32,13 +32,13 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
-    /// Turns the web page's chat on: the model API the agent loop talks to (openai: any
-    /// Chat Completions endpoint; anthropic: Messages). The key comes from OPENAI_API_KEY or
-    /// ANTHROPIC_API_KEY, as for `runcell ask`.
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
+    /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
+    /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",
-        help = format!("The chat's model (default: {})", runcell_agent::default_models()))]
+        help = format!("The chat's model (default: {}); named, it also answers every /anthropic request whatever model that names, which otherwise goes to the provider as is", runcell_agent::default_models()))]
     agent_model: Option<String>,
     /// The chat's API base URL, e.g. http://localhost:11434/v1 for Ollama (no key needed then).
     #[arg(long, value_name = "URL", env = "RUNCELL_AGENT_BASE_URL")]
@@ -388,13 +388,23 @@ pub fn serve(
             if agent_max_steps == 0 {
                 return Err(invalid("--agent-max-steps must be at least 1"));
             }
+            // A model the operator named answers every vendor-prefix request whatever model
+            // it names; otherwise the request's model goes to the provider.
+            let pin_model = agent_model.is_some();
             let provider = ProviderConfig::from_env(kind, agent_model, agent_base_url)
                 .context("cannot configure the chat's model provider")?;
-            tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, "chat enabled");
-            Some(runcell_server::ChatConfig {
-                provider,
-                max_steps: agent_max_steps,
-            })
+            tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, pin_model, "chat and vendor APIs enabled");
+            Some((
+                runcell_server::ChatConfig {
+                    provider: provider.clone(),
+                    max_steps: agent_max_steps,
+                },
+                runcell_server::VendorConfig {
+                    provider,
+                    pin_model,
+                    max_steps: agent_max_steps,
+                },
+            ))
         }
         None => {
             tracing::info!("chat disabled: no --agent-provider");
@@ -452,8 +462,8 @@ pub fn serve(
         let mut state = runcell_server::state(engine.clone(), store, addr)
             .with_allowed_hosts(allowed_hosts)
             .with_audit_signer(signer);
-        if let Some(chat) = chat {
-            state = state.with_chat(chat);
+        if let Some((chat, vendor)) = chat {
+            state = state.with_chat(chat).with_vendor(vendor);
         }
         let metrics = match metrics_listener {
             Some(l) => {
