@@ -17,8 +17,8 @@ pub mod provider;
 pub mod testing;
 
 pub use provider::{
-    default_models, Client, ModelReply, ProviderConfig, ProviderKind, ToolReply, ToolUse, Turn,
-    DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
+    default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
+    ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
 };
 
 /// What can stop a run before an answer.

@@ -173,6 +173,26 @@ pub struct ModelReply {
     pub raw: Value,
 }
 
+/// A tool the model is offered, for a caller that brings its own set instead of runcell's
+/// three (the vendor-compatible APIs name theirs as the vendor does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the input (an object).
+    pub input_schema: Value,
+}
+
+/// What a reply says beside its content: the provider's token counts and why it stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplyMeta {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// In Anthropic's words (`end_turn`, `max_tokens`, `stop_sequence`, `tool_use`), Chat
+    /// Completions' `finish_reason` translated; `None` when the provider gave none.
+    pub stop_reason: Option<String>,
+}
+
 /// Talks to one model.
 #[derive(Debug)]
 pub struct Client {
@@ -195,20 +215,58 @@ impl Client {
         &self.cfg
     }
 
-    /// The model's next reply to `turns`.
+    /// The model's next reply to `turns`, with runcell's tools.
     pub fn complete(&self, system: &str, turns: &[Turn]) -> Result<ModelReply, AgentError> {
+        let tools = match self.cfg.kind {
+            ProviderKind::OpenAi => definitions_json(ToolFormat::OpenAi),
+            ProviderKind::Anthropic => definitions_json(ToolFormat::Anthropic),
+        };
+        self.send(system, turns, tools).map(|(reply, _)| reply)
+    }
+
+    /// The model's next reply to `turns`, offered `tools` (none: a plain conversation), with
+    /// the reply's token counts and stop reason.
+    pub fn complete_with(
+        &self,
+        system: &str,
+        turns: &[Turn],
+        tools: &[ToolSpec],
+    ) -> Result<(ModelReply, ReplyMeta), AgentError> {
+        let tools = Value::Array(match self.cfg.kind {
+            ProviderKind::OpenAi => tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.input_schema}})
+                })
+                .collect(),
+            ProviderKind::Anthropic => tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+                .collect(),
+        });
+        self.send(system, turns, tools)
+    }
+
+    fn send(
+        &self,
+        system: &str,
+        turns: &[Turn],
+        tools: Value,
+    ) -> Result<(ModelReply, ReplyMeta), AgentError> {
         match self.cfg.kind {
             ProviderKind::OpenAi => {
-                let body = openai_request(&self.cfg.model, system, turns);
+                let body = openai_body(&self.cfg.model, system, turns, tools);
                 let url = format!("{}/chat/completions", self.cfg.base_url);
                 let reply = self.post(&url, &body)?;
-                parse_openai(&reply)
+                Ok((parse_openai(&reply)?, openai_meta(&reply)))
             }
             ProviderKind::Anthropic => {
-                let body = anthropic_request(&self.cfg.model, self.cfg.max_tokens, system, turns);
+                let body =
+                    anthropic_body(&self.cfg.model, self.cfg.max_tokens, system, turns, tools);
                 let url = format!("{}/v1/messages", self.cfg.base_url);
                 let reply = self.post(&url, &body)?;
-                parse_anthropic(&reply)
+                Ok((parse_anthropic(&reply)?, anthropic_meta(&reply)))
             }
         }
     }
@@ -340,7 +398,50 @@ fn data_url(img: &ToolImage) -> String {
 
 /// A Chat Completions request.
 pub fn openai_request(model: &str, system: &str, turns: &[Turn]) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": system})];
+    openai_body(model, system, turns, definitions_json(ToolFormat::OpenAi))
+}
+
+fn u64_at(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn openai_meta(v: &Value) -> ReplyMeta {
+    ReplyMeta {
+        input_tokens: u64_at(v, "/usage/prompt_tokens"),
+        output_tokens: u64_at(v, "/usage/completion_tokens"),
+        stop_reason: v
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str)
+            .map(|r| {
+                match r {
+                    "stop" => "end_turn",
+                    "length" => "max_tokens",
+                    "tool_calls" | "function_call" => "tool_use",
+                    other => other,
+                }
+                .to_owned()
+            }),
+    }
+}
+
+fn anthropic_meta(v: &Value) -> ReplyMeta {
+    ReplyMeta {
+        input_tokens: u64_at(v, "/usage/input_tokens"),
+        output_tokens: u64_at(v, "/usage/output_tokens"),
+        stop_reason: v
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    }
+}
+
+/// A Chat Completions request offering `tools` (an empty list is left out: some servers
+/// refuse `"tools": []`), with no system message when `system` is empty.
+fn openai_body(model: &str, system: &str, turns: &[Turn], tools: Value) -> Value {
+    let mut messages = Vec::new();
+    if !system.is_empty() {
+        messages.push(json!({"role": "system", "content": system}));
+    }
     for t in turns {
         match t {
             Turn::User(text) => messages.push(json!({"role": "user", "content": text})),
@@ -391,11 +492,11 @@ pub fn openai_request(model: &str, system: &str, turns: &[Turn]) -> Value {
             }
         }
     }
-    json!({
-        "model": model,
-        "messages": messages,
-        "tools": definitions_json(ToolFormat::OpenAi),
-    })
+    let mut body = json!({"model": model, "messages": messages});
+    if tools.as_array().is_some_and(|t| !t.is_empty()) {
+        body["tools"] = tools;
+    }
+    body
 }
 
 /// Reads a Chat Completions reply.
@@ -490,6 +591,24 @@ fn read_arguments(s: &str) -> (Value, String, Option<String>) {
 
 /// A Messages request.
 pub fn anthropic_request(model: &str, max_tokens: u32, system: &str, turns: &[Turn]) -> Value {
+    anthropic_body(
+        model,
+        max_tokens,
+        system,
+        turns,
+        definitions_json(ToolFormat::Anthropic),
+    )
+}
+
+/// A Messages request offering `tools` (left out when empty), with no system prompt when
+/// `system` is empty.
+fn anthropic_body(
+    model: &str,
+    max_tokens: u32,
+    system: &str,
+    turns: &[Turn],
+    tools: Value,
+) -> Value {
     let mut messages = Vec::new();
     for t in turns {
         match t {
@@ -526,13 +645,14 @@ pub fn anthropic_request(model: &str, max_tokens: u32, system: &str, turns: &[Tu
             }
         }
     }
-    json!({
-        "model": model,
-        "max_tokens": max_tokens,
-        "system": system,
-        "tools": definitions_json(ToolFormat::Anthropic),
-        "messages": messages,
-    })
+    let mut body = json!({"model": model, "max_tokens": max_tokens, "messages": messages});
+    if !system.is_empty() {
+        body["system"] = json!(system);
+    }
+    if tools.as_array().is_some_and(|t| !t.is_empty()) {
+        body["tools"] = tools;
+    }
+    body
 }
 
 /// Reads a Messages reply.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use runcell_engine::{InputFile, Language};
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +52,23 @@ impl SandboxArgs {
 pub fn timeout(seconds: f64) -> anyhow::Result<Duration> {
     match Duration::try_from_secs_f64(seconds) {
         Ok(d) if !d.is_zero() => Ok(d),
-        _ => bail!("invalid request: --timeout must be a positive number of seconds"),
+        _ => Err(invalid("--timeout must be a positive number of seconds")),
     }
+}
+
+/// A value of a flag or of the config file that runcell refuses: the hint points at `--help`.
+#[derive(Debug)]
+pub struct InvalidArgs(pub String);
+
+impl std::fmt::Display for InvalidArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid request: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidArgs {}
+
+/// `Err(invalid(...))`: an [`InvalidArgs`], as the commands return it.
+pub fn invalid(message: impl Into<String>) -> anyhow::Error {
+    InvalidArgs(message.into()).into()
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use runcell_agent::{Agent, AgentOptions, ProviderConfig, ProviderKind, StepEvent, StopReason};
 use runcell_engine::tools::ToolCall;
 
@@ -52,7 +52,7 @@ pub(crate) fn parse_provider(s: &str) -> Result<ProviderKind, String> {
 
 pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     if args.max_steps == 0 {
-        bail!("invalid request: --max-steps must be at least 1");
+        return Err(crate::args::invalid("--max-steps must be at least 1"));
     }
     let files = input_files(&args.files)?;
     let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;

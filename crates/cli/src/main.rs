@@ -154,14 +154,33 @@ fn default_data_dir() -> PathBuf {
         .join("runcell")
 }
 
+const DOCTOR_HINT: &str = "run `runcell doctor` to see which isolation layer is missing and why";
+const CHAIN_KEY_HINT: &str = "pass the chain key file it was keyed with: --audit-key-file FILE (or RUNCELL_AUDIT_KEY_FILE); see docs/operations.md, \"Key files\"";
+const HELP_HINT: &str = "see `runcell run --help` for the accepted values";
+
+/// What to do about `e`, chosen by the kinds of error in its chain.
 fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
-    let text = format!("{e:#}");
-    if text.contains("cannot run code on this host") {
-        Some("run `runcell doctor` to see which isolation layer is missing and why")
-    } else if text.contains("the audit chain of this database is keyed with key") {
-        Some("pass the chain key file it was keyed with: --audit-key-file FILE (or RUNCELL_AUDIT_KEY_FILE); see docs/operations.md, \"Key files\"")
-    } else if text.contains("invalid request") {
-        Some("see `runcell run --help` for the accepted values")
+    use runcell_engine::EngineError;
+    use runcell_store::StoreError;
+    let engine = || e.chain().filter_map(|c| c.downcast_ref::<EngineError>());
+    if engine().any(|e| {
+        matches!(
+            e,
+            EngineError::IsolationMissing { .. }
+                | EngineError::Unavailable(_)
+                | EngineError::NoThread { .. }
+        )
+    }) {
+        Some(DOCTOR_HINT)
+    } else if e
+        .chain()
+        .any(|c| matches!(c.downcast_ref(), Some(StoreError::WrongChainKey { .. })))
+    {
+        Some(CHAIN_KEY_HINT)
+    } else if e.chain().any(|c| c.is::<args::InvalidArgs>())
+        || engine().any(|e| matches!(e, EngineError::InvalidRequest(_)))
+    {
+        Some(HELP_HINT)
     } else {
         None
     }
@@ -229,4 +248,31 @@ fn engine_on(
     let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
     config.python_runtime = python_runtime;
     Ok(runcell_engine::Engine::new(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runcell_engine::{EngineError, Invalid};
+
+    /// Hints follow the kind of error anywhere in the chain, never its text.
+    #[test]
+    fn hints_are_chosen_by_kind() {
+        let missing = EngineError::IsolationMissing { layers: Vec::new() };
+        assert_eq!(hint_for(&missing.into()), Some(DOCTOR_HINT));
+        let invalid = anyhow::Error::from(EngineError::InvalidRequest(Invalid::NulInCommand))
+            .context("cannot run the program");
+        assert_eq!(hint_for(&invalid), Some(HELP_HINT));
+        let flag = args::invalid("--memory must be a number");
+        assert_eq!(hint_for(&flag), Some(HELP_HINT));
+        let key = runcell_store::StoreError::WrongChainKey {
+            path: "k".into(),
+            expected: "a".into(),
+            found: "holds key b".into(),
+        };
+        assert_eq!(hint_for(&key.into()), Some(CHAIN_KEY_HINT));
+        // Control: the same words in a message of another kind get no hint.
+        let words = anyhow::anyhow!("invalid request: runcell cannot run code on this host");
+        assert_eq!(hint_for(&words), None);
+    }
 }

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use runcell_agent::{ProviderConfig, ProviderKind};
 use runcell_sandbox::doctor::{self, State};
 
+use crate::args::invalid;
 use crate::config::ServeFile;
 
 #[derive(Debug, clap::Args)]
@@ -35,13 +36,13 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
-    /// Turns the web page's chat on: the model API the agent loop talks to (openai: any
-    /// Chat Completions endpoint; anthropic: Messages). The key comes from OPENAI_API_KEY or
-    /// ANTHROPIC_API_KEY, as for `runcell ask`.
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
+    /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
+    /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",
-        help = format!("The chat's model (default: {})", runcell_agent::default_models()))]
+        help = format!("The chat's model (default: {}); named, it also answers every /anthropic request whatever model that names, which otherwise goes to the provider as is", runcell_agent::default_models()))]
     agent_model: Option<String>,
     /// The chat's API base URL, e.g. http://localhost:11434/v1 for Ollama (no key needed then).
     #[arg(long, value_name = "URL", env = "RUNCELL_AGENT_BASE_URL")]
@@ -210,8 +211,7 @@ fn limit_policy(
             .or(file.default_idle_timeout_s)
             .unwrap_or(d.idle_timeout_s),
     };
-    p.validate()
-        .map_err(|e| anyhow::anyhow!("invalid request: limits: {e}"))?;
+    p.validate().map_err(|e| invalid(format!("limits: {e}")))?;
     // The operator may know better (a shared config file, a host about to grow); say so.
     if p.committed_memory_mb > host.memory_mb {
         tracing::warn!(
@@ -251,29 +251,28 @@ pub fn serve(
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     let scheduling = match (args.scheduling, &file.scheduling) {
         (Some(s), _) => s,
-        (None, Some(name)) => {
-            <Scheduling as clap::ValueEnum>::from_str(name, false).map_err(|_| {
-                anyhow::anyhow!("invalid request: scheduling {name:?}: batch or normal")
-            })?
-        }
+        (None, Some(name)) => <Scheduling as clap::ValueEnum>::from_str(name, false)
+            .map_err(|_| invalid(format!("scheduling {name:?}: batch or normal")))?,
         (None, None) => Scheduling::Batch,
     };
     let warm_sessions = args.warm_sessions.or(file.warm_sessions).unwrap_or(2);
     if warm_sessions > 64 {
-        bail!("invalid request: warm_sessions must be at most 64");
+        return Err(invalid("warm_sessions must be at most 64"));
     }
     let agent_provider = match (args.agent_provider, &file.agent_provider) {
         (Some(k), _) => Some(k),
         (None, Some(name)) => Some(
             crate::ask::parse_provider(name)
-                .map_err(|e| anyhow::anyhow!("invalid request: agent_provider: {e}"))?,
+                .map_err(|e| invalid(format!("agent_provider: {e}")))?,
         ),
         (None, None) => None,
     };
     let agent_model = args.agent_model.or(file.agent_model.clone());
     let agent_base_url = args.agent_base_url.or(file.agent_base_url.clone());
     if agent_provider.is_none() && (agent_model.is_some() || agent_base_url.is_some()) {
-        bail!("invalid request: --agent-model and --agent-base-url need --agent-provider");
+        return Err(invalid(
+            "--agent-model and --agent-base-url need --agent-provider",
+        ));
     }
     let agent_max_steps = args.agent_max_steps.or(file.agent_max_steps).unwrap_or(12);
     let no_zygote = args.no_zygote || file.no_zygote.unwrap_or(false);
@@ -288,7 +287,7 @@ pub fn serve(
     for name in file.allowed_hosts.iter().flatten() {
         allowed_hosts.push(
             name.parse()
-                .map_err(|e| anyhow::anyhow!("invalid request: allowed_hosts {name:?}: {e}"))?,
+                .map_err(|e| invalid(format!("allowed_hosts {name:?}: {e}")))?,
         );
     }
     // Before any thread exists: every thread and process started from here on inherits it.
@@ -311,7 +310,7 @@ pub fn serve(
             .or(file.max_connections)
             .map(|n| n as usize),
     )
-    .map_err(|m| anyhow::anyhow!("invalid request: {m}"))?;
+    .map_err(invalid)?;
     tracing::info!(
         open_files,
         max_connections = capacity.max_connections,
@@ -391,15 +390,25 @@ pub fn serve(
     let chat = match agent_provider {
         Some(kind) => {
             if agent_max_steps == 0 {
-                bail!("invalid request: --agent-max-steps must be at least 1");
+                return Err(invalid("--agent-max-steps must be at least 1"));
             }
+            // A model the operator named answers every vendor-prefix request whatever model
+            // it names; otherwise the request's model goes to the provider.
+            let pin_model = agent_model.is_some();
             let provider = ProviderConfig::from_env(kind, agent_model, agent_base_url)
                 .context("cannot configure the chat's model provider")?;
-            tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, "chat enabled");
-            Some(runcell_server::ChatConfig {
-                provider,
-                max_steps: agent_max_steps,
-            })
+            tracing::info!(provider = kind.name(), model = %provider.model, base_url = %provider.base_url, pin_model, "chat and vendor APIs enabled");
+            Some((
+                runcell_server::ChatConfig {
+                    provider: provider.clone(),
+                    max_steps: agent_max_steps,
+                },
+                runcell_server::VendorConfig {
+                    provider,
+                    pin_model,
+                    max_steps: agent_max_steps,
+                },
+            ))
         }
         None => {
             tracing::info!("chat disabled: no --agent-provider");
@@ -464,8 +473,8 @@ pub fn serve(
         let mut state = runcell_server::state(engine.clone(), store, addr)
             .with_allowed_hosts(allowed_hosts)
             .with_audit_signer(signer);
-        if let Some(chat) = chat {
-            state = state.with_chat(chat);
+        if let Some((chat, vendor)) = chat {
+            state = state.with_chat(chat).with_vendor(vendor);
         }
         let metrics = match metrics_listener {
             Some(l) => {

@@ -33,20 +33,41 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi")
 }
 
+/// The Python the tools run on: the first of `python3` on the PATH and Debian's whose version
+/// is 3.11.5 or later. Debian 12's 3.11.2 has CPython's "AST constructor recursion depth
+/// mismatch" bug (gh-106905, fixed in 3.11.5), which Hypothesis hit now and then mid-run.
+fn python() -> String {
+    let fixed = |py: &str| {
+        Command::new(py)
+            .args([
+                "-c",
+                "import sys; sys.exit(0 if sys.version_info >= (3, 11, 5) else 1)",
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    ["python3", "/usr/bin/python3"]
+        .into_iter()
+        .find(|py| fixed(py))
+        .unwrap_or("/usr/bin/python3")
+        .to_owned()
+}
+
 /// A venv with the pinned tools: created, or re-created when the pins changed.
 fn venv() -> PathBuf {
     let dir = target_dir().join("openapi-venv");
     let requirements = fixtures().join("requirements.txt");
     // The venv's scripts name its path in their first line: a venv of another path (a moved
     // target dir) is made again.
+    let python = python();
     let mut pins = std::fs::read(&requirements).expect("requirements.txt");
-    pins.extend_from_slice(format!("\n# venv at {}\n", dir.display()).as_bytes());
+    pins.extend_from_slice(format!("\n# venv at {} of {python}\n", dir.display()).as_bytes());
     let stamp = dir.join("installed-requirements.txt");
     if std::fs::read(&stamp).ok().as_deref() == Some(&pins[..]) {
         return dir;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let status = Command::new("/usr/bin/python3")
+    let status = Command::new(&python)
         .args(["-m", "venv"])
         .arg(&dir)
         .status()

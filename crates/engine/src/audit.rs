@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::core::{AuditItem, AuditSink, RecordError};
+use crate::core::{AuditItem, AuditSink};
+use crate::error::RecordError;
 use crate::session::Reply;
 use crate::{EngineError, Execution};
 
@@ -55,7 +56,10 @@ impl Auditor {
         let thread = thread::Builder::new()
             .name("runcell-audit".into())
             .spawn(move || write(&*sink, rx, &running))
-            .map_err(|e| EngineError::Unavailable(format!("cannot start the audit writer: {e}")))?;
+            .map_err(|source| EngineError::NoThread {
+                thread: "the audit writer",
+                source,
+            })?;
         Ok(Auditor {
             queue: Some(tx),
             thread: Some(thread),
@@ -133,7 +137,7 @@ impl Linger {
 }
 
 fn writer_gone() -> EngineError {
-    EngineError::Internal("cannot record the execution: the audit writer has stopped".into())
+    RecordError::WriterStopped.into()
 }
 
 /// The writer thread: takes what is queued (waiting for the first), records it in one call
@@ -171,18 +175,14 @@ fn write(sink: &dyn AuditSink, queue: Receiver<Pending>, running: &AtomicUsize) 
         // A sink that panics fails its batch, not the writer (which would fail every later
         // execution).
         let results = panic::catch_unwind(AssertUnwindSafe(|| sink.record_batch(&items)))
-            .unwrap_or_else(|_| {
-                vec![Err(RecordError::Failed("the audit store panicked".into())); items.len()]
-            });
+            .unwrap_or_else(|_| vec![Err(RecordError::Panicked); items.len()]);
         drop(items);
         let mut results = results.into_iter();
         for p in batch.drain(..) {
             let result = match results.next() {
                 Some(Ok(())) => Ok(p.execution),
-                Some(Err(e)) => Err(e.into_engine()),
-                None => Err(EngineError::Internal(
-                    "cannot record the execution: the audit store gave no answer for it".into(),
-                )),
+                Some(Err(e)) => Err(e.into()),
+                None => Err(RecordError::NoAnswer.into()),
             };
             (p.then)(result);
         }
@@ -232,7 +232,7 @@ mod tests {
             items
                 .iter()
                 .map(|i| match i.execution.id.starts_with("bad") {
-                    true => Err(RecordError::Failed("refused".into())),
+                    true => Err(RecordError::store(std::io::Error::other("refused"))),
                     false => {
                         self.recorded
                             .lock()
@@ -313,13 +313,25 @@ mod tests {
             .recv()
             .expect("reply")
             .expect_err("refused");
-        assert!(err.to_string().contains("refused"), "{err}");
+        assert!(
+            matches!(err, EngineError::NotRecorded(RecordError::Store(_))),
+            "{err:?}"
+        );
+        // The store's own error is the cause.
+        let chain = crate::error_chain(&err);
+        assert!(
+            chain.ends_with("cannot record the execution: refused"),
+            "{chain}"
+        );
         assert!(record(&a, "ex_2", "1").recv().expect("reply").is_ok());
         let err = record(&a, "ex_3", "panic")
             .recv()
             .expect("reply")
             .expect_err("panicked");
-        assert!(err.to_string().contains("panicked"), "{err}");
+        assert!(
+            matches!(err, EngineError::NotRecorded(RecordError::Panicked)),
+            "{err:?}"
+        );
         // The writer lives on.
         assert!(record(&a, "ex_4", "1").recv().expect("reply").is_ok());
         assert_eq!(*sink.recorded.lock().expect("lock"), ["ex_2", "ex_4"]);

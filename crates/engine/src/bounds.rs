@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::error::{Invalid, Oversize};
 use crate::EngineError;
 
 pub use runcell_kernel::{MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES};
@@ -178,26 +179,25 @@ pub fn check_code(code: &str) -> Result<(), EngineError> {
 pub(crate) fn check_command(command: &str) -> Result<(), EngineError> {
     check("the command", command, MAX_COMMAND_BYTES)?;
     if command.contains('\0') {
-        return Err(EngineError::InvalidRequest(
-            "the command contains a NUL byte, which no program argument can hold".into(),
-        ));
+        return Err(EngineError::InvalidRequest(Invalid::NulInCommand));
     }
     Ok(())
 }
 
-fn check(what: &str, text: &str, limit: usize) -> Result<(), EngineError> {
+fn check(what: &'static str, text: &str, limit: usize) -> Result<(), EngineError> {
     if text.len() > limit {
-        return Err(EngineError::PayloadTooLarge(format!(
-            "{what} is {} bytes, over the limit of {limit} bytes; put data and long scripts in files instead",
-            text.len()
-        )));
+        return Err(EngineError::PayloadTooLarge(Oversize {
+            what,
+            size: text.len(),
+            limit,
+        }));
     }
     Ok(())
 }
 
 /// `Err(InvalidRequest)` for metadata over any of the `MAX_METADATA_*` bounds, naming it.
 pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), EngineError> {
-    let bad = |m: String| Err(EngineError::InvalidRequest(format!("metadata: {m}")));
+    let bad = |m: String| Err(EngineError::InvalidRequest(Invalid::Metadata(m)));
     if metadata.len() > MAX_METADATA_KEYS {
         return bad(format!(
             "{} keys, over the limit of {MAX_METADATA_KEYS}",
@@ -236,7 +236,7 @@ pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), EngineE
 
 /// `Err(InvalidRequest)` for an environment over any of the `MAX_ENV_*` bounds, naming it.
 pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), EngineError> {
-    let bad = |m: String| Err(EngineError::InvalidRequest(format!("env: {m}")));
+    let bad = |m: String| Err(EngineError::InvalidRequest(Invalid::Env(m)));
     if env.len() > MAX_ENV_VARS {
         return bad(format!(
             "{} variables, over the limit of {MAX_ENV_VARS}",
@@ -302,7 +302,7 @@ mod tests {
             .collect();
         assert!(ok(&wide).is_ok(), "64 keys of 576 three-byte characters");
         let msg = |r: Result<(), EngineError>| match r {
-            Err(EngineError::InvalidRequest(m)) => m,
+            Err(EngineError::InvalidRequest(Invalid::Metadata(m))) => m,
             other => panic!("expected a refusal, got {other:?}"),
         };
         let too_many: Vec<_> = (0..=MAX_METADATA_KEYS)
@@ -321,19 +321,21 @@ mod tests {
         assert!(env(vec![("A".into(), "x".repeat(30 << 10))]).is_ok());
         let too_long = env(vec![("A".into(), "x".repeat(200_000))]);
         assert!(
-            matches!(&too_long, Err(EngineError::InvalidRequest(m)) if m.contains("over the limit of 32768 bytes")),
+            matches!(&too_long, Err(EngineError::InvalidRequest(Invalid::Env(m))) if m.contains("over the limit of 32768 bytes")),
             "{too_long:?}"
         );
         let many = env((0..=MAX_ENV_VARS)
             .map(|i| (format!("V{i}"), String::new()))
             .collect());
         assert!(
-            matches!(&many, Err(EngineError::InvalidRequest(m)) if m.contains("257 variables"))
+            matches!(&many, Err(EngineError::InvalidRequest(Invalid::Env(m))) if m.contains("257 variables"))
         );
         let big = env((0..10)
             .map(|i| (format!("V{i}"), "x".repeat(30_000)))
             .collect());
-        assert!(matches!(&big, Err(EngineError::InvalidRequest(m)) if m.contains("in all")));
+        assert!(
+            matches!(&big, Err(EngineError::InvalidRequest(Invalid::Env(m))) if m.contains("in all"))
+        );
     }
 
     /// docs/api.md's Limits section lists every bound with its value.

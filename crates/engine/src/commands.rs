@@ -62,7 +62,7 @@ impl Engine {
                 },
                 &mut |_, _| {},
             )
-            .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
+            .map_err(EngineError::sandbox)?;
         // Commands are code too: they go into the audit log like cells.
         let record = command_execution(began.end(&workspace), &out);
         self.core.audit(&info.owner, &record, command)?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use runcell_kernel::{CellOptions, Kernel};
 use runcell_sandbox::{Sandbox, Workspace};
 
+use crate::error::{Invalid, NoSpace, RecordError};
 use crate::launch::Program;
 use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits};
 use crate::model::{Execution, Language};
@@ -40,37 +41,6 @@ pub(crate) trait AuditSink: Send + Sync {
             .iter()
             .map(|i| self.record(i.owner, i.execution, i.code))
             .collect()
-    }
-}
-
-/// Why an [`AuditSink`] could not record an execution.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum RecordError {
-    /// The store has no room (its disk is full): nothing was recorded, and recording works
-    /// again once space is freed.
-    #[error("{0}")]
-    NoSpace(String),
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl From<String> for RecordError {
-    fn from(message: String) -> Self {
-        RecordError::Failed(message)
-    }
-}
-
-impl RecordError {
-    /// The engine's error for an execution this failed to record.
-    pub(crate) fn into_engine(self) -> EngineError {
-        match self {
-            RecordError::NoSpace(m) => {
-                EngineError::InsufficientStorage(format!("cannot record the execution: {m}"))
-            }
-            RecordError::Failed(m) => {
-                EngineError::Internal(format!("cannot record the execution: {m}"))
-            }
-        }
     }
 }
 
@@ -157,19 +127,17 @@ impl Core {
         config
             .limits
             .validate()
-            .map_err(EngineError::InvalidRequest)?;
+            .map_err(|m| EngineError::InvalidRequest(Invalid::Policy(m)))?;
         let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
-        let blocking: Vec<String> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
+        let blocking: Vec<_> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
             .filter(|l| l.blocks())
-            .map(|l| format!("{}: {}", l.name, l.detail))
             .collect();
         if !blocking.is_empty() {
-            return Err(EngineError::Unavailable(blocking.join("; ")));
+            return Err(EngineError::IsolationMissing { layers: blocking });
         }
-        let cgroups = cgroups.map_err(|e| {
-            EngineError::Unavailable(chain(&runcell_sandbox::SandboxError::NoCgroups(e)))
-        })?;
+        let cgroups = cgroups
+            .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::NoCgroups(e)))?;
         let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups);
         for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
@@ -254,9 +222,7 @@ impl Core {
         code: &str,
     ) -> Result<(), EngineError> {
         match &self.audit {
-            Some(a) => a
-                .record(owner, execution, code)
-                .map_err(RecordError::into_engine),
+            Some(a) => a.record(owner, execution, code).map_err(EngineError::from),
             None => Ok(()),
         }
     }
@@ -296,8 +262,12 @@ impl Core {
         owner: &str,
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
         match self.session_store() {
-            Some(store) => crate::records::tenant_policy(store, owner)
-                .map_err(|e| EngineError::Internal(format!("cannot read the tenant's quota: {e}"))),
+            Some(store) => crate::records::tenant_policy(store, owner).map_err(|source| {
+                EngineError::TenantPolicy {
+                    owner: owner.to_owned(),
+                    source,
+                }
+            }),
             None => Ok(Default::default()),
         }
     }
@@ -352,7 +322,7 @@ impl Core {
         }
         Kernel::start(&self.sandbox, &launch, KERNEL_READY_TIMEOUT)
             .map(|k| (k, Start::Cold))
-            .map_err(|e| EngineError::Sandbox(chain(&e)))
+            .map_err(EngineError::sandbox)
     }
 }
 
@@ -509,10 +479,8 @@ pub(crate) fn io_error(
 }
 
 /// A write to the data dir that found no room (the path stays in the server's log).
-pub(crate) fn no_space(action: &str) -> EngineError {
-    EngineError::InsufficientStorage(format!(
-        "the server's data directory is full (cannot {action} a file there); retry once space is freed"
-    ))
+pub(crate) fn no_space(action: &'static str) -> EngineError {
+    EngineError::InsufficientStorage(NoSpace::DataDir { action })
 }
 
 /// A workspace that could not be made: no room in the data dir for its mount point, or the
@@ -525,7 +493,7 @@ pub(crate) fn workspace_error(e: runcell_sandbox::WorkspaceError) -> EngineError
             tracing::warn!(error = %chain(&e), "the data dir is full");
             no_space("create")
         }
-        _ => EngineError::Unavailable(chain(&e)),
+        _ => EngineError::unavailable(e),
     }
 }
 
@@ -541,7 +509,7 @@ fn create_dir(dir: &Path) -> Result<(), EngineError> {
 /// content's hash, so a new runcell never runs an old kernel file and concurrent servers agree.
 fn write_kernel(data_dir: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
-    // The programs and the modules they import from beside them (runcell_snapshot.py).
+    // The programs and the modules they load from beside them (see KERNEL_FILES).
     let files = runcell_kernel::KERNEL_FILES;
     let all: Vec<u8> = files
         .iter()

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::bounds::MAX_FILE_BYTES;
 use crate::core::Engine;
+use crate::error::{Invalid, Limit, Resource, WorkspaceConflict};
 use crate::EngineError;
 
 /// One file in a listing.
@@ -33,50 +34,61 @@ pub(crate) fn map_err(op: Op) -> impl Fn(WorkspaceError) -> EngineError {
 }
 
 fn map_workspace_error(op: Op, e: WorkspaceError) -> EngineError {
-    match e {
-        WorkspaceError::InvalidPath { .. } => EngineError::InvalidRequest(e.to_string()),
-        WorkspaceError::Io {
-            ref source,
-            ref path,
-            ..
-        } => {
-            let path = path.display();
-            match source.raw_os_error() {
-                Some(2) => EngineError::NotFound(format!("file {path}")),
-                // ENOTDIR: a component is a file.
-                Some(20) if op == Op::Look => EngineError::NotFound(format!("file {path}")),
-                // ENOTDIR, ELOOP: a component is a file, or a symlink (never followed).
-                Some(20) | Some(40) => EngineError::Conflict(format!(
-                    "{path}: a component of the path is a file or a symbolic link"
-                )),
-                Some(21) => EngineError::Conflict(format!("{path} is a directory")),
-                Some(39) => EngineError::Conflict(format!("directory {path} is not empty")),
-                Some(28) => EngineError::LimitExceeded(format!("the workspace is full ({path})")),
-                _ if source.kind() == std::io::ErrorKind::FileTooLarge => {
-                    EngineError::LimitExceeded(format!(
-                        "{path} is larger than {} MiB",
-                        MAX_FILE_BYTES >> 20
-                    ))
-                }
-                _ if source.kind() == std::io::ErrorKind::InvalidInput => {
-                    EngineError::Conflict(format!("{path} is not a regular file"))
-                }
-                _ => EngineError::Sandbox(crate::chain(&e)),
-            }
+    let (errno, kind, path) = match &e {
+        WorkspaceError::InvalidPath { path, reason } => {
+            return EngineError::InvalidRequest(Invalid::Path {
+                path: path.clone(),
+                reason,
+            })
         }
+        WorkspaceError::Io { source, path, .. } => (
+            source.raw_os_error(),
+            source.kind(),
+            path.display().to_string(),
+        ),
+    };
+    let conflict = EngineError::Conflict;
+    match errno {
+        Some(2) => EngineError::NotFound(Resource::File { path }),
+        // ENOTDIR: a component is a file.
+        Some(20) if op == Op::Look => EngineError::NotFound(Resource::File { path }),
+        // ENOTDIR, ELOOP: a component is a file, or a symlink (never followed).
+        Some(20) | Some(40) => conflict(WorkspaceConflict::NotADirectory { path }),
+        Some(21) => conflict(WorkspaceConflict::IsADirectory { path }),
+        Some(39) => conflict(WorkspaceConflict::NotEmpty { path }),
+        Some(28) => EngineError::LimitExceeded(Limit::WorkspaceFull { path }),
+        _ if kind == std::io::ErrorKind::FileTooLarge => {
+            EngineError::LimitExceeded(Limit::FileTooLarge {
+                path,
+                maximum_bytes: MAX_FILE_BYTES,
+            })
+        }
+        _ if kind == std::io::ErrorKind::InvalidInput => {
+            conflict(WorkspaceConflict::NotARegularFile { path })
+        }
+        _ => EngineError::sandbox(e),
     }
 }
 
 /// A sync that failed. ENOSPC there is never the workspace's own quota (a write past that
 /// fails at the write): its image could not grow on the data dir's filesystem, which is full.
 fn sync_error(e: WorkspaceError) -> EngineError {
-    match &e {
+    match e {
         // ENOSPC.
-        WorkspaceError::Io { source, .. } if source.raw_os_error() == Some(28) => {
+        WorkspaceError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
             tracing::warn!(error = %crate::chain(&e), "the data dir is full");
             crate::core::no_space("write")
         }
-        _ => EngineError::Internal(crate::chain(&e)),
+        WorkspaceError::Io {
+            action,
+            path,
+            source,
+        } => EngineError::Io {
+            action,
+            path,
+            source,
+        },
+        other => EngineError::sandbox(other),
     }
 }
 
@@ -112,10 +124,10 @@ impl Engine {
         data: &[u8],
     ) -> Result<FileEntry, EngineError> {
         if data.len() as u64 > MAX_FILE_BYTES {
-            return Err(EngineError::LimitExceeded(format!(
-                "files are limited to {} MiB",
-                MAX_FILE_BYTES >> 20
-            )));
+            return Err(EngineError::LimitExceeded(Limit::UploadTooLarge {
+                size: data.len() as u64,
+                maximum_bytes: MAX_FILE_BYTES,
+            }));
         }
         let ws = self.sessions().workspace(session)?;
         let st = ws.write_file(path, data).map_err(map_err(Op::Write))?;

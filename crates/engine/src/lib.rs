@@ -6,6 +6,7 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod error;
 mod execution;
 mod files;
 mod launch;
@@ -21,9 +22,11 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
-use std::path::PathBuf;
-
 pub use crate::core::{workspaces_dir, Engine, EngineConfig};
+pub use crate::error::{
+    Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
+    Oversize, Quota, RecordError, Resource, WorkspaceConflict,
+};
 pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
@@ -57,66 +60,6 @@ pub const OPEN_TENANT: &str = "default";
 /// How many sandboxes can run at once on one host: each runs as a host uid of its own, from a
 /// range of this many.
 pub const MAX_SANDBOXES: u32 = runcell_sandbox::HOST_UID_COUNT;
-
-/// Errors of the engine, in the words a caller can act on.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The request itself is wrong (bad path, limit out of range); retrying will not help.
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    /// This host cannot run code safely right now (a mandatory isolation layer is missing).
-    #[error("runcell cannot run code on this host: {0}")]
-    Unavailable(String),
-    /// The host has no room for another sandbox right now (the session cap its descriptors
-    /// and uids allow); retrying later may succeed, as soon as any sandbox ends.
-    #[error("at capacity: {0}")]
-    AtCapacity(String),
-    /// The server's committed-memory budget for sandboxes is used up (admission control);
-    /// retrying later may succeed, once sessions holding memory end.
-    #[error("{0}")]
-    OverCommitted(String),
-    /// The sandbox failed while running the code.
-    #[error("sandbox failure: {0}")]
-    Sandbox(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// The request is well formed but the workspace's state refuses it: a file stands where
-    /// a directory is needed (or the reverse), a directory is not empty, a path goes through a
-    /// symbolic link the session made. The same request can work once the state changes.
-    #[error("conflict: {0}")]
-    Conflict(String),
-    /// A size or count limit (a full workspace, a file too large, a limit over the
-    /// server's maximum).
-    #[error("limit exceeded: {0}")]
-    LimitExceeded(String),
-    /// The request carries more than runcell takes (code over [`MAX_CODE_BYTES`]).
-    #[error("payload too large: {0}")]
-    PayloadTooLarge(String),
-    /// The tenant's quota (live sessions, their memory) is used up; ending one of its
-    /// sessions frees it.
-    #[error("{0}")]
-    QuotaExceeded(String),
-    /// Too many executions are already waiting on the session.
-    #[error("session busy: {0}")]
-    SessionBusy(String),
-    /// The caller called the request off before it ran.
-    #[error("the execution was cancelled before it started")]
-    Cancelled,
-    /// Where runcell keeps its data (the database, the data dir) has no room: nothing was
-    /// recorded or written, and the same request works again once space is freed.
-    #[error("insufficient storage: {0}")]
-    InsufficientStorage(String),
-    /// Something runcell itself failed at (the audit log, a thread).
-    #[error("internal error: {0}")]
-    Internal(String),
-    #[error("cannot {action} {path}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 /// The MIME type reported for a workspace file, from its extension.
 pub fn mime_of(path: &str) -> String {

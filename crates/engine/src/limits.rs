@@ -10,6 +10,7 @@ use std::time::Duration;
 use runcell_sandbox::Limits;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Amount, Committed, Invalid, Limit, Quota};
 use crate::EngineError;
 
 /// The hard ceiling of any execution's time limit a server may configure (a week): beyond
@@ -302,15 +303,17 @@ impl LimitPolicy {
     /// `name value exceeds this server's maximum of max (serve --max-name)`.
     fn over(
         &self,
-        name: &str,
-        value: impl std::fmt::Display,
-        max: impl std::fmt::Display,
+        name: &'static str,
+        value: impl Into<Amount>,
+        max: impl Into<Amount>,
     ) -> EngineError {
-        let flag = name.replace('_', "-");
-        EngineError::LimitExceeded(if self.server {
-            format!("{name} {value} exceeds this server's maximum of {max} (serve --max-{flag})")
-        } else {
-            format!("{name} {value} exceeds this host's maximum of {max}")
+        EngineError::LimitExceeded(Limit::OverMaximum {
+            limit: name,
+            value: value.into(),
+            maximum: max.into(),
+            option: self
+                .server
+                .then(|| format!("--max-{}", name.replace('_', "-"))),
         })
     }
 
@@ -318,7 +321,7 @@ impl LimitPolicy {
     /// mistake (400 `invalid_request`), over `max` is refused as over the maximum.
     fn whole(
         &self,
-        name: &str,
+        name: &'static str,
         asked: Option<u64>,
         default: u64,
         min: u64,
@@ -326,9 +329,10 @@ impl LimitPolicy {
     ) -> Result<u64, EngineError> {
         let value = asked.unwrap_or(default);
         if value < min {
-            return Err(EngineError::InvalidRequest(format!(
-                "{name} must be at least {min}"
-            )));
+            return Err(EngineError::InvalidRequest(Invalid::BelowMinimum {
+                limit: name,
+                minimum: min.into(),
+            }));
         }
         if value > max {
             return Err(self.over(name, value, max));
@@ -350,9 +354,10 @@ impl LimitPolicy {
         )?;
         let cpu = req.cpu.unwrap_or(d.cpu);
         if !(cpu.is_finite() && cpu >= MIN_CPU) {
-            return Err(EngineError::InvalidRequest(format!(
-                "cpu must be a number of at least {MIN_CPU}"
-            )));
+            return Err(EngineError::InvalidRequest(Invalid::BelowMinimum {
+                limit: "cpu",
+                minimum: MIN_CPU.into(),
+            }));
         }
         if cpu > m.cpu {
             return Err(self.over("cpu", cpu, m.cpu));
@@ -386,26 +391,17 @@ impl LimitPolicy {
     /// Checks one execution's (or command's, or one-shot run's) time limit.
     pub fn check_timeout(&self, timeout: Duration) -> Result<Duration, EngineError> {
         if timeout.is_zero() {
-            return Err(EngineError::InvalidRequest(
-                "timeout_s must be positive".into(),
-            ));
+            return Err(EngineError::InvalidRequest(Invalid::NotPositive {
+                limit: "timeout_s",
+            }));
         }
         if timeout > Duration::from_secs(self.max.exec_timeout_s) {
-            let flag = if self.server {
-                " (serve --max-exec-timeout-s)"
-            } else {
-                ""
-            };
-            return Err(EngineError::LimitExceeded(format!(
-                "timeout_s {} exceeds {} maximum of {}{flag}",
-                timeout.as_secs_f64(),
-                if self.server {
-                    "this server's"
-                } else {
-                    "this host's"
-                },
-                self.max.exec_timeout_s
-            )));
+            return Err(EngineError::LimitExceeded(Limit::OverMaximum {
+                limit: "timeout_s",
+                value: timeout.as_secs_f64().into(),
+                maximum: self.max.exec_timeout_s.into(),
+                option: self.server.then(|| "--max-exec-timeout-s".to_owned()),
+            }));
         }
         Ok(timeout)
     }
@@ -541,36 +537,32 @@ fn quota_check(
 ) -> Result<(), EngineError> {
     let (n, mem) = c.owners.get(owner).copied().unwrap_or((0, 0));
     if let Some(max) = quota.max_sessions.filter(|&max| n >= max) {
-        return Err(EngineError::QuotaExceeded(format!(
-            "tenant quota: {} already has {n} live session{} of its max_sessions {max}; delete one, or raise the quota (runcell keys update KEY --max-sessions N)",
-            tenant_name(owner),
-            if n == 1 { "" } else { "s" }
-        )));
+        return Err(EngineError::QuotaExceeded(Quota::Sessions {
+            owner: owner.to_owned(),
+            live: n,
+            maximum: max,
+        }));
     }
     if let Some(max) = quota
         .max_memory_mb
         .filter(|&max| mem.saturating_add(memory_mb) > max)
     {
-        return Err(EngineError::QuotaExceeded(format!(
-            "tenant quota: {} has {mem} MiB in live sessions and {memory_mb} MiB more exceeds its max_memory_mb {max}; delete a session, or raise the quota (runcell keys update KEY --max-memory-mb M)",
-            tenant_name(owner),
-        )));
+        return Err(EngineError::QuotaExceeded(Quota::MemoryMb {
+            owner: owner.to_owned(),
+            live_mb: mem,
+            asked_mb: memory_mb,
+            maximum_mb: max,
+        }));
     }
     Ok(())
 }
 
-fn tenant_name(owner: &str) -> String {
-    if owner.is_empty() {
-        "this tenant".into()
-    } else {
-        format!("tenant {owner}")
-    }
-}
-
 fn at_capacity(memory_mb: u64, committed_mb: u64, budget_mb: u64) -> EngineError {
-    EngineError::OverCommitted(format!(
-        "the server is at capacity: {committed_mb} of its {budget_mb} MiB for sandboxes are committed and this needs {memory_mb} MiB more (serve --max-committed-memory-mb); retry later or ask for less memory"
-    ))
+    EngineError::OverCommitted(Committed {
+        asked_mb: memory_mb,
+        committed_mb,
+        budget_mb,
+    })
 }
 
 /// A sandbox's share of the budget (and of its owner's quota), given back when dropped.
@@ -658,7 +650,7 @@ mod tests {
         };
         match p.resolve(&over) {
             Err(EngineError::LimitExceeded(m)) => {
-                assert_eq!(m, "cpu 2.5 exceeds this host's maximum of 2")
+                assert_eq!(m.to_string(), "cpu 2.5 exceeds this host's maximum of 2")
             }
             other => panic!("{other:?}"),
         }

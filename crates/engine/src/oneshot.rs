@@ -77,7 +77,7 @@ impl Engine {
         )?;
         let id = new_ordered_id("ex");
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+            .map_err(EngineError::unavailable)?;
         let ws_path = self.core.config.workspace_path(&id);
         let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
             .map_err(crate::core::workspace_error)?;
@@ -114,7 +114,7 @@ impl Engine {
                 },
                 on_output,
             )
-            .map_err(|e| EngineError::Sandbox(crate::chain(&e)))?;
+            .map_err(EngineError::sandbox)?;
         let ended = began.end(&workspace);
         drop(input);
         drop(workspace);

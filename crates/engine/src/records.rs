@@ -13,14 +13,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use runcell_store::{DomainStore, ExecutionRow, NewExecution, SessionRecord, StoreError};
 
-use crate::core::{AuditItem, AuditSink, RecordError};
+use crate::core::{AuditItem, AuditSink};
+use crate::error::{Invalid, NoSpace, RecordError, Resource};
 use crate::limits::TenantPolicy;
 use crate::session::{SessionInfo, SessionStatus};
 use crate::{chain, EngineError, Execution, OPEN_TENANT};
-
-/// What a client is told when the database cannot take a write.
-const NO_SPACE: &str =
-    "the server's disk is full: nothing was recorded; retry once the operator frees space";
 
 /// Every status the store may hold for a session, and those of a session that was live when
 /// its server stopped.
@@ -80,19 +77,20 @@ fn tenant(owner: &str) -> &str {
 /// disk (507 for a client: the same request works once space is freed), or runcell's failure.
 pub(crate) fn store_error(e: StoreError) -> EngineError {
     match e {
-        StoreError::Invalid(m) => EngineError::InvalidRequest(m),
-        StoreError::NotFound(m) => EngineError::NotFound(m),
-        e if e.is_storage_full() => EngineError::InsufficientStorage(NO_SPACE.into()),
-        other => EngineError::Internal(chain(&other)),
+        StoreError::Invalid(m) => EngineError::InvalidRequest(Invalid::Store(m)),
+        StoreError::NotFound(m) => EngineError::NotFound(Resource::Record(m)),
+        e if e.is_storage_full() => EngineError::InsufficientStorage(NoSpace::Database),
+        other => EngineError::Store(other),
     }
 }
 
-/// The audit writer's word for a store error.
-fn record_error(e: &StoreError) -> RecordError {
+/// The audit writer's word for a store error: a full disk is [`RecordError::NoSpace`],
+/// anything else the store's error, kept whole.
+fn record_error(e: StoreError) -> RecordError {
     if e.is_storage_full() {
-        RecordError::NoSpace(NO_SPACE.into())
+        RecordError::NoSpace
     } else {
-        RecordError::Failed(chain(e))
+        RecordError::store(e)
     }
 }
 
@@ -103,9 +101,7 @@ struct ChainSink(Arc<dyn DomainStore>);
 impl AuditSink for ChainSink {
     fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError> {
         let rec = new_execution(owner, execution, code)?;
-        self.0
-            .append_execution(&rec)
-            .map_err(|e| record_error(&e))?;
+        self.0.append_execution(&rec).map_err(record_error)?;
         Ok(())
     }
 
@@ -118,7 +114,7 @@ impl AuditSink for ChainSink {
                     recs.push(r);
                     results.push(None);
                 }
-                Err(e) => results.push(Some(Err(e.into()))),
+                Err(e) => results.push(Some(Err(e))),
             }
         }
         let mut appended = self.0.append_executions(&recs).into_iter();
@@ -127,10 +123,8 @@ impl AuditSink for ChainSink {
             .map(|r| {
                 r.unwrap_or_else(|| match appended.next() {
                     Some(Ok(_)) => Ok(()),
-                    Some(Err(e)) => Err(record_error(&e)),
-                    None => Err(RecordError::Failed(
-                        "the store gave no answer for this execution".into(),
-                    )),
+                    Some(Err(e)) => Err(record_error(e)),
+                    None => Err(RecordError::NoAnswer),
                 })
             })
             .collect()
@@ -138,8 +132,12 @@ impl AuditSink for ChainSink {
 }
 
 /// The store's record of an execution.
-fn new_execution(owner: &str, execution: &Execution, code: &str) -> Result<NewExecution, String> {
-    let json = serde_json::to_string(execution).map_err(|e| e.to_string())?;
+fn new_execution(
+    owner: &str,
+    execution: &Execution,
+    code: &str,
+) -> Result<NewExecution, RecordError> {
+    let json = serde_json::to_string(execution).map_err(RecordError::store)?;
     let status = serde_json::to_value(execution.status)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -167,11 +165,13 @@ fn with_code(row: ExecutionRow) -> serde_json::Value {
 }
 
 /// A tenant's quotas and default start, read at every session start (so `runcell keys
-/// update`, another process, takes effect at once).
-pub(crate) fn tenant_policy(store: &dyn DomainStore, owner: &str) -> Result<TenantPolicy, String> {
-    let t = store
-        .tenant_settings(tenant(owner))
-        .map_err(|e| chain(&e))?;
+/// update`, another process, takes effect at once). The error is the store's, or what is
+/// wrong with the start it holds.
+pub(crate) fn tenant_policy(
+    store: &dyn DomainStore,
+    owner: &str,
+) -> Result<TenantPolicy, Box<dyn std::error::Error + Send + Sync>> {
+    let t = store.tenant_settings(tenant(owner))?;
     Ok(TenantPolicy {
         max_sessions: t.max_sessions,
         max_memory_mb: t.max_memory_mb,

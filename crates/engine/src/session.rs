@@ -21,6 +21,7 @@ use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
 use serde::Serialize;
 
 use crate::core::Core;
+use crate::error::{Busy, Capacity, Invalid, RecordError, Resource};
 use crate::execution::{Began, Produced};
 use crate::limits::{Admit, Reservation, SessionLimits};
 use crate::model::{
@@ -346,7 +347,7 @@ impl SessionManager {
         limits: &SessionLimits,
     ) -> Result<Arc<Workspace>, EngineError> {
         let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
-            .map_err(|e| EngineError::Unavailable(crate::chain(&e)))?;
+            .map_err(EngineError::unavailable)?;
         let workspace = self.core.create_workspace(
             &self.core.config.workspace_path(id),
             limits.disk_bytes(),
@@ -458,10 +459,9 @@ impl SessionManager {
             .or(policy.start.filter(|_| language == Language::Python));
         let start = match (asked, language) {
             (Some(Start::Zygote), l) if l != Language::Python => {
-                return Err(EngineError::InvalidRequest(format!(
-                    "start \"zygote\" is for python sessions; {} sessions start cold",
-                    l.as_str()
-                )))
+                return Err(EngineError::InvalidRequest(Invalid::ZygoteStart {
+                    language: l,
+                }))
             }
             (Some(s), _) => s,
             (None, Language::Python) => Start::Zygote,
@@ -540,10 +540,7 @@ impl SessionManager {
         let before = self.creating.fetch_add(1, Ordering::AcqRel);
         let max = self.max_sessions.load(Ordering::Relaxed);
         if max > 0 && self.map().len() + before >= max {
-            return Err(EngineError::AtCapacity(format!(
-                "this server runs at most {max} sessions at once (what its open-files limit \
-                 and uid range allow); delete one or retry later"
-            )));
+            return Err(EngineError::AtCapacity(Capacity { max_sessions: max }));
         }
         Ok(slot)
     }
@@ -597,15 +594,17 @@ impl SessionManager {
     fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
         self.start_sweeper();
         let path = self.core.config.workspace_path(&req.id);
-        let unavailable = |e: &dyn std::error::Error| EngineError::Unavailable(crate::chain(e));
-        let uid = Workspace::owner_of(&path)
-            .ok_or_else(|| EngineError::NotFound(format!("workspace of session {}", req.id)))?;
+        let uid = Workspace::owner_of(&path).ok_or_else(|| {
+            EngineError::NotFound(Resource::Workspace {
+                session: req.id.clone(),
+            })
+        })?;
         let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
-            .map_err(|e| unavailable(&e))?;
+            .map_err(EngineError::unavailable)?;
         let workspace = Arc::new(
             self.core
                 .adopt_workspace(&path, lease)
-                .map_err(|e| unavailable(&e))?,
+                .map_err(EngineError::unavailable)?,
         );
         // Its memory is counted, never refused: the workspace already holds it, and the
         // operator may have lowered the budget since.
@@ -691,7 +690,10 @@ impl SessionManager {
         let handle = thread::Builder::new()
             .name(format!("session-{id}"))
             .spawn(move || worker.run(rx))
-            .map_err(|e| EngineError::Unavailable(format!("cannot start a session thread: {e}")))?;
+            .map_err(|source| EngineError::NoThread {
+                thread: "a session thread",
+                source,
+            })?;
         *entry.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         self.map().insert(id, entry);
         Ok(info)
@@ -701,7 +703,7 @@ impl SessionManager {
         self.map()
             .get(id)
             .cloned()
-            .ok_or_else(|| EngineError::NotFound(format!("session {id}")))
+            .ok_or_else(|| EngineError::no_session(id))
     }
 
     /// A live session (in memory: no I/O).
@@ -784,9 +786,7 @@ impl SessionManager {
                 let _ = reply.send(r);
             }),
         )?;
-        wait.recv().map_err(|_| {
-            EngineError::NotFound(format!("session {id} ended during the execution"))
-        })?
+        wait.recv().map_err(|_| EngineError::ended(id, true))?
     }
 
     /// Queues `code` for the session's worker thread without waiting for it: `reply` gets the
@@ -811,12 +811,11 @@ impl SessionManager {
             reply,
         }) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(EngineError::SessionBusy(format!(
-                "session {id} already has {QUEUE_DEPTH} executions waiting"
-            ))),
-            Err(TrySendError::Disconnected(_)) => {
-                Err(EngineError::NotFound(format!("session {id} has ended")))
-            }
+            Err(TrySendError::Full(_)) => Err(EngineError::SessionBusy(Busy::Queue {
+                id: id.to_owned(),
+                waiting: QUEUE_DEPTH,
+            })),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::ended(id, false)),
         }
     }
 
@@ -840,9 +839,10 @@ impl SessionManager {
         let timeout = resolve_timeout(&entry, id, timeout, &self.core.config.limits)?;
         if entry.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE_DEPTH {
             entry.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(EngineError::SessionBusy(format!(
-                "session {id} already has {QUEUE_DEPTH} executions waiting"
-            )));
+            return Err(EngineError::SessionBusy(Busy::Queue {
+                id: id.to_owned(),
+                waiting: QUEUE_DEPTH,
+            }));
         }
         let waiting = Waiting(entry.clone());
         let core = self.core.clone();
@@ -854,9 +854,7 @@ impl SessionManager {
                 return Err(EngineError::Cancelled);
             }
             if entry.lock().deleted {
-                return Err(EngineError::NotFound(format!(
-                    "session {id} ended during the execution"
-                )));
+                return Err(EngineError::ended(&id, true));
             }
             let running = CellRunning::start(&entry, &core, &cancel);
             let result = runner.execute_async(&entry, &code, timeout).await;
@@ -874,9 +872,8 @@ impl SessionManager {
                     let _ = tx.send(r);
                 }),
             );
-            rx.await.map_err(|_| {
-                EngineError::Internal("the audit writer dropped the execution".into())
-            })?
+            rx.await
+                .map_err(|_| EngineError::from(RecordError::WriterStopped))?
         })
     }
 
@@ -910,9 +907,8 @@ impl SessionManager {
         let (reply, wait) = mpsc::channel();
         entry
             .send(Job::Restart { reply })
-            .map_err(|_| EngineError::SessionBusy(format!("session {id} is busy")))?;
-        wait.recv()
-            .map_err(|_| EngineError::NotFound(format!("session {id} has ended")))??;
+            .map_err(|_| EngineError::SessionBusy(Busy::Worker { id: id.to_owned() }))?;
+        wait.recv().map_err(|_| EngineError::ended(id, false))??;
         self.get(id)
     }
 
@@ -930,7 +926,7 @@ impl SessionManager {
                 Ok(())
             }
             None if forgotten => Ok(()),
-            None => Err(EngineError::NotFound(format!("session {id}"))),
+            None => Err(EngineError::no_session(id)),
         }
     }
 
@@ -951,7 +947,7 @@ impl SessionManager {
         });
         match ended || forgotten {
             true => Ok(()),
-            false => Err(EngineError::NotFound(format!("session {id}"))),
+            false => Err(EngineError::no_session(id)),
         }
     }
 
@@ -1039,7 +1035,7 @@ fn resolve_timeout(
 ) -> Result<Duration, EngineError> {
     let s = entry.lock();
     if matches!(s.info.status, SessionStatus::Expired | SessionStatus::Dead) {
-        return Err(EngineError::NotFound(format!("session {id} has ended")));
+        return Err(EngineError::ended(id, false));
     }
     match timeout {
         Some(t) => policy.check_timeout(t),
@@ -1235,9 +1231,7 @@ impl Runner {
                 }
             }
         }
-        self.kernel
-            .as_mut()
-            .ok_or(EngineError::Sandbox("no kernel".into()))
+        self.kernel.as_mut().ok_or(EngineError::NoKernel)
     }
 
     /// Marks the session busy and notes what the Execution needs from before the cell.
@@ -1320,10 +1314,7 @@ impl Runner {
         if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
             runcell_kernel::blocking(|| self.ensure_kernel(entry).map(|_| ()))?;
         }
-        let kernel = self
-            .kernel
-            .as_mut()
-            .ok_or(EngineError::Sandbox("no kernel".into()))?;
+        let kernel = self.kernel.as_mut().ok_or(EngineError::NoKernel)?;
         let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
         let restarts = !matches!(
             &outcome,

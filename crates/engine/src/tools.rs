@@ -572,15 +572,14 @@ impl Engine {
                 {
                     Ok(e) => Ok(execution_output(&e)),
                     // The model's to fix: it is told, and can try smaller code.
-                    Err(EngineError::PayloadTooLarge(m)) => Ok(ToolOutput::error(m)),
+                    Err(EngineError::PayloadTooLarge(m)) => Ok(ToolOutput::error(m.to_string())),
                     Err(e) => Err(e),
                 }
             }
             ToolCall::Bash(i) => match self.run_command(session, &i.command, None) {
                 Ok(c) => Ok(command_output(&c)),
-                Err(EngineError::InvalidRequest(m) | EngineError::PayloadTooLarge(m)) => {
-                    Ok(ToolOutput::error(m))
-                }
+                Err(EngineError::InvalidRequest(m)) => Ok(ToolOutput::error(m.to_string())),
+                Err(EngineError::PayloadTooLarge(m)) => Ok(ToolOutput::error(m.to_string())),
                 Err(e) => Err(e),
             },
             ToolCall::TextEditor(i) => {
@@ -602,7 +601,8 @@ impl Engine {
         };
         let file_err = |e: EngineError| match e {
             EngineError::NotFound(_) => format!("{shown} does not exist"),
-            EngineError::InvalidRequest(m) | EngineError::LimitExceeded(m) => m,
+            EngineError::InvalidRequest(m) => m.to_string(),
+            EngineError::LimitExceeded(m) => m.to_string(),
             other => crate::chain(&other),
         };
         let read_text = |what: &str| -> Result<String, String> {

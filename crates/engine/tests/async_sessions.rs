@@ -217,7 +217,13 @@ async fn a_full_queue_is_busy_and_a_deleted_session_ends_its_cells() {
     assert_eq!(e.status, ExecutionStatus::Killed, "{e:?}");
     for q in queued {
         assert!(
-            matches!(q.await.expect("task"), Err(EngineError::NotFound(_))),
+            matches!(
+                q.await.expect("task"),
+                Err(EngineError::SessionEnded(runcell_engine::Ended {
+                    during_execution: true,
+                    ..
+                }))
+            ),
             "a queued cell of a deleted session"
         );
     }

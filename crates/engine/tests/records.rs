@@ -308,7 +308,10 @@ fn a_record_the_store_refuses_refuses_the_create_and_the_delete() {
         .sessions()
         .create(CreateSession::default())
         .expect_err("refused");
-    assert!(matches!(err, EngineError::Internal(_)), "{err:?}");
+    assert!(
+        matches!(err, EngineError::Store(StoreError::Unsupported(_))),
+        "{err:?}"
+    );
     assert!(
         engine.sessions().list().is_empty(),
         "a session the store does not know is ended at once"

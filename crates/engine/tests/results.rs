@@ -281,8 +281,10 @@ fn code_over_the_limit_is_refused_everywhere_and_code_at_it_runs() {
     let too_big = format!("x = 1\n#{}", "y".repeat(MAX_CODE_BYTES));
     let refused_at = |limit: usize, r: Result<_, EngineError>| match r {
         Err(EngineError::PayloadTooLarge(m)) => {
+            assert_eq!(m.limit, limit, "{m}");
             assert!(
-                m.contains(&format!("over the limit of {limit} bytes")),
+                m.to_string()
+                    .contains(&format!("over the limit of {limit} bytes")),
                 "{m}"
             )
         }

@@ -2,8 +2,9 @@
 """runcell's in-sandbox bash kernel: one persistent bash, driven cell by cell.
 
 Same protocol as the Python kernel (crates/protocol/src/lib.rs): framed JSON on
-fd 3 (4-byte big-endian length + one UTF-8 JSON object); fds 1 and 2 are raw
-pipes to the host, and bash and everything it starts write there directly.
+fd 3 (4-byte big-endian length + one UTF-8 JSON object, made and checked by
+runcell_wire.py, which ships beside this file); fds 1 and 2 are raw pipes to the
+host, and bash and everything it starts write there directly.
 
 How a cell runs. The kernel writes the cell to a file and sends bash (on a pipe
 that is bash's stdin) one line that sources it. bash reports back on a private
@@ -28,24 +29,24 @@ a shell function. A cell that replaces the ERR trap and then fails under
 ``set -e``, or that execs another program, ends the session: the kernel reports
 KernelDied and exits, and the host starts a new one.
 
-Start it as ``python3 runcell_bash_kernel.py`` with the channel on fd 3.
+Start it as ``python3 runcell_bash_kernel.py`` with the channel on fd 3 and
+runcell_wire.py (from ../python in the source tree) in the same directory.
 """
 
-import json
 import os
 import select
 import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-CHANNEL_FD = 3
-MAX_FRAME = 64 * 1024 * 1024
+import runcell_wire
+from runcell_wire import CHANNEL_FD, ProtocolViolation
+
 # Descriptor numbers inside bash: high enough to stay clear of the 3-9 that
 # scripts use by hand. Cells never see them (their `source` closes them).
 STATUS_FD = 60  # bash -> kernel: the start/end lines
@@ -110,10 +111,6 @@ def warn(message):
         pass
 
 
-class ProtocolViolation(Exception):
-    """The host sent something that is not a well-formed frame."""
-
-
 class BashDied(Exception):
     """bash is gone (killed, crashed, or replaced by `exec`)."""
 
@@ -142,22 +139,7 @@ class Channel:
 
     def recv(self):
         """The next message, or None on a clean EOF between frames."""
-        header = self._read_exact(4)
-        if header is None:
-            return None
-        (length,) = struct.unpack(">I", header)
-        if length > MAX_FRAME:
-            raise ProtocolViolation(f"frame of {length} bytes is over the {MAX_FRAME}-byte limit")
-        body = self._read_exact(length) if length else b""
-        if body is None:
-            raise ProtocolViolation("channel closed in the middle of a frame")
-        try:
-            message = json.loads(body.decode("utf-8"))
-        except ValueError as exc:
-            raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise ProtocolViolation("frame is not a JSON object")
-        return message
+        return runcell_wire.read_message(self._read_exact)
 
     def _read_exact(self, size):
         buf = bytearray()
@@ -189,8 +171,7 @@ class Channel:
             return True
 
     def send(self, message):
-        body = json.dumps(message, ensure_ascii=False).encode("utf-8", "replace")
-        self.sock.sendall(struct.pack(">I", len(body)) + body)
+        self.sock.sendall(runcell_wire.encode(message))
 
 
 class Shell:

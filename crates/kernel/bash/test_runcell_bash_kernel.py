@@ -6,6 +6,7 @@ pipes on fds 1 and 2, and speaks the protocol to it the way the host does.
 Run: /usr/bin/python3 test_runcell_bash_kernel.py   (stdlib only; exits non-zero on failure)
 """
 
+import atexit
 import json
 import os
 import re
@@ -21,7 +22,13 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KERNEL = os.path.join(HERE, "runcell_bash_kernel.py")
+# The kernel runs from a directory laid out like the sandbox's kernel directory: itself and the
+# modules it imports (../python/runcell_wire.py, ../python/runcell_snapshot.py) side by side.
+KERNEL_DIR = tempfile.mkdtemp(prefix="runcell-bash-kernel-")
+atexit.register(shutil.rmtree, KERNEL_DIR, True)
+for _source in ("runcell_bash_kernel.py", "../python/runcell_wire.py", "../python/runcell_snapshot.py"):
+    shutil.copy(os.path.join(HERE, _source), KERNEL_DIR)
+KERNEL = os.path.join(KERNEL_DIR, "runcell_bash_kernel.py")
 TIMEOUT = 30.0
 
 

@@ -12,7 +12,8 @@
  *   that write synchronously, so everything a cell printed is in the pipes
  *   before its `done` frame. Nothing the user prints travels on fd 3.
  *
- * Start it as `node runcell_js_kernel.js` with the channel on fd 3.
+ * Start it as `node runcell_js_kernel.js` with the channel on fd 3 and
+ * runcell_js_source.js (the source adjustments below) beside it.
  *
  * How cells run
  * -------------
@@ -41,7 +42,7 @@
  * in each case the cell reports a KeyboardInterrupt error and status
  * "interrupted", and the session and its state live on.
  *
- * Small source adjustments (line numbers are kept):
+ * Small source adjustments (line numbers are kept; in runcell_js_source.js):
  *   - a cell that starts with `{` and parses as an expression is wrapped in
  *     parentheses, so `{a: 1}` is an object, as in the Node REPL;
  *   - `import()` (which Node does not allow in inspector-evaluated code) calls a
@@ -75,6 +76,8 @@ const util = require('util');
 const vm = require('vm');
 const Module = require('module');
 const { Writable } = require('stream');
+// Beside this file in the kernel directory, as in the source tree.
+const { IMPORT_HELPER, prepareSource } = require('./runcell_js_source.js');
 
 const CHANNEL_FD = 3;
 const MAX_FRAME = 64 * 1024 * 1024;
@@ -86,6 +89,7 @@ const MAX_RESULT = 8 * 1024 * 1024; // bytes per display, result or error frame
 const MAX_RESULTS = 64; // displays and results per cell
 const MAX_RESULTS_BYTES = 16 * 1024 * 1024; // bytes of them per cell
 const KERNEL_FILE = __filename;
+const SOURCE_FILE = require.resolve('./runcell_js_source.js');
 const RUNNER_FILE = '[runcell-kernel]';
 const HOOKS = Symbol.for('runcell.kernel');
 const MIMEBUNDLE = Symbol.for('runcell.mimebundle');
@@ -428,6 +432,7 @@ function isKernelFrame(line) {
     line.includes('(node:inspector:') ||
     line.includes(' node:inspector:') ||
     line.includes(KERNEL_FILE) ||
+    line.includes(SOURCE_FILE) ||
     line.includes(RUNNER_FILE)
   );
 }
@@ -466,7 +471,9 @@ function userStack(text) {
 
 /** Stacks inside shown values lose the kernel's frames too. */
 function withoutKernelFrames(text) {
-  return text.includes('node:inspector') || text.includes(KERNEL_FILE) ? userStack(text) : text;
+  return text.includes('node:inspector') || text.includes(KERNEL_FILE) || text.includes(SOURCE_FILE)
+    ? userStack(text)
+    : text;
 }
 
 function isErrorLike(value) {
@@ -494,237 +501,6 @@ function syntaxLocation(filename, source, details) {
   if (line === undefined) return '';
   const column = Math.max(0, Math.min(details.columnNumber || 0, line.length));
   return `${filename}:${details.lineNumber + 1}\n${line}\n${' '.repeat(column)}^\n\n`;
-}
-
-// --------------------------------------------------------------------------
-// Source adjustments
-// --------------------------------------------------------------------------
-
-const REGEX_AFTER_WORD = new Set([
-  'return', 'typeof', 'instanceof', 'in', 'of', 'new', 'delete', 'void', 'throw', 'case',
-  'do', 'else', 'yield', 'await',
-]);
-const IMPORT_HELPER = '__runcellImport';
-const ID = '[A-Za-z_$][\\w$]*';
-// A quoted module specifier, as the named groups q (the quote) and spec.
-const SPEC = `(?<q>['"])(?<spec>(?:\\\\.|(?!\\k<q>)[^\\\\\\n])*)\\k<q>`;
-const STATIC_IMPORTS = [
-  // import 'm'
-  [`\\s*${SPEC}`, (m, load) => `await ${load};`],
-  // import d, * as ns from 'm'
-  [`\\s+(?<def>${ID})\\s*,\\s*\\*\\s*as\\s+(?<ns>${ID})\\s+from\\s*${SPEC}`,
-    (m, load) => `const ${m.groups.ns} = await ${load}, ${m.groups.def} = ${m.groups.ns}.default;`],
-  // import d, {a, b as c} from 'm'
-  [`\\s+(?<def>${ID})\\s*,\\s*\\{(?<names>[^}]*)\\}\\s*from\\s*${SPEC}`, (m, load) => {
-    const names = namedImports(m.groups.names);
-    return names === null ? null : `const { ${['default: ' + m.groups.def, ...names].join(', ')} } = await ${load};`;
-  }],
-  // import * as ns from 'm'
-  [`\\s*\\*\\s*as\\s+(?<ns>${ID})\\s+from\\s*${SPEC}`, (m, load) => `const ${m.groups.ns} = await ${load};`],
-  // import {a, b as c} from 'm'
-  [`\\s*\\{(?<names>[^}]*)\\}\\s*from\\s*${SPEC}`, (m, load) => {
-    const names = namedImports(m.groups.names);
-    return names === null ? null : `const { ${names.join(', ')} } = await ${load};`;
-  }],
-  // import d from 'm'
-  [`\\s+(?<def>${ID})\\s+from\\s*${SPEC}`, (m, load) => `const ${m.groups.def} = (await ${load}).default;`],
-].map(([body, build]) => [new RegExp(`^import${body}[ \\t]*;?`), build]);
-
-function isIdStart(ch) {
-  return /[A-Za-z_$#]/.test(ch) || ch > '\u007f';
-}
-
-function isIdPart(ch) {
-  return /[\w$]/.test(ch) || ch > '\u007f';
-}
-
-/** `a, b as c, default as d` as destructuring properties, or null if it is something else. */
-function namedImports(list) {
-  const parts = [];
-  for (const raw of list.replace(/\/\/[^\n]*|\/\*[\s\S]*?\*\//g, '').split(',')) {
-    const item = raw.trim();
-    if (!item) continue;
-    const m = new RegExp(`^(${ID}|'[^'\\\\]*'|"[^"\\\\]*")(?:\\s+as\\s+(${ID}))?$`).exec(item);
-    if (!m) return null;
-    if (!m[2] && !/^[A-Za-z_$]/.test(m[1])) return null; // a string name needs `as`
-    parts.push(m[2] ? `${m[1]}: ${m[2]}` : m[1]);
-  }
-  return parts;
-}
-
-/** `const ... = await import(...)` for the static import at the start of text, or null. */
-function staticImport(text) {
-  for (const [re, build] of STATIC_IMPORTS) {
-    const m = re.exec(text);
-    if (!m) continue;
-    const load = `${IMPORT_HELPER}(${m.groups.q}${m.groups.spec}${m.groups.q})`;
-    const replacement = build(m, load);
-    if (replacement === null) return null;
-    // Keep the line count, so later line numbers in stack traces stay right.
-    const newlines = (m[0].match(/\n/g) || []).length;
-    return { length: m[0].length, text: replacement + '\n'.repeat(newlines) };
-  }
-  return null;
-}
-
-/**
- * Rewrites `import(...)` and top-level static imports. A small tokenizer skips
- * strings, template literals, comments and regular expression literals, so only
- * real `import` keywords are touched.
- */
-function rewriteImports(src) {
-  if (!src.includes('import')) return src;
-  const n = src.length;
-  const edits = [];
-  const templates = []; // brace depth at each open `${`
-  let depth = 0; // (), [] and {} together
-  let prev = ''; // previous significant token: '', a punctuator, 'word:<w>', 'value'
-  let i = 0;
-
-  const skipSpace = (j) => {
-    for (;;) {
-      while (j < n && /\s/.test(src[j])) j++;
-      if (src.startsWith('//', j)) {
-        while (j < n && src[j] !== '\n') j++;
-      } else if (src.startsWith('/*', j)) {
-        const end = src.indexOf('*/', j + 2);
-        j = end < 0 ? n : end + 2;
-      } else {
-        return j;
-      }
-    }
-  };
-  // Scans template characters from j; returns the index after the closing ` or ${.
-  const scanTemplate = (j) => {
-    while (j < n) {
-      const ch = src[j];
-      if (ch === '\\') j += 2;
-      else if (ch === '`') return j + 1;
-      else if (ch === '$' && src[j + 1] === '{') {
-        templates.push(depth);
-        depth++;
-        return j + 2;
-      } else j++;
-    }
-    return n;
-  };
-  const matchingParen = (j) => {
-    // j is at '('; a rough scan (strings skipped) for the matching ')'.
-    let level = 0;
-    while (j < n) {
-      const ch = src[j];
-      if (ch === '"' || ch === "'" || ch === '`') {
-        const q = ch;
-        j++;
-        while (j < n && src[j] !== q) j += src[j] === '\\' ? 2 : 1;
-      } else if (ch === '(') level++;
-      else if (ch === ')' && --level === 0) return j;
-      j++;
-    }
-    return -1;
-  };
-
-  while (i < n) {
-    i = skipSpace(i);
-    if (i >= n) break;
-    const ch = src[i];
-    if (ch === '"' || ch === "'") {
-      i++;
-      while (i < n && src[i] !== ch && src[i] !== '\n') i += src[i] === '\\' ? 2 : 1;
-      i++;
-      prev = 'value';
-    } else if (ch === '`') {
-      i = scanTemplate(i + 1);
-      prev = 'value';
-    } else if (ch === '}' && templates.length && templates[templates.length - 1] === depth - 1) {
-      templates.pop();
-      depth--;
-      i = scanTemplate(i + 1);
-      prev = 'value';
-    } else if (ch === '/') {
-      const regexAllowed =
-        prev === '' ||
-        (prev.startsWith('word:') ? REGEX_AFTER_WORD.has(prev.slice(5)) : prev !== 'value' && !')]}'.includes(prev));
-      if (!regexAllowed) {
-        i++;
-        prev = '/';
-        continue;
-      }
-      let j = i + 1;
-      let inClass = false;
-      while (j < n && src[j] !== '\n') {
-        if (src[j] === '\\') j += 2;
-        else if (src[j] === '[') (inClass = true), j++;
-        else if (src[j] === ']') (inClass = false), j++;
-        else if (src[j] === '/' && !inClass) break;
-        else j++;
-      }
-      if (j >= n || src[j] !== '/') {
-        i++;
-        prev = '/';
-        continue;
-      }
-      i = j + 1;
-      while (i < n && isIdPart(src[i])) i++;
-      prev = 'value';
-    } else if (isIdStart(ch)) {
-      let j = i + 1;
-      while (j < n && isIdPart(src[j])) j++;
-      const word = src.slice(i, j);
-      if (word === 'import' && prev !== '.') {
-        const after = skipSpace(j);
-        if (src[after] === '(') {
-          const close = matchingParen(after);
-          const next = close < 0 ? -1 : skipSpace(close + 1);
-          if (!(next >= 0 && src[next] === '{')) edits.push({ start: i, end: j, text: IMPORT_HELPER });
-        } else if (src[after] !== '.' && depth === 0 && templates.length === 0) {
-          const stmt = staticImport(src.slice(i));
-          if (stmt) {
-            edits.push({ start: i, end: i + stmt.length, text: stmt.text });
-            i += stmt.length;
-            prev = ';';
-            continue;
-          }
-        }
-      }
-      i = j;
-      prev = /^\d/.test(word) ? 'value' : `word:${word}`;
-    } else if (/\d/.test(ch) || (ch === '.' && /\d/.test(src[i + 1] || ''))) {
-      i++;
-      while (i < n && (isIdPart(src[i]) || src[i] === '.')) i++;
-      prev = 'value';
-    } else {
-      if ('([{'.includes(ch)) depth++;
-      else if (')]}'.includes(ch)) depth = Math.max(0, depth - 1);
-      prev = ch;
-      i++;
-    }
-  }
-  if (!edits.length) return src;
-  let out = '';
-  let last = 0;
-  for (const edit of edits) {
-    out += src.slice(last, edit.start) + edit.text;
-    last = edit.end;
-  }
-  return out + src.slice(last);
-}
-
-/** `{a: 1}` alone is an object (as in the Node REPL), not a block. */
-function wrapObjectLiteral(src) {
-  if (!/^\s*\{/.test(src) || /;\s*$/.test(src)) return src;
-  const candidate = `(${src}\n)`;
-  try {
-    // Compiled, never run: is the parenthesised cell one expression?
-    new vm.Script(`(async () => ${candidate})`, { filename: RUNNER_FILE });
-    return candidate;
-  } catch (_) {
-    return src;
-  }
-}
-
-function prepareSource(src) {
-  return wrapObjectLiteral(rewriteImports(src));
 }
 
 // --------------------------------------------------------------------------

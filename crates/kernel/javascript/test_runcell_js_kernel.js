@@ -272,11 +272,11 @@ test('a TypeError keeps the output before it, and its stack shows no kernel fram
     assert.match(tb, /^TypeError: Cannot read properties of undefined \(reading 'x'\)/);
     assert.match(tb, /at boom \(<cell-1>:1:29\)/);
     assert.match(tb, /at <cell-2>:1:/);
-    assert.doesNotMatch(tb, /runcell_js_kernel|node:inspector|runcell-kernel|node:vm/);
+    assert.doesNotMatch(tb, /runcell_js_kernel|runcell_js_source|node:inspector|runcell-kernel|node:vm/);
     // Thrown after an await, and a thrown non-Error.
     const late = await k.run('await null; null.y');
     assert.equal(late.error.name, 'TypeError');
-    assert.doesNotMatch(late.error.traceback, /runcell_js_kernel|node:inspector/);
+    assert.doesNotMatch(late.error.traceback, /runcell_js_kernel|runcell_js_source|node:inspector/);
     const odd = await k.run('throw 5');
     assert.equal(odd.status, 'error');
     assert.equal(odd.error.value, '5');

@@ -11,7 +11,9 @@ framed-JSON channel to the host:
   user prints ever travels on fd 3.
 
 Stdlib only. numpy, pandas and matplotlib are used when the user has imported
-them and never imported here, so start-up stays cheap.
+them and never imported here, so start-up stays cheap. Frames are made and
+checked by runcell_wire.py, which the bash kernel shares and which ships beside
+this file.
 
 Start it as ``python3 runcell_kernel.py`` with the channel on fd 3.
 """
@@ -34,6 +36,9 @@ import traceback
 import types
 import __future__
 
+import runcell_wire
+from runcell_wire import CHANNEL_FD, FrameTooLarge, ProtocolViolation
+
 try:
     # Snapshots of the namespace (issue 17), beside this file; imported now, while sys.path[0]
     # is still this file's directory (prepare_process points it at the workspace), and in the
@@ -53,8 +58,6 @@ except ImportError:  # not CPython
 SIGINT = int(signal.SIGINT)
 SIGINT_SET = (SIGINT,)
 
-CHANNEL_FD = 3
-MAX_FRAME = 64 * 1024 * 1024
 # What one cell's displays and results may take, as frames (the host enforces the same
 # limits, crates/kernel/src/process.rs; checking here first saves sending what it drops).
 MAX_RESULT = 8 * 1024 * 1024  # bytes per display, result or error frame
@@ -77,8 +80,8 @@ def _code_filename():
     return _code_filename.__code__.co_filename
 
 
-# Frames from this file are hidden from user tracebacks.
-KERNEL_FILE = _code_filename()
+# Frames from this file and the framing module are hidden from user tracebacks.
+KERNEL_FILES = frozenset((_code_filename(), runcell_wire.encode.__code__.co_filename))
 
 
 def _warn(message):
@@ -170,14 +173,6 @@ class ChannelClosed(BaseException):
         self.exit_code = exit_code
 
 
-class ProtocolViolation(Exception):
-    """The host sent something that is not a well-formed frame."""
-
-
-class FrameTooLarge(ValueError):
-    """A message would not fit in one frame; nothing was sent."""
-
-
 class Channel:
     """Length-prefixed JSON frames over a file descriptor."""
 
@@ -198,22 +193,7 @@ class Channel:
 
     def recv(self):
         """The next message, or None on a clean EOF between frames."""
-        header = self._read_exact(4)
-        if header is None:
-            return None
-        (length,) = struct.unpack(">I", header)
-        if length > MAX_FRAME:
-            raise ProtocolViolation(f"frame of {length} bytes is over the {MAX_FRAME}-byte limit")
-        body = self._read_exact(length) if length else b""
-        if body is None:
-            raise ProtocolViolation("channel closed in the middle of a frame")
-        try:
-            message = json.loads(body.decode("utf-8"))
-        except ValueError as exc:  # UnicodeDecodeError is a ValueError too
-            raise ProtocolViolation(f"frame is not UTF-8 JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise ProtocolViolation("frame is not a JSON object")
-        return message
+        return runcell_wire.read_message(self._read_exact)
 
     def _read_exact(self, size):
         buf = self._buffer
@@ -235,17 +215,7 @@ class Channel:
         del buf[:size]
         return data
 
-    @staticmethod
-    def encode(message, text=None, limit=MAX_FRAME):
-        """One frame for message (or for `text`, its JSON text made by the caller);
-        FrameTooLarge if its body is over `limit` bytes."""
-        if text is None:
-            text = json.dumps(message, ensure_ascii=False)
-        # errors="replace": lone surrogates in user strings are not valid UTF-8.
-        body = text.encode("utf-8", "replace")
-        if len(body) > limit:
-            raise FrameTooLarge(f"message of {len(body)} bytes is over the {limit}-byte limit")
-        return struct.pack(">I", len(body)) + body
+    encode = staticmethod(runcell_wire.encode)
 
     def send(self, message):
         self.send_frames(self.encode(message))
@@ -515,7 +485,7 @@ def _walk_tracebacks(te):
 
 
 def _user_frames(stack):
-    frames = [frame for frame in stack if frame.filename != KERNEL_FILE]
+    frames = [frame for frame in stack if frame.filename not in KERNEL_FILES]
     for index, frame in enumerate(frames):
         if is_cell_filename(frame.filename):
             frames = frames[index:]

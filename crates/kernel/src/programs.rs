@@ -1,7 +1,8 @@
 //! The in-sandbox kernels, one per language: each one's source (embedded, so the binary is all
 //! a host needs), the file it is written to and the command line that starts it. The engine
 //! asks here instead of spelling interpreters and file names itself, so that a kernel and the
-//! way it is started change together.
+//! way it is started change together. Beside the kernels go the modules they load from their own
+//! directory ([`KERNEL_FILES`] lists all of it).
 
 /// Where the directory holding the kernels is bound, read-only, inside every sandbox.
 pub const SANDBOX_KERNEL_DIR: &str = "/opt/runcell/kernel";
@@ -76,7 +77,7 @@ pub const JAVASCRIPT: KernelProgram = KernelProgram {
     interpreter: Interpreter::Node,
 };
 
-/// Every kernel, to be written into the kernel directory together.
+/// Every kernel program.
 pub const KERNELS: [&KernelProgram; 3] = [&PYTHON, &BASH, &JAVASCRIPT];
 
 /// Snapshots of the language state (issue 17: the file format, the Python namespace's
@@ -86,12 +87,25 @@ pub const SNAPSHOT_MODULE: (&str, &str) = (
     include_str!("../python/runcell_snapshot.py"),
 );
 
+/// The framing the Python and bash kernels share (`import runcell_wire`). A module, not a
+/// program: found beside them on `sys.path`, the script's directory when a kernel runs cold and
+/// the directory the zygote inserts before it imports the Python kernel.
+const PYTHON_WIRE: (&str, &str) = ("runcell_wire.py", include_str!("../python/runcell_wire.py"));
+
+/// The JavaScript kernel's source adjustments, which it `require`s from beside itself.
+const JAVASCRIPT_SOURCE: (&str, &str) = (
+    "runcell_js_source.js",
+    include_str!("../javascript/runcell_js_source.js"),
+);
+
 /// Every file of the kernel directory, as (name, content): the kernels' programs and the
 /// modules they import from beside them.
-pub const KERNEL_FILES: [(&str, &str); 4] = [
+pub const KERNEL_FILES: [(&str, &str); 6] = [
     (PYTHON.file, PYTHON.source),
+    PYTHON_WIRE,
     (BASH.file, BASH.source),
     (JAVASCRIPT.file, JAVASCRIPT.source),
+    JAVASCRIPT_SOURCE,
     SNAPSHOT_MODULE,
 ];
 
@@ -129,5 +143,6 @@ mod tests {
         files.dedup();
         assert_eq!(files.len(), KERNEL_FILES.len());
         assert!(KERNELS.iter().all(|k| files.contains(&k.file)));
+        assert!(KERNEL_FILES.iter().all(|(_, source)| !source.is_empty()));
     }
 }

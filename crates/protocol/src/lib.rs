@@ -3,7 +3,9 @@
 //! The kernel talks over a private Unix stream socket at its fd 3; stdout and stderr stay raw
 //! pipes, so output from subprocesses and C code is captured exactly like Python's own. A frame
 //! is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (one object).
-//! `crates/kernel/python/runcell_kernel.py` is the other implementation of this file.
+//! The kernels' side of the framing: `crates/kernel/python/runcell_wire.py`, shared by the
+//! Python and bash kernels, and the JavaScript kernel's own copy in
+//! `crates/kernel/javascript/runcell_js_kernel.js`.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;

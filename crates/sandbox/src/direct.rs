@@ -2,7 +2,7 @@
 //! session it starts) and a single-threaded supervisor (`runcell run`). Instead of forking a
 //! helper that then clones pid 1, the caller joins the sandbox's cgroup, clones pid 1 into the new
 //! namespaces, goes back to its own cgroup and writes pid 1's id maps. Pid 1 then runs
-//! [`crate::init::direct_pid1`]: the same steps as a cold pid 1, reporting on the control socket
+//! [`crate::pid1::direct_pid1`]: the same steps as a cold pid 1, reporting on the control socket
 //! itself. One process (and, for the zygote, one copy of a large image) fewer per sandbox.
 //!
 //! Never from a multi-threaded process: the clone copies only the calling thread.
@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use crate::cgroup::{Cgroup, CgroupVersion};
-use crate::init::Pid1Program;
+use crate::pid1::Pid1Program;
 use crate::sys::{pipe_cloexec, write_all_fd};
 
 /// What the caller needs to start pid 1, besides the spec (which only pid 1 parses: the zygote
@@ -259,7 +259,7 @@ fn place_fds(fds: [RawFd; 5], spec: &[u8], sync_r: OwnedFd, v2: bool, program: P
     let _ = sync_r.into_raw_fd();
     // SAFETY: our duplicate.
     let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
-    crate::init::direct_pid1(spec, sync_r, v2, program);
+    crate::pid1::direct_pid1(spec, sync_r, v2, program);
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! The isolation steps run in a freshly exec'd, single-threaded init helper ([`run_if_init`]),
 //! never in the caller's process; [`Sandbox`] is the caller's side. `docs/sandbox.md` walks the
-//! steps in the same order as `init.rs`.
+//! steps in the same order as `pid1.rs`.
 #![cfg(target_os = "linux")]
 
 mod caps;
@@ -18,6 +18,7 @@ mod loopdev;
 mod mount;
 mod net;
 mod output;
+mod pid1;
 mod rlimit;
 mod sched;
 pub mod seccomp;

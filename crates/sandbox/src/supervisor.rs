@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
 use crate::direct::{start_pid1, ForkRequest};
-use crate::init::Pid1Program;
-use crate::init::{CHANNEL_FD, CONTROL_FD};
 use crate::output::CappedOutput;
+use crate::pid1::Pid1Program;
+use crate::pid1::{CHANNEL_FD, CONTROL_FD};
 use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
 use crate::sys::{pipe_cloexec, socketpair_cloexec};
 use crate::workspace::Workspace;

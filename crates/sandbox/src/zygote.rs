@@ -4,7 +4,7 @@
 //! The zygote is the runcell binary itself (`runcell __zygote`), which loads libpython with
 //! `dlopen` and initialises the interpreter in-process. That keeps the isolation steps in one
 //! place: the zygote plays the cold helper's part (cgroup, `clone(CLONE_NEW*)`, uid map) and its
-//! child runs [`crate::init`]'s pid 1 steps (mounts, limits) and forks the program, which takes
+//! child runs [`crate::pid1`]'s steps (mounts, limits) and forks the program, which takes
 //! the same steps 5-7 (privileges, Landlock, seccomp) as a cold program, except that the program
 //! is the forked Python itself instead of an `execve`.
 //!
@@ -13,7 +13,7 @@
 //!     ▲                                   │ joins the cgroup, clone(CLONE_NEW*), leaves it,
 //!     └────────── pidfd of pid 1 ─────────┤ writes the id maps
 //!                                          ▼
-//!                        pid 1: init.rs's steps 1-4, reports on the control socket
+//!                        pid 1: pid1.rs's steps 1-4, reports on the control socket
 //!                          └─▶ program: confined, returns into the preloaded Python,
 //!                                          which reseeds its RNGs and serves the kernel protocol
 //! ```
@@ -38,7 +38,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::direct::{start_pid1, ForkHooks, ForkRequest, StartError};
-use crate::init::Pid1Program;
+use crate::pid1::Pid1Program;
 use crate::sys::{cstr, cvt, pipe_cloexec};
 
 /// First argument of the runcell binary that makes it a zygote.

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, Response};
-use axum::response::IntoResponse;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -558,11 +557,13 @@ impl hyper::body::Body for MinRateBody {
 /// Answers a connection past the cap with 503 `unavailable` once its request head is in,
 /// then closes it: a client told to retry, not a connection reset.
 async fn refuse(tcp: TcpStream, max: usize) {
-    let service = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-        let mut resp = ApiError::unavailable(format!(
-            "this server serves at most {max} connections at once; retry shortly"
-        ))
-        .into_response();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+        let mut resp = crate::vendor::refusal(
+            req.uri().path(),
+            ApiError::unavailable(format!(
+                "this server serves at most {max} connections at once; retry shortly"
+            )),
+        );
         resp.headers_mut().insert(
             axum::http::header::CONNECTION,
             axum::http::HeaderValue::from_static("close"),

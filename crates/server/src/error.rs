@@ -195,24 +195,29 @@ impl ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::InvalidRequest(m) => ApiError::invalid(m),
-            EngineError::NotFound(m) if m.contains("ended") => ApiError::ended(m),
-            EngineError::NotFound(m) => {
-                ApiError::new(ErrorCode::NotFound, format!("{m} not found"))
-            }
-            EngineError::Conflict(m) => ApiError::new(ErrorCode::Conflict, m),
-            EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m),
-            EngineError::LimitExceeded(m) | EngineError::QuotaExceeded(m) => {
-                ApiError::new(ErrorCode::LimitExceeded, m)
-            }
-            EngineError::PayloadTooLarge(m) => ApiError::too_large(m),
-            EngineError::AtCapacity(m) => ApiError::unavailable(m),
+            EngineError::InvalidRequest(m) => ApiError::invalid(m.to_string()),
+            EngineError::SessionEnded(m) => ApiError::ended(m.to_string()),
+            EngineError::NotFound(m) => ApiError::not_found(m),
+            EngineError::Conflict(m) => ApiError::new(ErrorCode::Conflict, m.to_string()),
+            EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m.to_string()),
+            EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m.to_string()),
+            EngineError::QuotaExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m.to_string()),
+            EngineError::PayloadTooLarge(m) => ApiError::too_large(m.to_string()),
+            EngineError::AtCapacity(m) => ApiError::unavailable(m.to_string()),
             // Memory comes back when sessions end; nobody knows when: a few seconds.
-            EngineError::OverCommitted(m) => ApiError::new(ErrorCode::Unavailable, m)
+            EngineError::OverCommitted(m) => ApiError::new(ErrorCode::Unavailable, m.to_string())
                 .retry_after(runcell_engine::RETRY_AFTER.as_secs()),
-            EngineError::InsufficientStorage(m) => ApiError::no_space(m),
+            EngineError::InsufficientStorage(m) => ApiError::no_space(m.to_string()),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
-            other => ApiError::internal(other),
+            EngineError::IsolationMissing { .. }
+            | EngineError::Unavailable(_)
+            | EngineError::NoThread { .. }
+            | EngineError::Sandbox(_)
+            | EngineError::NoKernel
+            | EngineError::NotRecorded(_)
+            | EngineError::Store(_)
+            | EngineError::TenantPolicy { .. }
+            | EngineError::Io { .. } => ApiError::internal(runcell_engine::error_chain(&e)),
         }
     }
 }
@@ -356,5 +361,104 @@ impl IntoResponse for JsonRpcRefusal {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
         (status, Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runcell_engine::{Busy, Ended, Limit, NoSpace, Resource};
+
+    fn status_of(e: EngineError) -> (StatusCode, ErrorCode, String) {
+        let (status, body) = ApiError::from(e).parts();
+        (status, body.error.code, body.error.message)
+    }
+
+    /// The status follows the variant, whatever its text says.
+    #[test]
+    fn an_ended_session_is_409_by_kind_not_by_text() {
+        for during_execution in [false, true] {
+            let ended = EngineError::SessionEnded(Ended {
+                id: "ses_1".into(),
+                during_execution,
+            });
+            let (status, code, message) = status_of(ended);
+            assert_eq!(
+                (status, code),
+                (StatusCode::CONFLICT, ErrorCode::SessionBusy)
+            );
+            assert!(message.starts_with("session ses_1 "), "{message}");
+        }
+        // A missing file whose name says "ended" is still a missing file (the message test
+        // this replaces answered it 409).
+        let (status, code, message) = status_of(EngineError::NotFound(Resource::File {
+            path: "ended.txt".into(),
+        }));
+        assert_eq!((status, code), (StatusCode::NOT_FOUND, ErrorCode::NotFound));
+        assert_eq!(message, "file ended.txt not found");
+        let (status, _, message) = status_of(EngineError::NotFound(Resource::Session {
+            id: "ses_2".into(),
+        }));
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(message, "session ses_2 not found");
+    }
+
+    #[test]
+    fn every_refusal_keeps_its_status_and_message() {
+        let over = EngineError::LimitExceeded(Limit::OverMaximum {
+            limit: "idle_timeout_s",
+            value: 3601u64.into(),
+            maximum: 3600u64.into(),
+            option: Some("--max-idle-timeout-s".into()),
+        });
+        assert_eq!(
+            status_of(over),
+            (
+                StatusCode::BAD_REQUEST,
+                ErrorCode::LimitExceeded,
+                "idle_timeout_s 3601 exceeds this server's maximum of 3600 (serve --max-idle-timeout-s)"
+                    .into()
+            )
+        );
+        let busy = EngineError::SessionBusy(Busy::Queue {
+            id: "ses_1".into(),
+            waiting: 8,
+        });
+        assert_eq!(
+            status_of(busy),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::SessionBusy,
+                "session ses_1 already has 8 executions waiting".into()
+            )
+        );
+        let full = ApiError::from(EngineError::InsufficientStorage(NoSpace::Audit));
+        assert_eq!(full.parts().0, StatusCode::INSUFFICIENT_STORAGE);
+        let committed = ApiError::from(EngineError::OverCommitted(runcell_engine::Committed {
+            asked_mb: 1024,
+            committed_mb: 2048,
+            budget_mb: 2048,
+        }));
+        assert_eq!(
+            committed.retry_after,
+            Some(runcell_engine::RETRY_AFTER.as_secs())
+        );
+        assert_eq!(committed.parts().0, StatusCode::SERVICE_UNAVAILABLE);
+        let capacity = ApiError::from(EngineError::AtCapacity(runcell_engine::Capacity {
+            max_sessions: 10,
+        }));
+        assert_eq!(capacity.retry_after, Some(1));
+        assert_eq!(
+            status_of(EngineError::Cancelled).0,
+            StatusCode::CONFLICT,
+            "a request called off before it ran"
+        );
+        // runcell's own failures say nothing of their cause to the client.
+        let (status, code, message) = status_of(EngineError::NoKernel);
+        assert_eq!(
+            (status, code),
+            (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal)
+        );
+        assert_eq!(message, "internal error; see the server log");
     }
 }

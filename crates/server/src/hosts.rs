@@ -17,7 +17,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, Uri};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use crate::error::ApiError;
 
@@ -306,7 +306,7 @@ pub(crate) async fn guard(
 ) -> Response {
     match hosts.check(req.method(), req.uri(), req.headers()) {
         Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+        Err(e) => crate::vendor::refusal(req.uri().path(), e),
     }
 }
 

@@ -17,6 +17,7 @@ mod oneshot;
 mod openapi;
 mod sessions;
 mod state;
+mod vendor;
 mod web;
 
 use std::future::Future;
@@ -37,6 +38,7 @@ pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use runcell_engine::OPEN_TENANT;
 pub use state::{AppState, ChatConfig};
+pub use vendor::VendorConfig;
 
 /// Largest request body ([`runcell_engine::MAX_REQUEST_BYTES`]).
 pub const MAX_BODY_BYTES: usize = runcell_engine::MAX_REQUEST_BYTES;
@@ -95,6 +97,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
+        .nest("/anthropic", vendor::anthropic::router())
+        .nest("/openai/v1", vendor::openai::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)
@@ -248,6 +252,7 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         loopback: listen.ip().is_loopback(),
         auth: Arc::default(),
         chat: None,
+        vendor: None,
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,

@@ -26,7 +26,9 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use runcell_engine::tools::{self, ToolCall, ToolOutput};
-use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, Language, SessionInfo};
+use runcell_engine::{
+    CancelToken, CreateSession, Engine, EngineError, Language, Limit, SessionInfo,
+};
 
 use serde_json::Value;
 
@@ -191,7 +193,7 @@ impl McpHandler {
         };
         let mut out = match joined {
             Ok(Ok(out)) => out,
-            Ok(Err(EngineError::NotFound(_))) => ToolOutput::error(format!(
+            Ok(Err(EngineError::NotFound(_) | EngineError::SessionEnded(_))) => ToolOutput::error(format!(
                 "session {session} has ended (deleted or idle for too long); call again without session_id to start a new one"
             )),
             Ok(Err(e)) => ToolOutput::error(runcell_engine::error_chain(&e)),
@@ -403,11 +405,10 @@ impl Conn {
         let sessions = self.engine.sessions();
         let created = match sessions.create(request(idle_s)) {
             // A server whose idle maximum is below ours: its own default is shorter still.
-            Err(EngineError::LimitExceeded(m))
-                if idle_s.is_some() && m.contains("idle_timeout_s") =>
-            {
-                sessions.create(request(None))
-            }
+            Err(EngineError::LimitExceeded(Limit::OverMaximum {
+                limit: "idle_timeout_s",
+                ..
+            })) if idle_s.is_some() => sessions.create(request(None)),
             other => other,
         };
         let info = created.map_err(|e| {
@@ -515,13 +516,13 @@ impl ServerHandler for McpHandler {
         let p = path.clone();
         let data = tokio::task::spawn_blocking(move || match engine.sessions().get(&session) {
             Ok(info) if info.owner == owner => engine.read_file(&session, &p),
-            _ => Err(runcell_engine::EngineError::NotFound(format!(
-                "session {session}"
-            ))),
+            _ => Err(EngineError::NotFound(runcell_engine::Resource::Session {
+                id: session,
+            })),
         })
         .await
         .map_err(|e| McpError::internal_error(e.to_string(), None))?
-        .map_err(|e| McpError::resource_not_found(e.to_string(), None))?;
+        .map_err(|e| McpError::resource_not_found(runcell_engine::error_chain(&e), None))?;
         use base64::Engine as _;
         let mime = runcell_engine::mime_of(&path);
         let textual = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");

@@ -33,6 +33,9 @@ pub struct AppState {
     pub auth: Arc<AuthCache>,
     /// The model behind `/v1/chat`; none unless the operator configured one.
     pub chat: Option<Arc<ChatConfig>>,
+    /// The model behind the vendor-compatible prefixes (`/anthropic`, `/openai/v1`); none unless the
+    /// operator configured one.
+    pub vendor: Option<Arc<crate::vendor::VendorConfig>>,
     /// The names this server answers to (`Host`, `Origin`): its listener's, and the
     /// operator's `--allowed-hosts`.
     pub hosts: Arc<HostPolicy>,
@@ -46,6 +49,12 @@ impl AppState {
     /// Turns the chat on, against `config`'s model.
     pub fn with_chat(mut self, config: ChatConfig) -> Self {
         self.chat = Some(Arc::new(config));
+        self
+    }
+
+    /// Answers the vendor-compatible prefixes' requests with `config`'s model.
+    pub fn with_vendor(mut self, config: crate::vendor::VendorConfig) -> Self {
+        self.vendor = Some(Arc::new(config));
         self
     }
 
@@ -148,24 +157,50 @@ impl FromRequestParts<AppState> for Tenant {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = Credential::of(parts.headers.get(axum::http::header::AUTHORIZATION));
-        // Read before the lookup: a change during it makes this entry stale at once.
-        let generation = state.store.keys_generation();
-        let outcome = match state.auth.get(&key, generation) {
-            Some(o) => o,
-            None => {
-                let store = state.store.clone();
-                let loopback = state.loopback;
-                let k = key.clone();
-                let o = tokio::task::spawn_blocking(move || authenticate(&store, loopback, k))
-                    .await
-                    .map_err(ApiError::internal)?
-                    .map_err(ApiError::internal)?;
-                state.auth.put(key, generation, o.clone());
-                o
-            }
-        };
-        outcome.map(Tenant).map_err(ApiError::unauthorized)
+        resolve(state, key)
+            .await?
+            .map(Tenant)
+            .map_err(ApiError::unauthorized)
     }
+}
+
+impl Tenant {
+    /// The tenant of a request to a vendor-compatible prefix, whose SDK sends the key its own
+    /// way: in `vendor_header` (Anthropic's `x-api-key`) when present, else as
+    /// `Authorization: Bearer` (OpenAI's). `Ok(Err(why))`: refused, for the caller to answer
+    /// in its vendor's envelope.
+    pub(crate) async fn of_vendor_request(
+        headers: &axum::http::HeaderMap,
+        vendor_header: Option<&str>,
+        state: &AppState,
+    ) -> Result<Result<Tenant, &'static str>, ApiError> {
+        let key = match vendor_header.and_then(|h| headers.get(h)) {
+            Some(v) => match v.to_str().map(str::trim) {
+                Ok(k) if !k.is_empty() => Credential::Bearer(k.to_owned()),
+                _ => Credential::Other,
+            },
+            None => Credential::of(headers.get(axum::http::header::AUTHORIZATION)),
+        };
+        Ok(resolve(state, key).await?.map(Tenant))
+    }
+}
+
+/// Who `key` acts for, from the cache or the store.
+async fn resolve(state: &AppState, key: Credential) -> Result<Outcome, ApiError> {
+    // Read before the lookup: a change during it makes this entry stale at once.
+    let generation = state.store.keys_generation();
+    if let Some(o) = state.auth.get(&key, generation) {
+        return Ok(o);
+    }
+    let store = state.store.clone();
+    let loopback = state.loopback;
+    let k = key.clone();
+    let o = tokio::task::spawn_blocking(move || authenticate(&store, loopback, k))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
+    state.auth.put(key, generation, o.clone());
+    Ok(o)
 }
 
 /// The tenant `key` acts for, or why the request is refused.

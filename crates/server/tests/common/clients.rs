@@ -25,7 +25,7 @@ fn target_dir() -> PathBuf {
 
 /// `target/<name>-<pin>`, made by `install` in a directory of its own and renamed into place
 /// when complete, so that test binaries running at once never see a half-installed one.
-fn installed(name: &str, pin: &str, install: impl FnOnce(&Path)) -> PathBuf {
+pub fn installed(name: &str, pin: &str, install: impl FnOnce(&Path)) -> PathBuf {
     let key: String = pin
         .chars()
         .map(|c| {

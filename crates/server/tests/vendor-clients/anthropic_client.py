@@ -1,0 +1,373 @@
+"""Anthropic's official Python SDK against runcell's /anthropic prefix, as an application
+written for Anthropic's hosted code execution tool uses it: only base_url and api_key change.
+
+Usage: anthropic_client.py SCENARIO BASE_URL API_KEY
+
+Responses are validated strictly against the SDK's typed models (a block of the wrong shape
+raises), and each scenario asserts what the SDK's types must show, then prints one JSON object
+of what it saw for the Rust test to check against the numbers the code really computed.
+"""
+
+import json
+import sys
+
+import anthropic
+from anthropic import Anthropic
+from anthropic.types import (
+    BashCodeExecutionOutputBlock,
+    BashCodeExecutionResultBlock,
+    BashCodeExecutionToolResultBlock,
+    CodeExecutionOutputBlock,
+    CodeExecutionResultBlock,
+    CodeExecutionToolResultBlock,
+    ServerToolUseBlock,
+    TextBlock,
+    ToolUseBlock,
+)
+from anthropic.types.code_execution_tool_result_error_object import CodeExecutionToolResultErrorObject
+from anthropic.types.text_editor_code_execution_create_result_block import (
+    TextEditorCodeExecutionCreateResultBlock,
+)
+from anthropic.types.text_editor_code_execution_str_replace_result_block import (
+    TextEditorCodeExecutionStrReplaceResultBlock,
+)
+from anthropic.types.text_editor_code_execution_tool_result_block import (
+    TextEditorCodeExecutionToolResultBlock,
+)
+from anthropic.types.text_editor_code_execution_tool_result_error_object import (
+    TextEditorCodeExecutionToolResultErrorObject,
+)
+from anthropic.types.text_editor_code_execution_view_result_block import (
+    TextEditorCodeExecutionViewResultBlock,
+)
+
+MODEL = "claude-sonnet-5-5"
+V2025 = [{"type": "code_execution_20250825", "name": "code_execution"}]
+V2026 = [{"type": "code_execution_20260120", "name": "code_execution"}]
+V202605 = [{"type": "code_execution_20260521", "name": "code_execution"}]
+
+
+def client(base, key):
+    # Strict: every response must parse into the SDK's models. No retries: an error is final.
+    return Anthropic(base_url=base, api_key=key, max_retries=0, _strict_response_validation=True)
+
+
+def text_of(msg):
+    return "".join(b.text for b in msg.content if isinstance(b, TextBlock))
+
+
+def of_type(msg, cls):
+    return [b for b in msg.content if isinstance(b, cls)]
+
+
+def fibonacci(c):
+    msg = c.messages.create(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V2025,
+        messages=[{"role": "user", "content": "Calculate the first 10 Fibonacci numbers"}],
+    )
+    assert msg.stop_reason == "end_turn", msg
+    uses = of_type(msg, ServerToolUseBlock)
+    results = of_type(msg, BashCodeExecutionToolResultBlock)
+    assert len(uses) == 1 and len(results) == 1, msg
+    assert results[0].tool_use_id == uses[0].id
+    assert isinstance(results[0].content, BashCodeExecutionResultBlock), results[0]
+    assert msg.container is not None and msg.container.id.startswith("container_")
+    # The conversation goes on in the same container: the earlier blocks are sent back.
+    follow = c.messages.create(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V2025,
+        container=msg.container.id,
+        messages=[
+            {"role": "user", "content": "Calculate the first 10 Fibonacci numbers"},
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": "Now the 30th one"},
+        ],
+    )
+    assert follow.container.id == msg.container.id
+    follow_results = of_type(follow, BashCodeExecutionToolResultBlock)
+    return {
+        "answer": text_of(msg),
+        "tool": uses[0].name,
+        "command": uses[0].input.get("command"),
+        "stdout": results[0].content.stdout,
+        "return_code": results[0].content.return_code,
+        "container": msg.container.id,
+        "expires_at": msg.container.expires_at.isoformat(),
+        "usage": [msg.usage.input_tokens, msg.usage.output_tokens],
+        "model": msg.model,
+        "follow_answer": text_of(follow),
+        "follow_stdout": follow_results[0].content.stdout,
+    }
+
+
+def sales(c):
+    csv = "month,sales\nJan,1200\nFeb,1350\nMar,980\nApr,1610\nMay,1475\nJun,1720\n"
+    f = c.files.upload(file=("sales.csv", csv.encode(), "text/csv"))
+    assert f.type == "file" and f.filename == "sales.csv" and f.size_bytes == len(csv), f
+    msg = c.messages.create(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V2026,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Compute summary statistics of the monthly sales"},
+                    {"type": "container_upload", "file_id": f.id},
+                ],
+            }
+        ],
+    )
+    results = of_type(msg, CodeExecutionToolResultBlock)
+    assert len(results) == 1, msg
+    assert isinstance(results[0].content, CodeExecutionResultBlock), results[0]
+    return {
+        "answer": text_of(msg),
+        "stdout": results[0].content.stdout,
+        "return_code": results[0].content.return_code,
+        "container": msg.container.id,
+    }
+
+
+def chart(c):
+    msg = c.messages.create(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V2025,
+        messages=[{"role": "user", "content": "Draw a bar chart of sales per region"}],
+    )
+    results = of_type(msg, BashCodeExecutionToolResultBlock)
+    assert isinstance(results[0].content, BashCodeExecutionResultBlock), results[0]
+    outputs = results[0].content.content
+    assert outputs and all(isinstance(o, BashCodeExecutionOutputBlock) for o in outputs), outputs
+    files = []
+    for o in outputs:
+        meta = c.files.retrieve_metadata(o.file_id)
+        data = c.files.download(o.file_id).read()
+        files.append(
+            {
+                "id": o.file_id,
+                "filename": meta.filename,
+                "mime_type": meta.mime_type,
+                "size_bytes": meta.size_bytes,
+                "downloaded": len(data),
+                "png": data[:8] == b"\x89PNG\r\n\x1a\n",
+            }
+        )
+    return {"answer": text_of(msg), "files": files, "stdout": results[0].content.stdout}
+
+
+def palindrome(c):
+    msg = c.messages.create(
+        model=MODEL,
+        max_tokens=2048,
+        tools=V2025,
+        messages=[{"role": "user", "content": "Write a palindrome check and test it on racecar and Madam"}],
+    )
+    editor = of_type(msg, TextEditorCodeExecutionToolResultBlock)
+    bash = of_type(msg, BashCodeExecutionToolResultBlock)
+    kinds = [type(b.content).__name__ for b in editor]
+    create = [b.content for b in editor if isinstance(b.content, TextEditorCodeExecutionCreateResultBlock)]
+    replace = [b.content for b in editor if isinstance(b.content, TextEditorCodeExecutionStrReplaceResultBlock)]
+    view = [b.content for b in editor if isinstance(b.content, TextEditorCodeExecutionViewResultBlock)]
+    errors = [b.content for b in editor if isinstance(b.content, TextEditorCodeExecutionToolResultErrorObject)]
+    assert create and replace and view and errors, kinds
+    return {
+        "answer": text_of(msg),
+        "kinds": kinds,
+        "is_file_update": create[0].is_file_update,
+        "replace_lines": replace[0].lines,
+        "replace_start": replace[0].old_start,
+        "view": view[0].content,
+        "view_total_lines": view[0].total_lines,
+        "error_code": errors[0].error_code,
+        "runs": [b.content.stdout for b in bash],
+    }
+
+
+def linear(c):
+    """The linear system, streamed: the SDK's stream helper accumulates the events."""
+    with c.messages.stream(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V202605,
+        messages=[{"role": "user", "content": "Solve 2x + y = 5 and x - y = 1"}],
+    ) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    results = of_type(final, CodeExecutionToolResultBlock)
+    assert isinstance(results[0].content, CodeExecutionResultBlock), results[0]
+    uses = of_type(final, ServerToolUseBlock)
+    # The raw events, as `stream=True` yields them.
+    raw = [
+        e.type
+        for e in c.messages.create(
+            model=MODEL,
+            max_tokens=1024,
+            tools=V202605,
+            stream=True,
+            messages=[{"role": "user", "content": "Solve 2x + y = 5 and x - y = 1"}],
+        )
+    ]
+    return {
+        "answer": text_of(final),
+        "stdout": results[0].content.stdout,
+        "code": uses[0].input.get("code"),
+        "events": events,
+        "raw_events": raw,
+        "stop_reason": final.stop_reason,
+        "container": final.container.id if final.container else None,
+    }
+
+
+def state(c):
+    first = c.messages.create(
+        model=MODEL, max_tokens=512, tools=V2026,
+        messages=[{"role": "user", "content": "Set x to 42"}],
+    )
+    again = c.messages.create(
+        model=MODEL, max_tokens=512, tools=V2026, container=first.container.id,
+        messages=[{"role": "user", "content": "Use x"}],
+    )
+    # The object form of `container` names it too.
+    object_form = c.messages.create(
+        model=MODEL, max_tokens=512, tools=V2026, container={"id": first.container.id},
+        messages=[{"role": "user", "content": "Use x"}],
+    )
+    fresh = c.messages.create(
+        model=MODEL, max_tokens=512, tools=V2026,
+        messages=[{"role": "user", "content": "Use x"}],
+    )
+    out = lambda m: of_type(m, CodeExecutionToolResultBlock)[0].content
+    return {
+        "containers": [m.container.id for m in (first, again, object_form, fresh)],
+        "again": [out(again).stdout, out(again).return_code],
+        "object_form": out(object_form).stdout,
+        "fresh": [out(fresh).stderr, out(fresh).return_code],
+    }
+
+
+def tool_use(c):
+    """A tool the client runs itself: the reply stops for it, and the result goes back."""
+    tools = V2026 + [
+        {
+            "name": "record_result",
+            "description": "Record a result in the client's database",
+            "input_schema": {"type": "object", "properties": {"value": {"type": "number"}}},
+        }
+    ]
+    ask = [{"role": "user", "content": "Compute 6*7 and record it"}]
+    first = c.messages.create(model=MODEL, max_tokens=512, tools=tools, messages=ask)
+    assert first.stop_reason == "tool_use", first
+    call = of_type(first, ToolUseBlock)[0]
+    done = c.messages.create(
+        model=MODEL,
+        max_tokens=512,
+        tools=tools,
+        container=first.container.id,
+        messages=ask
+        + [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "recorded as #7"}]},
+        ],
+    )
+    return {
+        "call": [call.name, call.input],
+        "computed": of_type(first, CodeExecutionToolResultBlock)[0].content.stdout,
+        "answer": text_of(done),
+        "stop_reason": done.stop_reason,
+    }
+
+
+def files(c):
+    f = c.files.upload(file=("notes.txt", b"hello files\n", "text/plain"))
+    g = c.beta.files.upload(file=("more.txt", b"beta\n", "text/plain"))
+    listed = [x.id for x in c.files.list()]
+    beta_listed = [x.id for x in c.beta.files.list()]
+    # Pages of one file each, followed by the SDK's own paging.
+    paged = [x.id for x in c.files.list(limit=1)]
+    meta = c.files.retrieve_metadata(f.id)
+    body = c.files.download(f.id).read()
+    deleted = c.files.delete(f.id)
+    try:
+        c.files.retrieve_metadata(f.id)
+        gone = None
+    except anthropic.NotFoundError as e:
+        gone = [e.status_code, e.body["error"]["type"]]
+    c.beta.files.delete(g.id)
+    return {
+        "uploaded": [f.id, g.id],
+        "listed": listed,
+        "beta_listed": beta_listed,
+        "paged": paged,
+        "meta": [meta.filename, meta.mime_type, meta.size_bytes, meta.downloadable],
+        "body": body.decode(),
+        "deleted": [deleted.id, deleted.type],
+        "gone": gone,
+        "after": [x.id for x in c.files.list()],
+    }
+
+
+def errors(c):
+    out = {}
+
+    def expect(name, call):
+        try:
+            call()
+            out[name] = None
+        except anthropic.APIStatusError as e:
+            out[name] = {
+                "class": type(e).__name__,
+                "status": e.status_code,
+                "type": e.type,
+                "message": e.api_message,
+                "request_id": e.request_id,
+                "envelope": e.body.get("type") if isinstance(e.body, dict) else None,
+            }
+
+    ask = [{"role": "user", "content": "hi"}]
+    expect("unknown_tool", lambda: c.messages.create(
+        model=MODEL, max_tokens=64, messages=ask,
+        tools=[{"type": "web_search_20250305", "name": "web_search"}]))
+    expect("bad_container", lambda: c.messages.create(
+        model=MODEL, max_tokens=64, messages=ask, tools=V2025, container="container_nosuchthing"))
+    expect("malformed_container", lambda: c.messages.create(
+        model=MODEL, max_tokens=64, messages=ask, tools=V2025, container="../../etc"))
+    expect("missing_max_tokens", lambda: c.post(
+        "/v1/messages", cast_to=object, body={"model": MODEL, "messages": ask}))
+    expect("bad_role", lambda: c.post(
+        "/v1/messages", cast_to=object,
+        body={"model": MODEL, "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}))
+    expect("no_such_file", lambda: c.files.retrieve_metadata("file_nosuchfile"))
+    expect("no_such_upload", lambda: c.messages.create(
+        model=MODEL, max_tokens=64, tools=V2025,
+        messages=[{"role": "user", "content": [{"type": "container_upload", "file_id": "file_missing"}]}]))
+    expect("unknown_route", lambda: c.get("/v1/nothing/here", cast_to=object))
+    big = b"\0" * ((100 << 20) + 1)
+    expect("too_large", lambda: c.files.upload(file=("big.bin", big, "application/octet-stream")))
+    return out
+
+
+def wrong_key(c):
+    out = {}
+    try:
+        c.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    except anthropic.AuthenticationError as e:
+        out["messages"] = [e.status_code, e.type, e.api_message]
+    try:
+        c.files.list()
+    except anthropic.AuthenticationError as e:
+        out["files"] = [e.status_code, e.type]
+    return out
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key]}
+
+if __name__ == "__main__":
+    scenario, base, key = sys.argv[1:4]
+    report = SCENARIOS[scenario](client(base, key))
+    report["sdk"] = anthropic.__version__
+    print(json.dumps(report))
