@@ -60,14 +60,19 @@ pub fn installed(name: &str, pin: &str, install: impl FnOnce(&Path)) -> PathBuf 
 
 /// The Python of a venv holding the pinned `mcp` SDK (requirements.txt).
 pub fn sdk_python() -> PathBuf {
-    let requirements = clients_dir().join("requirements.txt");
-    let pin = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    let dir = installed("mcp-sdk", pin.trim(), |dir| {
+    requirements_venv("mcp-sdk", &clients_dir().join("requirements.txt"))
+}
+
+/// The Python of a venv (under target/, made once per content of `requirements`, shared by
+/// every test binary) with `requirements` installed.
+pub fn requirements_venv(name: &str, requirements: &Path) -> PathBuf {
+    let pin = std::fs::read_to_string(requirements).expect("requirements.txt");
+    let dir = installed(name, pin.trim(), |dir| {
         let status = Command::new("python3")
             .args(["-m", "venv"])
             .arg(dir.join("venv"))
             .status()
-            .expect("run python3 (the MCP SDK tests need Python 3.10+ with venv: apt-get install -y python3-venv)");
+            .expect("run python3 (the SDK tests need Python 3.10+ with venv: apt-get install -y python3-venv)");
         assert!(
             status.success(),
             "python3 -m venv failed (apt-get install -y python3-venv)"
@@ -81,7 +86,7 @@ pub fn sdk_python() -> PathBuf {
                 "--disable-pip-version-check",
                 "-r",
             ])
-            .arg(&requirements)
+            .arg(requirements)
             .status()
             .expect("run pip");
         assert!(

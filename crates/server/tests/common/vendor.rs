@@ -23,34 +23,7 @@ pub fn sdk_python() -> PathBuf {
     // The tests of one binary run at once, and would install into the same directory.
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
-    let requirements = dir().join("requirements.txt");
-    let pin = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    let venv = clients::installed("vendor-sdks", pin.trim(), |dir| {
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(dir.join("venv"))
-            .status()
-            .expect("run python3 (the vendor SDK tests need python3 with venv)");
-        assert!(status.success(), "python3 -m venv failed");
-        let status = Command::new(dir.join("venv/bin/python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(&requirements)
-            .status()
-            .expect("run pip");
-        assert!(
-            status.success(),
-            "pip install -r {}",
-            requirements.display()
-        );
-    });
-    venv.join("venv/bin/python")
+    clients::requirements_venv("vendor-sdks", &dir().join("requirements.txt"))
 }
 
 /// Runs `script` (in tests/vendor-clients) with `args`; its JSON report.
