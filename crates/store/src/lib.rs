@@ -1,13 +1,16 @@
 //! Persistence for runcell: API keys, sessions, upload metadata and the executions audit log.
 //!
-//! SQLite is the default (and so far only) backend; this is the only crate that speaks SQL.
-//! The interface is two traits, so a PostgreSQL backend can be added later: [`DomainStore`],
+//! SQLite is the default backend ([`SqliteStore`]), PostgreSQL the one for several nodes
+//! sharing a database ([`PgStore`]); this is the only crate that speaks SQL. The interface is
+//! two traits that both implement: [`DomainStore`],
 //! the records the engine keeps (sessions, uploads, executions, tenants' settings), and
 //! [`Backend`], everything else (API keys, tenants' changes, checkpoints' chain heads) on top
 //! of it. Callers hold a [`Store`], a cheap-to-clone handle to some backend; the engine holds
 //! its [`DomainStore`] side ([`Store::domain`]).
 //!
 //! The API is synchronous. Async callers should wrap calls in `tokio::task::spawn_blocking`.
+//! (The PostgreSQL backend runs its async driver on a runtime of its own, so it needs none
+//! from its callers.)
 //!
 //! # Durability
 //! The SQLite database runs in WAL mode with `synchronous=NORMAL`: once a write method returns,
@@ -30,6 +33,8 @@ pub mod audit;
 mod checkpoint;
 mod error;
 mod group;
+mod pending;
+mod postgres;
 mod sqlite;
 mod time;
 mod validate;
@@ -43,6 +48,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use error::{Result, StoreError};
+pub use postgres::PgStore;
 pub use sqlite::{Durability, SqliteStore};
 
 /// An API key as the store knows it (never the plaintext).
@@ -220,8 +226,7 @@ pub struct Expected {
 /// What the engine keeps of its domain: sessions, the uploads into them, executions in their
 /// tenants' audit chains, and tenants' settings as a session start reads them. The engine holds
 /// any backend this way (`Arc<dyn DomainStore>`, see [`Store::domain`]), so it speaks to the
-/// store in records, never in SQL. Implemented by [`SqliteStore`]; a PostgreSQL backend
-/// implements it too. All methods validate their input and return [`StoreError::Invalid`]
+/// store in records, never in SQL. Implemented by [`SqliteStore`] and [`PgStore`]. All methods validate their input and return [`StoreError::Invalid`]
 /// rather than panic.
 pub trait DomainStore: Send + Sync + fmt::Debug {
     // ---- tenants' quotas and default start ----
@@ -304,7 +309,7 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
 
 /// Everything the store does: the [`DomainStore`] records, and what only the operator and the
 /// HTTP layer need (API keys, changing tenants' settings, signed checkpoints' chain heads).
-/// Implemented by [`SqliteStore`]; a PostgreSQL backend would implement it too. All methods
+/// Implemented by [`SqliteStore`] and [`PgStore`]. All methods
 /// validate their input and return [`StoreError::Invalid`] rather than panic.
 pub trait Backend: DomainStore {
     // ---- API keys ----
@@ -383,6 +388,12 @@ impl Store {
             durability,
             chain_key_file,
         )?)))
+    }
+
+    /// Connects to the PostgreSQL database at `url`, its chain keyed with the key in
+    /// `chain_key_file` (see [`PgStore::open`]).
+    pub fn open_postgres(url: &str, chain_key_file: &Path) -> Result<Store> {
+        Ok(Store(Arc::new(PgStore::open(url, chain_key_file)?)))
     }
 
     /// A private in-memory SQLite database (for tests).

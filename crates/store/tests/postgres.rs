@@ -1,0 +1,183 @@
+//! What only the PostgreSQL backend has: several nodes on one database (their appends to one
+//! tenant's chain, their chain key), its migrations, and the server going away and coming
+//! back. (The store's contract on both backends is in both.rs.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use runcell_store::{Store, StoreError};
+
+/// Two nodes, four threads each, appending to the same two tenants at once, one at a time
+/// and in batches naming both tenants in either order (so a batch's head locks, taken in
+/// name order, cannot deadlock with another's): every chain is one line 1..=N without a
+/// gap, and verifies from either node.
+#[test]
+fn two_nodes_appending_to_one_tenant_keep_one_chain() {
+    let db = TestDb::new(Kind::Postgres);
+    let nodes = [db.open(), db.open()];
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let node = nodes[t % 2].clone();
+            std::thread::spawn(move || {
+                let mut appended = 0;
+                for i in 0..30 {
+                    let id = |tenant: &str| format!("ex_{tenant}_{t}_{i}");
+                    if i % 5 == 0 {
+                        let (a, b) = if t % 4 < 2 { ("t", "u") } else { ("u", "t") };
+                        let recs = [exec(a, &id(a), None, i), exec(b, &id(b), None, i)];
+                        for r in node.append_executions(&recs) {
+                            r.expect("batch append");
+                            appended += 1;
+                        }
+                    } else {
+                        node.append_execution(&exec("t", &id("t"), Some("ses_x"), i))
+                            .expect("append");
+                        appended += 1;
+                    }
+                }
+                appended
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().expect("thread")).sum();
+    let (mut t_rows, mut u_rows) = (0, 0);
+    for (tenant, count) in [("t", &mut t_rows), ("u", &mut u_rows)] {
+        let mut seqs = Vec::new();
+        let mut cursor = None;
+        loop {
+            let (rows, next) = nodes[1]
+                .list_executions(tenant, None, 100, cursor.as_deref())
+                .expect("list");
+            seqs.extend(rows.iter().map(|r| r.seq));
+            match next {
+                Some(n) => cursor = Some(n),
+                None => break,
+            }
+        }
+        seqs.reverse();
+        *count = seqs.len() as u64;
+        assert_eq!(seqs, (1..=*count).collect::<Vec<u64>>(), "{tenant}");
+    }
+    assert_eq!(t_rows + u_rows, total);
+    assert_eq!(u_rows, 8 * 6, "one u record per batch");
+    for node in &nodes {
+        let r = node.verify_chain(None).expect("verify");
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.checked, total);
+    }
+    // What a checkpoint signs is the same from both nodes.
+    assert_eq!(
+        nodes[0].chain_heads(None).expect("heads"),
+        nodes[1].chain_heads(None).expect("heads")
+    );
+}
+
+/// Every node must hold the chain key the database was keyed with: a node given another
+/// key, or none, is refused before it can append anything.
+#[test]
+fn a_node_with_another_chain_key_or_none_is_refused() {
+    let db = TestDb::new(Kind::Postgres);
+    let first = db.open();
+    first
+        .append_execution(&exec("t", "ex_1", None, 1))
+        .expect("append");
+    let other = tempfile::tempdir().expect("tempdir");
+    let missing = other.path().join("audit-chain.key");
+    match Store::open_postgres(&db.url, &missing) {
+        Err(StoreError::WrongChainKey { found, .. }) => assert_eq!(found, "does not exist"),
+        other => panic!("a node without the key opened: {other:?}"),
+    }
+    assert!(!missing.exists(), "no key is left behind for it");
+    std::fs::write(&missing, format!("{}\n", "ab".repeat(32))).expect("write another key");
+    match Store::open_postgres(&db.url, &missing) {
+        Err(StoreError::WrongChainKey { found, .. }) => assert!(found.starts_with("holds key")),
+        other => panic!("a node with another key opened: {other:?}"),
+    }
+    // A copy of the right key works, and sees what the first node wrote.
+    std::fs::copy(&db.key_file, &missing).expect("copy the key");
+    let second = Store::open_postgres(&db.url, &missing).expect("second node");
+    assert!(second.verify_chain(None).expect("verify").ok);
+    assert_eq!(
+        second
+            .get_execution("t", "ex_1")
+            .expect("get")
+            .map(|r| r.seq),
+        Some(1)
+    );
+}
+
+#[test]
+fn migrations_run_once_and_a_newer_schema_is_refused() {
+    let db = TestDb::new(Kind::Postgres);
+    // Several nodes starting together migrate once (the advisory lock).
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, key) = (db.url.clone(), db.key_file.clone());
+            std::thread::spawn(move || Store::open_postgres(&url, &key).map(drop))
+        })
+        .collect();
+    for o in opens {
+        o.join().expect("thread").expect("open");
+    }
+    assert_eq!(
+        db.value("SELECT count(*) FROM schema_migrations"),
+        runcell_store::PgStore::schema_version().to_string()
+    );
+    db.tamper("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 'later')");
+    assert!(matches!(
+        Store::open_postgres(&db.url, &db.key_file),
+        Err(StoreError::SchemaTooNew { found: 999, .. })
+    ));
+}
+
+/// The server stops under a node: calls fail at once, as unavailable (not as bad input or
+/// a conflict), nothing acknowledged is lost, and once the server is back the same store
+/// carries on by itself (its pool connects again).
+#[test]
+fn a_restarting_server_fails_calls_clearly_and_the_store_recovers() {
+    let server = PgServer::start();
+    let url = server.new_database();
+    let keys = tempfile::tempdir().expect("tempdir");
+    let key_file = keys.path().join("audit-chain.key");
+    let s = Store::open_postgres(&url, &key_file).expect("open");
+    for i in 1..=3 {
+        s.append_execution(&exec("t", &format!("ex_{i}"), None, i))
+            .expect("append");
+    }
+    server.pg_stop();
+    let started = Instant::now();
+    let err = s
+        .append_execution(&exec("t", "ex_lost", None, 4))
+        .expect_err("no server");
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "failed in {:?}",
+        started.elapsed()
+    );
+    assert!(s
+        .get_session("t", "ses_1")
+        .expect_err("no server")
+        .is_unavailable());
+    server.pg_start();
+    let e = s
+        .append_execution(&exec("t", "ex_4", None, 4))
+        .expect("append after the restart");
+    assert_eq!(e.seq, 4, "the failed append took no place in the chain");
+    let r = s.verify_chain(None).expect("verify");
+    assert!(r.ok && r.checked == 4, "{r:?}");
+}
+
+#[test]
+fn an_unreachable_database_is_unavailable() {
+    let nowhere = tempfile::tempdir().expect("tempdir");
+    let url = format!("host={} user=runcell dbname=none", nowhere.path().display());
+    let err = Store::open_postgres(&url, &nowhere.path().join("key")).expect_err("nothing there");
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(matches!(
+        Store::open_postgres("mysql://nope", &nowhere.path().join("key")),
+        Err(StoreError::Invalid(_))
+    ));
+}
