@@ -1,0 +1,165 @@
+//! `--database postgres://...` end to end: `runcell keys` and two `runcell serve` nodes (data
+//! dirs of their own) on one real PostgreSQL (the store tests' server, started by the test):
+//! a key made by the CLI authenticates on both nodes, an execution on one node is listed and
+//! verified in the audit chain through the other, `runcell audit verify` agrees, and a node
+//! given another chain key refuses to start.
+
+mod common;
+#[allow(dead_code, reason = "the store tests use the rest")]
+#[path = "../../store/tests/common/pg.rs"]
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::serve::{data_dir, runcell, serve};
+use serde_json::{json, Value};
+
+/// The global flags every command on the shared database takes.
+fn shared(url: &str, keys: &Path) -> Vec<String> {
+    vec![
+        "--database".into(),
+        url.into(),
+        "--audit-key-file".into(),
+        keys.join("audit-chain.key").display().to_string(),
+        "--audit-signing-key-file".into(),
+        keys.join("audit-signing.key").display().to_string(),
+    ]
+}
+
+fn cli(data: &Path, flags: &[String]) -> Command {
+    let mut c = runcell(data);
+    c.args(flags);
+    c
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+fn get(base: &str, path: &str, key: &str) -> Value {
+    let r = http()
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .expect("get");
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().expect("json")
+}
+
+#[test]
+fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
+    let server = pg::pg_server();
+    let conninfo = server.new_database();
+    let db = conninfo.rsplit("dbname=").next().expect("dbname");
+    let url = format!(
+        "postgres://{}@/{db}?host={}",
+        pg::PG_USER,
+        server.socket_dir().display()
+    );
+    let keys = tempfile::tempdir().expect("tempdir");
+    let flags = shared(&url, keys.path());
+    let (data_a, data_b): (PathBuf, PathBuf) =
+        (data_dir("runcell-pg-a-"), data_dir("runcell-pg-b-"));
+
+    let out = cli(&data_a, &flags)
+        .args(["keys", "create", "--name", "ci", "--tenant", "team-a"])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let key = stdout.lines().last().expect("key line").to_owned();
+    assert!(
+        server
+            .psql(db, "SELECT count(*) FROM api_keys")
+            .expect("psql")
+            == "1",
+        "the key is in PostgreSQL"
+    );
+
+    let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    let a = serve(&data_a, &node_flags);
+    let b = serve(&data_b, &node_flags);
+    let c = http();
+
+    // One execution through node A, a one-shot and one in a session.
+    let e: Value = c
+        .post(format!("{}/v1/execute", a.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "print(6 * 7)"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute on A");
+    assert_eq!(e["stdout"], "42\n", "{e}");
+    let one_shot = e["id"].as_str().expect("id").to_owned();
+    let s: Value = c
+        .post(format!("{}/v1/sessions", a.base))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on A");
+    let sid = s["id"].as_str().expect("session id").to_owned();
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{sid}/execute", a.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "x = 5\nx * 2"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute in the session");
+    assert_eq!(e["status"], "ok", "{e}");
+
+    // Node B authenticates the same key and reads the same executions and chain.
+    let listed = get(&b.base, "/v1/executions", &key);
+    let ids: Vec<&str> = listed["executions"]
+        .as_array()
+        .expect("executions")
+        .iter()
+        .filter_map(|x| x["id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    assert!(ids.contains(&one_shot.as_str()), "{listed}");
+    let got = get(&b.base, &format!("/v1/executions/{one_shot}"), &key);
+    assert_eq!(got["stdout"], "42\n");
+    for node in [&a, &b] {
+        let v = get(&node.base, "/v1/audit/verify", &key);
+        assert_eq!(v, json!({"ok": true, "checked": 2}), "{}", node.base);
+    }
+    let bad = c
+        .get(format!("{}/v1/executions", b.base))
+        .bearer_auth("rc_not-a-key")
+        .send()
+        .expect("get");
+    assert_eq!(bad.status(), 401);
+    drop((a, b));
+
+    let out = cli(&data_b, &flags)
+        .args(["audit", "verify"])
+        .output()
+        .expect("audit verify");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A node with a chain key of its own cannot join.
+    let other = tempfile::tempdir().expect("tempdir");
+    let out = cli(&data_b, &shared(&url, other.path()))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("keyed with key"), "{err}");
+}
