@@ -1,8 +1,9 @@
 //! `--database postgres://...` end to end: `runcell keys` and two `runcell serve` nodes (data
 //! dirs of their own) on one real PostgreSQL (the store tests' server, started by the test):
 //! a key made by the CLI authenticates on both nodes, an execution on one node is listed and
-//! verified in the audit chain through the other, `runcell audit verify` agrees, and a node
-//! given another chain key refuses to start.
+//! verified in the audit chain through the other, a node leaves the other's sessions alone and
+//! reports them dead once that node is killed, `runcell audit verify` agrees, and a node given
+//! another chain key refuses to start.
 
 mod common;
 #[allow(dead_code, reason = "the store tests use the rest")]
@@ -87,8 +88,12 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
 
     let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
-    let a = serve(&data_a, &node_flags);
-    let b = serve(&data_b, &node_flags);
+    let node = |url: &'static str| {
+        let mut f = node_flags.clone();
+        f.extend(["--node-url", url]);
+        f
+    };
+    let mut a = serve(&data_a, &node("http://node-a"));
     let c = http();
 
     // One execution through node A, a one-shot and one in a session.
@@ -118,6 +123,24 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
         .expect("execute in the session");
     assert_eq!(e["status"], "ok", "{e}");
 
+    // Node B starts after it: what it recovers is its own, so A's session is left alone.
+    let b = serve(&data_b, &node("http://node-b"));
+    let status = |id: &str| {
+        server
+            .psql(
+                db,
+                &format!("SELECT status FROM sessions WHERE id = '{id}'"),
+            )
+            .expect("psql")
+    };
+    assert_eq!(status(&sid), "ready");
+    assert_eq!(
+        server
+            .psql(db, "SELECT id FROM nodes ORDER BY id")
+            .expect("psql"),
+        "http://node-a\nhttp://node-b"
+    );
+
     // Node B authenticates the same key and reads the same executions and chain.
     let listed = get(&b.base, "/v1/executions", &key);
     let ids: Vec<&str> = listed["executions"]
@@ -140,7 +163,40 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
         .send()
         .expect("get");
     assert_eq!(bad.status(), 401);
-    drop((a, b));
+
+    // Node A dies: within its heartbeat's timeout, its session is dead through node B.
+    a.kill9();
+    let killed = std::time::Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/v1/sessions/{sid}", b.base))
+            .bearer_auth(&key)
+            .send()
+            .expect("get");
+        if r.status() == 200 {
+            let s: Value = r.json().expect("json");
+            assert_eq!(s["status"], "dead", "{s}");
+            // Not before its heartbeat could have gone stale (10 s, less one 2 s beat).
+            assert!(
+                killed.elapsed() >= Duration::from_secs(7),
+                "{:?}",
+                killed.elapsed()
+            );
+            eprintln!(
+                "node A's session read dead through node B {:?} after kill -9",
+                killed.elapsed()
+            );
+            break;
+        }
+        assert_eq!(r.status(), 404, "not dead yet: unknown to node B");
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "still not dead after {:?}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(b);
 
     let out = cli(&data_b, &flags)
         .args(["audit", "verify"])

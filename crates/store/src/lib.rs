@@ -48,7 +48,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use error::{Result, StoreError};
-pub use postgres::PgStore;
+pub use postgres::{PgStore, NODE_TIMEOUT};
 pub use sqlite::{Durability, SqliteStore};
 
 /// An API key as the store knows it (never the plaintext).
@@ -394,6 +394,15 @@ impl Store {
     /// `chain_key_file` (see [`PgStore::open`]).
     pub fn open_postgres(url: &str, chain_key_file: &Path) -> Result<Store> {
         Ok(Store(Arc::new(PgStore::open(url, chain_key_file)?)))
+    }
+
+    /// Like [`Store::open_postgres`], as the server of node `node` (see [`PgStore::open_node`]).
+    pub fn open_postgres_node(url: &str, chain_key_file: &Path, node: &str) -> Result<Store> {
+        Ok(Store(Arc::new(PgStore::open_node(
+            url,
+            chain_key_file,
+            node,
+        )?)))
     }
 
     /// A private in-memory SQLite database (for tests).

@@ -181,3 +181,98 @@ fn an_unreachable_database_is_unavailable() {
         Err(StoreError::Invalid(_))
     ));
 }
+
+const LIVE: [&str; 3] = ["starting", "ready", "busy"];
+
+fn ids(sessions: Vec<runcell_store::SessionRecord>) -> Vec<String> {
+    sessions.into_iter().map(|s| s.id).collect()
+}
+
+/// Each session is its node's: another node neither recovers, changes nor takes it, and
+/// reads it as the owner wrote it while the owner beats; once the owner falls silent, every
+/// node reads it `dead` within NODE_TIMEOUT (plus a heartbeat). A later epoch of the same
+/// node takes its sessions back, and the earlier epoch can no longer change them.
+#[test]
+fn sessions_are_their_nodes_and_read_dead_once_the_node_stops_beating() {
+    let db = TestDb::new(Kind::Postgres);
+    let a = db.open_node("http://node-a:8080");
+    let b = db.open_node("http://node-b:8080");
+    a.put_session(&session("t", "ses_a", 1)).expect("put on a");
+    b.put_session(&session("t", "ses_b", 2)).expect("put on b");
+    let seen = b
+        .get_session("t", "ses_a")
+        .expect("get")
+        .expect("a's session");
+    assert_eq!(seen.status, "ready");
+    assert_eq!(ids(b.list_sessions("t").expect("list")), ["ses_a", "ses_b"]);
+    // What a node recovers at start and sweeps: its own.
+    assert_eq!(ids(a.sessions_with_status(&LIVE).expect("a's")), ["ses_a"]);
+    assert_eq!(ids(b.sessions_with_status(&LIVE).expect("b's")), ["ses_b"]);
+    assert!(!b
+        .update_session_status("ses_a", "dead", at(3), at(900))
+        .expect("update"));
+    assert!(matches!(
+        b.put_session(&session("t", "ses_a", 1)),
+        Err(StoreError::Conflict(_))
+    ));
+
+    // Node a stops (its heartbeat with it).
+    drop(a);
+    let stopped = Instant::now();
+    loop {
+        let s = b
+            .get_session("t", "ses_a")
+            .expect("get")
+            .expect("still recorded");
+        if s.status == "dead" {
+            break;
+        }
+        assert!(
+            stopped.elapsed() < runcell_store::NODE_TIMEOUT + Duration::from_secs(4),
+            "still {} after {:?}",
+            s.status,
+            stopped.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        stopped.elapsed() >= runcell_store::NODE_TIMEOUT - Duration::from_secs(3),
+        "dead too soon: {:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(
+        ids(b.sessions_with_status(&["dead"]).expect("dead")),
+        ["ses_a"]
+    );
+    assert_eq!(
+        b.get_session("t", "ses_b").expect("get").map(|s| s.status),
+        Some("ready".into()),
+        "b's own sessions are untouched"
+    );
+
+    // Node a comes back (epoch 2): its session is its own again, live for everyone.
+    let a2 = db.open_node("http://node-a:8080");
+    assert_eq!(
+        ids(a2.sessions_with_status(&LIVE).expect("a's again")),
+        ["ses_a"]
+    );
+    assert_eq!(
+        b.get_session("t", "ses_a").expect("get").map(|s| s.status),
+        Some("ready".into())
+    );
+    // A third process under the same id (epoch 3) takes the session over; epoch 2 can no
+    // longer change it.
+    let a3 = db.open_node("http://node-a:8080");
+    a3.put_session(&session("t", "ses_a", 1))
+        .expect("taken over");
+    assert!(!a2
+        .update_session_status("ses_a", "busy", at(4), at(900))
+        .expect("update"));
+    assert!(matches!(
+        a2.put_session(&session("t", "ses_a", 1)),
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(a3
+        .update_session_status("ses_a", "busy", at(4), at(900))
+        .expect("update"));
+}

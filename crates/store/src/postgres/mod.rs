@@ -11,6 +11,7 @@
 //! (authentication caches on other nodes expire on their own).
 
 mod chain;
+mod nodes;
 mod pool;
 mod records;
 mod schema;
@@ -30,7 +31,9 @@ use crate::{
     validate, AuditEntry, Backend, ChainHead, DomainStore, ExecutionRow, Expected, KeyInfo,
     NewExecution, SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
 };
+pub use nodes::NODE_TIMEOUT;
 use pool::Pg;
+use records::Owner;
 
 /// PostgreSQL storage: a pool of connections to one database, shared with other nodes.
 pub struct PgStore {
@@ -43,12 +46,15 @@ pub struct PgStore {
     appended: AtomicU64,
     /// The database's name and hosts, for `Debug` (never the password).
     target: String,
+    /// The node this store writes sessions as, if it is one.
+    owner: Option<Owner>,
 }
 
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
             .field("database", &self.target)
+            .field("node", &self.owner)
             .finish_non_exhaustive()
     }
 }
@@ -59,6 +65,9 @@ impl PgStore {
     /// migrations and settles the chain key in `chain_key_file`: created if missing when the
     /// database has none yet; otherwise it must be the key the database is keyed with
     /// ([`StoreError::WrongChainKey`]), so every node needs a copy of the same file.
+    ///
+    /// A store opened this way is no node: it owns no session (for `runcell keys` and
+    /// `runcell audit`); a server opens [`PgStore::open_node`].
     pub fn open(url: &str, chain_key_file: &Path) -> Result<PgStore> {
         let (pg, target) = Pg::new(url)?;
         let key_file = chain_key_file.to_owned();
@@ -74,7 +83,41 @@ impl PgStore {
             keys_generation: AtomicU64::new(0),
             appended: AtomicU64::new(0),
             target,
+            owner: None,
         })
+    }
+
+    /// Like [`PgStore::open`], for the server of node `node` (its `--node-url`, or another
+    /// name no other node uses): registers the node with a new epoch and keeps its heartbeat
+    /// going while the store lives. The sessions it writes are the node's; it recovers,
+    /// sweeps and changes only those (and those of dead nodes, which read as `dead` after
+    /// [`NODE_TIMEOUT`] of silence, on every node).
+    pub fn open_node(url: &str, chain_key_file: &Path, node: &str) -> Result<PgStore> {
+        if node.is_empty() || node.len() > 1024 {
+            return Err(StoreError::Invalid(
+                "a node's id must be 1 to 1024 bytes".into(),
+            ));
+        }
+        let mut store = PgStore::open(url, chain_key_file)?;
+        let id = own(node);
+        let epoch = store
+            .pg
+            .run(|pool| async move { nodes::register(&pool, &id).await })?;
+        let owner = Owner {
+            node: own(node),
+            epoch,
+        };
+        let beating = owner.clone();
+        store
+            .pg
+            .spawn(|pool| async move { nodes::heartbeat(pool, beating).await });
+        store.owner = Some(owner);
+        Ok(store)
+    }
+
+    /// This node's id and epoch, if the store is a node's.
+    pub fn node(&self) -> Option<(&str, i64)> {
+        self.owner.as_ref().map(|o| (o.node.as_str(), o.epoch))
     }
 
     /// The schema version this binary migrates PostgreSQL to.
@@ -120,9 +163,10 @@ impl DomainStore for PgStore {
     }
 
     fn put_session(&self, s: &SessionRecord) -> Result<()> {
-        let s = s.clone();
-        self.pg
-            .run(|pool| async move { records::put_session(&mut *pool.get().await?, &s).await })
+        let (s, owner) = (s.clone(), self.owner.clone());
+        self.pg.run(|pool| async move {
+            records::put_session(&mut *pool.get().await?, &s, owner.as_ref()).await
+        })
     }
 
     fn update_session_status(
@@ -132,25 +176,27 @@ impl DomainStore for PgStore {
         last_active_at: DateTime<Utc>,
         expires_at: DateTime<Utc>,
     ) -> Result<bool> {
-        let (id, status) = (own(id), own(status));
+        let (id, status, owner) = (own(id), own(status), self.owner.clone());
         self.pg.run(|pool| async move {
             let mut c = pool.get().await?;
-            records::update_session_status(&mut c, &id, &status, last_active_at, expires_at).await
+            let owner = owner.as_ref();
+            records::update_session_status(&mut c, &id, &status, last_active_at, expires_at, owner)
+                .await
         })
     }
 
     fn get_session(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>> {
-        let (tenant, id) = (own(tenant), own(id));
+        let (tenant, id, owner) = (own(tenant), own(id), self.owner.clone());
         self.pg.run(|pool| async move {
-            records::get_session(&mut *pool.get().await?, &tenant, &id).await
+            records::get_session(&mut *pool.get().await?, &tenant, &id, owner.as_ref()).await
         })
     }
 
     fn list_sessions(&self, tenant: &str) -> Result<Vec<SessionRecord>> {
-        let tenant = own(tenant);
-        self.pg.run(
-            |pool| async move { records::list_sessions(&mut *pool.get().await?, &tenant).await },
-        )
+        let (tenant, owner) = (own(tenant), self.owner.clone());
+        self.pg.run(|pool| async move {
+            records::list_sessions(&mut *pool.get().await?, &tenant, owner.as_ref()).await
+        })
     }
 
     fn delete_session(&self, id: &str) -> Result<bool> {
@@ -161,8 +207,9 @@ impl DomainStore for PgStore {
 
     fn sessions_with_status(&self, statuses: &[&str]) -> Result<Vec<SessionRecord>> {
         let statuses: Vec<String> = statuses.iter().map(|s| own(s)).collect();
+        let owner = self.owner.clone();
         self.pg.run(|pool| async move {
-            records::sessions_with_status(&mut *pool.get().await?, &statuses).await
+            records::sessions_with_status(&mut *pool.get().await?, &statuses, owner.as_ref()).await
         })
     }
 

@@ -81,6 +81,14 @@ impl Pg {
         Ok((Pg { rt, pool }, target))
     }
 
+    /// Runs `task` on the store's runtime until it ends or the store is dropped.
+    pub(super) fn spawn<F>(&self, task: impl FnOnce(Arc<Pool>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(task(self.pool.clone()));
+    }
+
     /// Runs `call` with a connection, on the store's runtime, and waits for it here. A panic
     /// inside goes on in the caller.
     pub(super) fn run<T, F, Fut>(&self, call: F) -> Result<T>

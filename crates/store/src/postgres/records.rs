@@ -275,8 +275,27 @@ pub(super) async fn update_tenant(
 
 // ---- sessions ----
 
-const SESSION_COLS: &str = "id, tenant, language, status, created_at, last_active_at, \
-                            expires_at, limits_json, metadata_json, workspace_path, start";
+/// The node a store writes sessions as (see `nodes.rs`), if it is one: a command that is no
+/// node (`runcell keys`, `runcell audit`) owns nothing.
+#[derive(Debug, Clone)]
+pub(super) struct Owner {
+    pub(super) node: String,
+    pub(super) epoch: i64,
+}
+
+fn owner_parts(owner: Option<&Owner>) -> (Option<&str>, Option<i64>) {
+    (owner.map(|o| o.node.as_str()), owner.map(|o| o.epoch))
+}
+
+/// A session's status as every node reads it: `dead` when another node owns it and that
+/// node's heartbeat is over 10 s old (or it never registered), else what its owner wrote.
+/// `$1` is the reading node's id (NULL for none).
+const SESSION_COLS: &str = "id, tenant, language, \
+     CASE WHEN owner_node IS NOT NULL AND owner_node IS DISTINCT FROM $1 AND NOT EXISTS ( \
+              SELECT 1 FROM nodes n WHERE n.id = sessions.owner_node \
+                                      AND n.heartbeat_at > now() - interval '10 seconds') \
+          THEN 'dead' ELSE status END AS status, \
+     created_at, last_active_at, expires_at, limits_json, metadata_json, workspace_path, start";
 
 fn session_from(r: &Row) -> Result<SessionRecord> {
     Ok(SessionRecord {
@@ -294,7 +313,11 @@ fn session_from(r: &Row) -> Result<SessionRecord> {
     })
 }
 
-pub(super) async fn put_session(c: &mut PgConn, s: &SessionRecord) -> Result<()> {
+pub(super) async fn put_session(
+    c: &mut PgConn,
+    s: &SessionRecord,
+    owner: Option<&Owner>,
+) -> Result<()> {
     validate::id("session id", &s.id)?;
     validate::name("tenant", &s.tenant)?;
     validate::word("language", &s.language)?;
@@ -303,22 +326,29 @@ pub(super) async fn put_session(c: &mut PgConn, s: &SessionRecord) -> Result<()>
     validate::json("metadata_json", &s.metadata_json)?;
     validate::word("start", &s.start)?;
     let (client, mut st) = c.split();
-    // An upsert that keeps the row (and so its uploads), and never moves it to another tenant.
+    // An upsert that keeps the row (and so its uploads), never moves it to another tenant,
+    // and never takes it from another node (or from a later epoch of this one).
     let upsert = st
         .get(
             client,
             "INSERT INTO sessions (id, tenant, language, status, created_at, last_active_at,
-                                   expires_at, limits_json, metadata_json, workspace_path, start)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                   expires_at, limits_json, metadata_json, workspace_path, start,
+                                   owner_node, owner_epoch)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
              ON CONFLICT (id) DO UPDATE SET
                  language = excluded.language, status = excluded.status,
                  created_at = excluded.created_at, last_active_at = excluded.last_active_at,
                  expires_at = excluded.expires_at, limits_json = excluded.limits_json,
                  metadata_json = excluded.metadata_json,
-                 workspace_path = excluded.workspace_path, start = excluded.start
-             WHERE sessions.tenant = excluded.tenant",
+                 workspace_path = excluded.workspace_path, start = excluded.start,
+                 owner_node = excluded.owner_node, owner_epoch = excluded.owner_epoch
+             WHERE sessions.tenant = excluded.tenant
+               AND (sessions.owner_node IS NULL
+                    OR (sessions.owner_node = excluded.owner_node
+                        AND sessions.owner_epoch <= excluded.owner_epoch))",
         )
         .await?;
+    let (node, epoch) = owner_parts(owner);
     let changed = client
         .execute(
             &upsert,
@@ -334,12 +364,14 @@ pub(super) async fn put_session(c: &mut PgConn, s: &SessionRecord) -> Result<()>
                 &s.metadata_json,
                 &s.workspace_path,
                 &s.start,
+                &node,
+                &epoch,
             ],
         )
         .await?;
     if changed == 0 {
         return Err(StoreError::Conflict(format!(
-            "session {} belongs to another tenant",
+            "session {} belongs to another tenant, or to another node",
             s.id
         )));
     }
@@ -352,15 +384,20 @@ pub(super) async fn update_session_status(
     status: &str,
     last_active_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
+    owner: Option<&Owner>,
 ) -> Result<bool> {
     validate::word("status", status)?;
     let (client, mut st) = c.split();
+    // Only the owner changes a session (an earlier epoch of it no longer can).
     let update = st
         .get(
             client,
-            "UPDATE sessions SET status = $2, last_active_at = $3, expires_at = $4 WHERE id = $1",
+            "UPDATE sessions SET status = $2, last_active_at = $3, expires_at = $4
+             WHERE id = $1
+               AND (owner_node IS NULL OR (owner_node = $5 AND owner_epoch <= $6))",
         )
         .await?;
+    let (node, epoch) = owner_parts(owner);
     let n = client
         .execute(
             &update,
@@ -369,6 +406,8 @@ pub(super) async fn update_session_status(
                 &status,
                 &time::fmt(last_active_at),
                 &time::fmt(expires_at),
+                &node,
+                &epoch,
             ],
         )
         .await?;
@@ -379,29 +418,28 @@ pub(super) async fn get_session(
     c: &mut PgConn,
     tenant: &str,
     id: &str,
+    owner: Option<&Owner>,
 ) -> Result<Option<SessionRecord>> {
-    let (client, mut st) = c.split();
-    let q = st
-        .get(
-            client,
-            "SELECT id, tenant, language, status, created_at, last_active_at, expires_at,
-                    limits_json, metadata_json, workspace_path, start
-             FROM sessions WHERE tenant = $1 AND id = $2",
-        )
-        .await?;
-    client
-        .query_opt(&q, &[&tenant, &id])
+    let sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant = $2 AND id = $3");
+    let (node, _) = owner_parts(owner);
+    c.client
+        .query_opt(&sql, &[&node, &tenant, &id])
         .await?
         .as_ref()
         .map(session_from)
         .transpose()
 }
 
-pub(super) async fn list_sessions(c: &mut PgConn, tenant: &str) -> Result<Vec<SessionRecord>> {
+pub(super) async fn list_sessions(
+    c: &mut PgConn,
+    tenant: &str,
+    owner: Option<&Owner>,
+) -> Result<Vec<SessionRecord>> {
     let sql =
-        format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant = $1 ORDER BY created_at, id");
+        format!("SELECT {SESSION_COLS} FROM sessions WHERE tenant = $2 ORDER BY created_at, id");
+    let (node, _) = owner_parts(owner);
     c.client
-        .query(&sql, &[&tenant])
+        .query(&sql, &[&node, &tenant])
         .await?
         .iter()
         .map(session_from)
@@ -416,18 +454,26 @@ pub(super) async fn delete_session(c: &mut PgConn, id: &str) -> Result<bool> {
         > 0)
 }
 
+/// The sessions a node answers for whose status (as it reads it) is one of `statuses`: its
+/// own, those no node owns, and those of dead nodes (which read as `dead`). Another live
+/// node's sessions are that node's to recover, sweep and expire.
 pub(super) async fn sessions_with_status(
     c: &mut PgConn,
     statuses: &[String],
+    owner: Option<&Owner>,
 ) -> Result<Vec<SessionRecord>> {
     if statuses.is_empty() {
         return Ok(Vec::new());
     }
     let sql = format!(
-        "SELECT {SESSION_COLS} FROM sessions WHERE status = ANY($1) ORDER BY created_at, id"
+        "SELECT * FROM (SELECT {SESSION_COLS}, owner_node FROM sessions) s
+         WHERE s.status = ANY($2)
+           AND (s.owner_node IS NULL OR s.owner_node = $1 OR s.status = 'dead')
+         ORDER BY created_at, id"
     );
+    let (node, _) = owner_parts(owner);
     c.client
-        .query(&sql, &[&statuses])
+        .query(&sql, &[&node, &statuses])
         .await?
         .iter()
         .map(session_from)

@@ -14,7 +14,10 @@ use crate::time;
 /// PostgreSQL's migrations, in order, recorded in `schema_migrations`. Never edit a released
 /// migration: add a new file. (Numbered apart from SQLite's: the backends' schemas are the
 /// same records, made by different statements.)
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/postgres/0001_init.sql")),
+    (2, include_str!("../../migrations/postgres/0002_nodes.sql")),
+];
 
 /// `pg_advisory_xact_lock` keys: "runcell" in ASCII, then 1 for migrating, 2 for keying.
 const MIGRATE_LOCK: i64 = 0x7275_6e63_656c_6c01;

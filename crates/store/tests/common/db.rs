@@ -62,6 +62,12 @@ impl TestDb {
         }
     }
 
+    /// A PostgreSQL store as the server of node `node` (registered, beating).
+    pub fn open_node(&self, node: &str) -> Store {
+        assert_eq!(self.kind, Kind::Postgres, "nodes are PostgreSQL's");
+        Store::open_postgres_node(&self.url, &self.key_file, node).expect("open a node's store")
+    }
+
     /// The chain key, as a thief would read it.
     pub fn stolen_key(&self) -> ChainKey {
         ChainKey::read(&self.key_file).expect("chain key")
