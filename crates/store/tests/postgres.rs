@@ -276,3 +276,17 @@ fn sessions_are_their_nodes_and_read_dead_once_the_node_stops_beating() {
         .update_session_status("ses_a", "busy", at(4), at(900))
         .expect("update"));
 }
+
+/// The server drops its store on one of its async threads at shutdown: the store's own
+/// runtime must go without waiting there (tokio refuses to block in an async context).
+#[test]
+fn a_store_can_be_dropped_inside_an_async_runtime() {
+    let db = TestDb::new(Kind::Postgres);
+    let s = db.open_node("http://node-drop");
+    s.append_execution(&exec("t", "ex_1", None, 1))
+        .expect("append");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move { drop(s) });
+}

@@ -31,8 +31,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The runtime the driver runs on, and the pool.
 pub(super) struct Pg {
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until dropped.
+    rt: Option<tokio::runtime::Runtime>,
     pool: Arc<Pool>,
+}
+
+impl Drop for Pg {
+    /// Without waiting for the runtime's tasks (the connections, the heartbeat): a store may
+    /// be dropped on an async caller's thread, where waiting is not allowed (tokio panics).
+    /// The connections close with it.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Pg {
@@ -78,7 +90,14 @@ impl Pg {
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(POOL_SIZE)),
         });
-        Ok((Pg { rt, pool }, target))
+        Ok((Pg { rt: Some(rt), pool }, target))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.rt
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("the runtime goes only with the store"))
+            .handle()
     }
 
     /// Runs `task` on the store's runtime until it ends or the store is dropped.
@@ -86,7 +105,7 @@ impl Pg {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.rt.spawn(task(self.pool.clone()));
+        self.handle().spawn(task(self.pool.clone()));
     }
 
     /// Runs `call` with a connection, on the store's runtime, and waits for it here. A panic
@@ -99,7 +118,7 @@ impl Pg {
     {
         let fut = AssertUnwindSafe(call(self.pool.clone())).catch_unwind();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.rt.spawn(async move {
+        self.handle().spawn(async move {
             let _ = tx.send(fut.await);
         });
         match rx.recv() {
