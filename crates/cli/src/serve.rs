@@ -296,6 +296,19 @@ pub fn serve(
                 .map_err(|e| invalid(format!("allowed_hosts {name:?}: {e}")))?,
         );
     }
+    // The other nodes forward requests to this one under its node URL's name.
+    if let Some(node) = &args.node_url {
+        let authority = node
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split('/').next())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("--node-url must be http://HOST:PORT"))?;
+        allowed_hosts.push(
+            authority
+                .parse()
+                .map_err(|e| invalid(format!("--node-url {node:?}: {e}")))?,
+        );
+    }
     // Before any thread exists: every thread and process started from here on inherits it.
     if let Err(e) = runcell_sandbox::set_batch_scheduling(scheduling == Scheduling::Batch) {
         tracing::warn!(error = %e, policy = ?scheduling, "cannot set the scheduling policy");

@@ -219,3 +219,158 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("keyed with key"), "{err}");
 }
+
+/// `runcell serve` on `port`, as node `http://127.0.0.1:PORT`.
+fn node_on(data: &Path, port: u16, flags: &[&str]) -> common::serve::Serve {
+    use std::io::{BufRead, BufReader};
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = runcell(data)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--node-url", &url])
+        .args(flags)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    loop {
+        let line = lines.next().expect("serve exited early").expect("log line");
+        if line.contains("runcell serving on") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+    common::serve::Serve::adopt(child, url)
+}
+
+/// Three nodes: a session made on A is reached through B and C, its NDJSON stream included,
+/// a file uploaded through C downloads through B, and once A is killed its session is dead
+/// through B.
+#[test]
+fn three_nodes_route_session_requests_to_their_owner() {
+    let server = pg::pg_server();
+    let conninfo = server.new_database();
+    let db = conninfo.rsplit("dbname=").next().expect("dbname");
+    let url = format!(
+        "postgres://{}@/{db}?host={}",
+        pg::PG_USER,
+        server.socket_dir().display()
+    );
+    let keys = tempfile::tempdir().expect("tempdir");
+    let flags = shared(&url, keys.path());
+    let out = cli(&data_dir("runcell-pg-k-"), &flags)
+        .args(["keys", "create", "--name", "ci"])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("key")
+        .to_owned();
+    let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    let mut a = node_on(
+        &data_dir("runcell-pg-a-"),
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let b = node_on(
+        &data_dir("runcell-pg-b-"),
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let c_node = node_on(
+        &data_dir("runcell-pg-c-"),
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let c = http();
+
+    let s: Value = c
+        .post(format!("{}/v1/sessions", a.base))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on A");
+    let sid = s["id"].as_str().expect("session id").to_owned();
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{sid}/execute", b.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "x = 41"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute through B");
+    assert_eq!(e["status"], "ok", "{e}");
+    // Streamed through C: the events come as they happen, the end last.
+    let stream = c
+        .post(format!("{}/v1/sessions/{sid}/execute", c_node.base))
+        .bearer_auth(&key)
+        .header("Accept", "application/x-ndjson")
+        .json(&json!({"code": "print('hi')\nx + 1"}))
+        .send()
+        .expect("stream through C");
+    assert_eq!(stream.status(), 200);
+    let events: Vec<Value> = stream
+        .text()
+        .expect("body")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event"))
+        .collect();
+    assert_eq!(
+        events.first().map(|e| e["type"].clone()),
+        Some(json!("stdout"))
+    );
+    let end = events.last().expect("end");
+    assert_eq!(end["type"], "end", "{events:?}");
+    assert_eq!(
+        end["execution"]["results"][0]["data"]["text/plain"], "42",
+        "{end}"
+    );
+    // Uploaded through C (3 MiB), downloaded through B.
+    let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let up = c
+        .put(format!("{}/v1/sessions/{sid}/files/data.bin", c_node.base))
+        .bearer_auth(&key)
+        .body(data.clone())
+        .send()
+        .expect("upload through C");
+    assert!(up.status().is_success(), "{}", up.status());
+    let down = c
+        .get(format!("{}/v1/sessions/{sid}/files/data.bin", b.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("download through B");
+    assert_eq!(down.status(), 200);
+    assert!(down.bytes().expect("bytes").as_ref() == data.as_slice());
+    assert_eq!(
+        get(&b.base, &format!("/v1/sessions/{sid}"), &key)["status"],
+        "ready"
+    );
+
+    a.kill9();
+    let killed = std::time::Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/v1/sessions/{sid}", b.base))
+            .bearer_auth(&key)
+            .send()
+            .expect("get");
+        if r.status() == 200 {
+            let s: Value = r.json().expect("json");
+            if s["status"] == "dead" {
+                break;
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "A's session still not dead through B after {:?}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -361,6 +361,28 @@ pub trait Backend: DomainStore {
     fn appended_count(&self) -> u64 {
         0
     }
+
+    // ---- nodes sharing the database ----
+
+    /// The node this store is the server of (its `--node-url`), when nodes share the
+    /// database; `None` for a store of its own (SQLite) or a command that is no node.
+    fn node_id(&self) -> Option<&str> {
+        None
+    }
+    /// Which node owns session `id` (of any tenant), and whether that node is alive (it beat
+    /// within [`NODE_TIMEOUT`]); `None` for an unknown session or one no node owns.
+    fn session_node(&self, _id: &str) -> Result<Option<SessionNode>> {
+        Ok(None)
+    }
+}
+
+/// Where a session lives: see [`Backend::session_node`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionNode {
+    /// The owner's node id (its URL).
+    pub node: String,
+    /// Whether it beat within [`NODE_TIMEOUT`].
+    pub alive: bool,
 }
 
 /// A shared handle to a storage backend: `Clone + Send + Sync`, and derefs to

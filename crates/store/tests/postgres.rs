@@ -290,3 +290,34 @@ fn a_store_can_be_dropped_inside_an_async_runtime() {
         .expect("runtime");
     rt.block_on(async move { drop(s) });
 }
+
+/// What a node forwards by: which node owns a session, and whether it is alive.
+#[test]
+fn a_session_names_its_node() {
+    let db = TestDb::new(Kind::Postgres);
+    let a = db.open_node("http://node-a:8080");
+    let b = db.open_node("http://node-b:8080");
+    assert_eq!(a.node_id(), Some("http://node-a:8080"));
+    a.put_session(&session("t", "ses_a", 1)).expect("put");
+    let found = b.session_node("ses_a").expect("look up");
+    assert_eq!(
+        found,
+        Some(runcell_store::SessionNode {
+            node: "http://node-a:8080".into(),
+            alive: true
+        })
+    );
+    assert_eq!(b.session_node("ses_nope").expect("look up"), None);
+    // A command's store is no node and owns nothing.
+    let cli = db.open();
+    assert_eq!(cli.node_id(), None);
+    cli.put_session(&session("t", "ses_cli", 2)).expect("put");
+    assert_eq!(b.session_node("ses_cli").expect("look up"), None);
+    assert_eq!(
+        db.open()
+            .session_node("ses_a")
+            .expect("look up")
+            .map(|n| n.alive),
+        Some(true)
+    );
+}

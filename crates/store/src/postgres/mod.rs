@@ -29,7 +29,8 @@ use crate::group::GroupCommit;
 use crate::pending::{pending_append, PendingAppend};
 use crate::{
     validate, AuditEntry, Backend, ChainHead, DomainStore, ExecutionRow, Expected, KeyInfo,
-    NewExecution, SessionRecord, TenantChange, TenantSettings, UploadRecord, VerifyReport,
+    NewExecution, SessionNode, SessionRecord, TenantChange, TenantSettings, UploadRecord,
+    VerifyReport,
 };
 pub use nodes::NODE_TIMEOUT;
 use pool::Pg;
@@ -390,5 +391,15 @@ impl Backend for PgStore {
 
     fn appended_count(&self) -> u64 {
         self.appended.load(Ordering::Relaxed)
+    }
+
+    fn node_id(&self) -> Option<&str> {
+        self.owner.as_ref().map(|o| o.node.as_str())
+    }
+
+    fn session_node(&self, id: &str) -> Result<Option<SessionNode>> {
+        let id = own(id);
+        self.pg
+            .run(|pool| async move { nodes::session_node(&mut *pool.get().await?, &id).await })
     }
 }

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::pool::Pool;
+use super::pool::{PgConn, Pool};
 use super::records::Owner;
 use crate::error::Result;
+use crate::SessionNode;
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -51,5 +52,26 @@ pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner) {
         if matches!(beat, Ok(0)) {
             return;
         }
+    }
+}
+
+/// The node owning session `id`, and whether it is alive.
+pub(super) async fn session_node(c: &mut PgConn, id: &str) -> Result<Option<SessionNode>> {
+    let (client, mut st) = c.split();
+    let q = st
+        .get(
+            client,
+            "SELECT s.owner_node,
+                    COALESCE(n.heartbeat_at > now() - interval '10 seconds', false)
+             FROM sessions s LEFT JOIN nodes n ON n.id = s.owner_node
+             WHERE s.id = $1 AND s.owner_node IS NOT NULL",
+        )
+        .await?;
+    match client.query_opt(&q, &[&id]).await? {
+        Some(r) => Ok(Some(SessionNode {
+            node: r.try_get(0)?,
+            alive: r.try_get(1)?,
+        })),
+        None => Ok(None),
     }
 }
