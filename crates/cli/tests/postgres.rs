@@ -351,6 +351,28 @@ fn three_nodes_route_session_requests_to_their_owner() {
         get(&b.base, &format!("/v1/sessions/{sid}"), &key)["status"],
         "ready"
     );
+    // What forwarding costs (printed, not asserted: the machine is shared): a session's GET
+    // at its owner and through another node, p50 of 50 each.
+    let p50 = |base: &str| {
+        let mut ms: Vec<f64> = (0..50)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let r = c
+                    .get(format!("{base}/v1/sessions/{sid}"))
+                    .bearer_auth(&key)
+                    .send()
+                    .and_then(|r| r.error_for_status())
+                    .and_then(|r| r.bytes())
+                    .expect("get");
+                drop(r);
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        ms[25]
+    };
+    let (at_owner, through_b) = (p50(&a.base), p50(&b.base));
+    eprintln!("GET session p50: {at_owner:.2} ms at its node, {through_b:.2} ms through another");
 
     a.kill9();
     let killed = std::time::Instant::now();
