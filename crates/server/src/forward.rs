@@ -2,8 +2,10 @@
 //! one PostgreSQL database (docs/scale.md) each session lives on the node that made it; any
 //! node takes a request for it (`/v1/sessions/{id}/...`) and, when the store names another
 //! live node as the owner, passes the request on as it is (the client's own key
-//! authenticates it there; keys are shared) and streams the answer back. Neither body is
-//! buffered: an upload or an NDJSON stream goes through as it comes. A session whose owner is
+//! authenticates it there; keys are shared) and streams the answer back, over connections
+//! kept open between requests. Neither body is buffered: an upload or an NDJSON stream goes
+//! through as it comes (a client that goes away drops the answer, and so the connection to
+//! the owner, which then sees its client gone). A session whose owner is
 //! dead is answered here (the store reads it `dead`).
 
 use std::time::Duration;
@@ -13,7 +15,8 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
 
 use crate::error::{store_error, ApiError};
 use crate::state::AppState;
@@ -21,8 +24,31 @@ use crate::state::AppState;
 /// Marks a request one node forwarded to another (its value: the forwarding node), so it is
 /// never forwarded again.
 const FORWARDED_BY: HeaderName = HeaderName::from_static("x-runcell-forwarded-by");
-/// How long the owner may take to accept the connection before the request fails.
+/// How long the owner may take to accept a connection before the request fails.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The connections to the other nodes, kept open between requests (HTTP/1.1 keep-alive), so
+/// a forwarded request pays no connection set-up.
+fn client() -> &'static Client<HttpConnector, Body> {
+    static CLIENT: std::sync::OnceLock<Client<HttpConnector, Body>> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        Client::builder(TokioExecutor::new()).build(connector)
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
 
 /// The session a path is about, if it is one of a session's (`/v1/sessions/{id}[/...]`).
 fn session_of(path: &str) -> Option<&str> {
@@ -68,29 +94,7 @@ async fn forward(node: &str, me: &str, req: Request) -> Result<Response, ApiErro
         .filter(|u| u.scheme_str() == Some("http"))
         .and_then(|u| u.authority().cloned())
         .ok_or_else(|| unreachable("its node URL is not http://HOST:PORT"))?;
-    let addr = match authority.port_u16() {
-        Some(_) => authority.as_str().to_owned(),
-        None => format!("{}:80", authority.host()),
-    };
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| unreachable("no answer within 3 s"))?
-        .map_err(|e| unreachable(&e.to_string()))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unreachable(&e.to_string()))?;
-    // The connection's I/O; it ends with the exchange (or when the client goes, dropping
-    // the answer's body: the owner then sees its client gone, as if it were the client).
-    tokio::spawn(connection);
     let (mut parts, body) = req.into_parts();
-    parts.uri = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .parse()
-        .map_err(ApiError::internal)?;
     // The owner answers to its node URL's name (`serve --node-url` allows it). This node's
     // guard has checked the request's Host and Origin already: the owner would judge the
     // browser's Origin against its own names, so it is not passed on.
@@ -114,10 +118,16 @@ async fn forward(node: &str, me: &str, req: Request) -> Result<Response, ApiErro
         FORWARDED_BY,
         HeaderValue::from_str(me).map_err(ApiError::internal)?,
     );
-    let answer = sender
-        .send_request(axum::http::Request::from_parts(parts, body))
+    parts.uri = Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+        .build()
+        .map_err(ApiError::internal)?;
+    let answer = client()
+        .request(axum::http::Request::from_parts(parts, body))
         .await
-        .map_err(|e| unreachable(&e.to_string()))?;
+        .map_err(|e| unreachable(&error_chain(&e)))?;
     let (parts, body) = answer.into_parts();
     Ok(Response::from_parts(parts, Body::new(body)))
 }
