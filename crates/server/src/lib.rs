@@ -99,6 +99,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
+        .nest("/gemini", vendor::gemini::router())
+        .nest("/mistral", vendor::mistral::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)
