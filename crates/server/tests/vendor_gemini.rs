@@ -10,7 +10,7 @@ mod vendor;
 
 use runcell_agent::ProviderKind;
 use serde_json::{json, Value};
-use vendor::{scripted, section, Step};
+use vendor::{scripted, shown, Step};
 
 async fn server(stand_in: &runcell_agent::testing::StandIn) -> common::Server {
     let provider = stand_in.config(ProviderKind::OpenAi);
@@ -44,16 +44,6 @@ async fn sdk(scenario: &str, srv: &common::Server, key: &str, arg: Option<&str>)
 
 fn python(code: &str) -> Step {
     Step::Call("python", json!({"code": code}))
-}
-
-/// What a run printed, or else the value of its last expression.
-fn shown(out: &str) -> String {
-    let s = section(out, "stdout");
-    if s.is_empty() {
-        section(out, "result")
-    } else {
-        s
-    }
 }
 
 /// The sessions `key` lists at `/v1/sessions`.

@@ -148,3 +148,13 @@ pub fn scripted(
         (200, vec![], body)
     })
 }
+
+/// What a run printed, or else the value of its last expression.
+pub fn shown(out: &str) -> String {
+    let s = section(out, "stdout");
+    if s.is_empty() {
+        section(out, "result")
+    } else {
+        s
+    }
+}

@@ -268,9 +268,11 @@ pub(super) async fn call(
     let stream = match method {
         "generateContent" => false,
         "streamGenerateContent" => true,
-        other => return Err(Error::not_found(format!(
+        other => {
+            return Err(Error::not_found(format!(
             "models/{model}:{other}: this server serves generateContent and streamGenerateContent"
-        ))),
+        )))
+        }
     };
     let sse = query
         .as_deref()

@@ -177,10 +177,12 @@ fn wants_code(tools: Option<&Value>) -> Result<bool, Error> {
     for (i, t) in list.iter().enumerate() {
         match t.get("type").and_then(Value::as_str) {
             Some("code_execution") => code = true,
-            other => return Err(Error::invalid(format!(
+            other => {
+                return Err(Error::invalid(format!(
                 "tools[{i}]: tool type {:?} is not supported here: this server runs code_execution",
                 other.unwrap_or("")
-            ))),
+            )))
+            }
         }
     }
     Ok(code)

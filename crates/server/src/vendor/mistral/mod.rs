@@ -215,9 +215,10 @@ async fn file_content(
     let Some((meta, data)) = found else {
         return Err(Error::not_found(format!("File {id} not found")));
     };
+    // Octet-stream whatever the file is: the SDK reads no other type as a download.
     Ok((
         [
-            (header::CONTENT_TYPE, meta.mime_type),
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
             (
                 header::CONTENT_DISPOSITION,
                 format!("attachment; filename=\"{}\"", meta.filename),
