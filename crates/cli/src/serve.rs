@@ -36,9 +36,10 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
-    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
-    /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
-    /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1, /gemini,
+    /// /mistral) on: the model API the agent loop talks to (openai: any Chat Completions
+    /// endpoint; anthropic: Messages; gemini: generateContent). The key comes from
+    /// OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",

@@ -149,7 +149,7 @@ impl std::str::FromStr for ToolFormat {
 
 /// Gemini takes an OpenAPI subset: no `additionalProperties`, no `minItems`/`maxItems` bounds
 /// on every version; keep the rest.
-fn gemini_schema(v: &Value) -> Value {
+pub fn gemini_schema(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()

@@ -13,7 +13,15 @@ use serde_json::{json, Value};
 use vendor::{scripted, shown, Step};
 
 async fn server(stand_in: &runcell_agent::testing::StandIn) -> common::Server {
-    let provider = stand_in.config(ProviderKind::OpenAi);
+    server_of(stand_in, ProviderKind::OpenAi).await
+}
+
+/// The app whose vendor model is `stand_in`, speaking `kind`'s API.
+async fn server_of(
+    stand_in: &runcell_agent::testing::StandIn,
+    kind: ProviderKind,
+) -> common::Server {
+    let provider = stand_in.config(kind);
     common::start_with(move |s| {
         s.with_vendor(runcell_server::VendorConfig {
             provider,
@@ -176,7 +184,7 @@ async fn generate_content_computes_sales_statistics_and_a_chat_keeps_the_session
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bar_chart_comes_back_as_an_inline_png_under_v1beta() {
-    let stand_in = scripted(ProviderKind::OpenAi, |task, outputs| {
+    let stand_in = scripted(ProviderKind::Gemini, |task, outputs| {
         match outputs {
         [] if task.contains("bar chart") => python(
             "import matplotlib.pyplot as plt\nplt.bar(['North', 'South', 'East'], [120, 95, 143])\nplt.title('Sales per region')\nplt.show()",
@@ -185,7 +193,7 @@ async fn a_bar_chart_comes_back_as_an_inline_png_under_v1beta() {
         [] => Step::Say(format!("unexpected task {task:?}")),
     }
     });
-    let srv = server(&stand_in).await;
+    let srv = server_of(&stand_in, ProviderKind::Gemini).await;
     let r = sdk("chart", &srv, "unused", Some("v1beta")).await;
 
     assert_eq!(
@@ -202,10 +210,15 @@ async fn a_bar_chart_comes_back_as_an_inline_png_under_v1beta() {
     assert_eq!(r["png"], true);
     assert!(r["bytes"].as_u64().unwrap_or(0) > 1000, "{r}");
     assert_eq!(r["answer"], "Here is the chart.");
-    // The model saw the figure.
+    // The model saw the figure, after the function's response.
     let requests = stand_in.requests();
-    let second = requests[1].body["messages"].to_string();
-    assert!(second.contains("data:image/png;base64,"), "{second}");
+    assert_eq!(
+        requests[0].path,
+        "/v1beta/models/gemini-2.5-flash:generateContent"
+    );
+    let parts = requests[1].body["contents"][2]["parts"].clone();
+    assert_eq!(parts[0]["functionResponse"]["id"], "fc_0", "{parts}");
+    assert_eq!(parts[1]["inlineData"]["mimeType"], "image/png", "{parts}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
