@@ -260,6 +260,51 @@ async fn a_streamed_palindrome_check_fails_on_madam_and_the_model_retries() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_interaction_solves_the_linear_system_and_is_kept() {
+    let stand_in = scripted(ProviderKind::OpenAi, |task, outputs| {
+        match outputs {
+        [] if task.contains("linear system") => python(
+            "import numpy as np\nA = np.array([[1, 1, 1], [0, 2, 5], [2, 5, -1]])\nb = np.array([6, -4, 27])\nsol = np.linalg.solve(A, b)\nprint(sol)",
+        ),
+        [] if task == "Check it" => python("print(np.allclose(A @ sol, b))"),
+        [out, ..] => Step::Say(format!("x, y, z = {}", shown(out))),
+        [] => Step::Say(format!("unexpected task {task:?}")),
+    }
+    });
+    let srv = server(&stand_in).await;
+    let r = sdk("linear", &srv, "unused", None).await;
+
+    let step = ["step.start", "step.stop"];
+    let mut expected = vec!["interaction.created"];
+    expected.extend(step);
+    expected.extend(step);
+    expected.extend(step);
+    expected.extend([
+        "step.start",
+        "step.delta",
+        "step.stop",
+        "interaction.completed",
+    ]);
+    assert_eq!(r["events"], json!(expected), "{r}");
+    assert_eq!(
+        r["starts"],
+        json!([
+            "user_input",
+            "code_execution_call",
+            "code_execution_result",
+            "model_output"
+        ])
+    );
+    assert_eq!(r["text"], "x, y, z = [ 5.  3. -2.]");
+    assert_eq!(r["status"], "completed");
+    assert_eq!(r["result"], "[ 5.  3. -2.]\n");
+    assert_eq!(
+        r["follow_answer"], "x, y, z = True",
+        "the streamed interaction was kept, and its session: `A`, `sol` and `b` were defined"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_geminis_envelope_and_other_tenants_see_nothing() {
     let stand_in = scripted(ProviderKind::OpenAi, |_, outputs| match outputs {
         [] => python("6 * 7"),

@@ -161,6 +161,37 @@ def palindrome(c, _):
     }
 
 
+def linear(c, _):
+    """A streamed interaction (`stream=True`), then a follow-up in its chain."""
+    events = list(
+        c.interactions.create(
+            model="gemini-3-flash-preview",
+            input="Solve the linear system x + y + z = 6, 2y + 5z = -4, 2x + 5y - z = 27",
+            tools=[{"type": "code_execution"}],
+            stream=True,
+        )
+    )
+    kinds = [e.event_type for e in events]
+    starts = [e.step.type for e in events if e.event_type == "step.start"]
+    text = "".join(e.delta.text for e in events if e.event_type == "step.delta" and e.delta.type == "text")
+    done = events[-1].interaction
+    result = [s for s in done.steps if s.type == "code_execution_result"][0]
+    follow = c.interactions.create(
+        model="gemini-3-flash-preview",
+        input="Check it",
+        tools=[{"type": "code_execution"}],
+        previous_interaction_id=done.id,
+    )
+    return {
+        "events": kinds,
+        "starts": starts,
+        "text": text,
+        "status": done.status,
+        "result": result.result,
+        "follow_answer": follow.output_text,
+    }
+
+
 def errors(c, other):
     """Gemini's error envelope for bad requests, through the SDK's own errors."""
     out = {}
@@ -197,7 +228,7 @@ def started(c, _):
     return {"id": i.id}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, errors, wrong_key, started]}
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, errors, wrong_key, started]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

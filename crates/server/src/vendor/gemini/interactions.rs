@@ -8,9 +8,10 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_agent::Turn;
 use runcell_engine::CancelToken;
@@ -21,7 +22,7 @@ use super::generate::{RETRIES, RUN_TIMEOUT};
 use super::{check_version, interaction_store, Caller, Error};
 use crate::state::AppState;
 use crate::vendor::code_loop::{merge, turns_of, CodeLoop, End, Event};
-use crate::vendor::{live_session, load_record, save_record, start_session, Abort};
+use crate::vendor::{live_session, load_record, save_record, sse, start_session, Abort};
 
 /// One interaction of a chain: what the user said and what happened.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -236,7 +237,7 @@ pub(super) async fn create(
     Caller(tenant): Caller,
     Path(version): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<Value>, Error> {
+) -> Result<Response, Error> {
     check_version(&version)?;
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -255,11 +256,7 @@ pub(super) async fn create(
             "agents are not served here: name a model, which runs on this server's configured provider",
         ));
     }
-    if req.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(Error::invalid(
-            "stream is not supported here yet: create the interaction without it",
-        ));
-    }
+    let stream = req.get("stream").and_then(Value::as_bool) == Some(true);
     let model = req
         .get("model")
         .and_then(Value::as_str)
@@ -348,59 +345,138 @@ pub(super) async fn create(
         cancel,
     };
     let created = chrono::Utc::now();
-    let (events, end) = tokio::task::spawn_blocking(move || {
-        let mut events = Vec::new();
-        let end = job.run(turns, &mut |e| events.push(e));
-        (events, end)
-    })
-    .await
-    .map_err(Error::internal)?;
-    abort.armed = false;
-    let end: End = end?;
     let id = store.new_id();
-    let mut steps: Vec<Value> = input.iter().map(user_step).collect();
-    steps.extend(events.iter().map(step_of));
-    let time =
-        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut interaction = json!({
-        "id": id,
-        "status": if end.complete { "completed" } else { "incomplete" },
-        "model": model,
-        "created": time(created),
-        "updated": time(chrono::Utc::now()),
-        "steps": steps,
-        "usage": {"total_input_tokens": end.input_tokens, "total_output_tokens": end.output_tokens,
-                  "total_tokens": end.input_tokens + end.output_tokens},
-    });
-    for k in [
+    let keep = req.get("store").and_then(Value::as_bool) != Some(false);
+    let echo: Vec<(String, Value)> = [
         "tools",
         "system_instruction",
         "previous_interaction_id",
         "generation_config",
-    ] {
-        if let Some(v) = req.get(k) {
-            interaction[k] = v.clone();
+    ]
+    .iter()
+    .filter_map(|k| req.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+    .collect();
+    let time =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let head = {
+        let mut v =
+            json!({"id": id, "status": "in_progress", "model": model, "created": time(created)});
+        for (k, e) in &echo {
+            v[k] = e.clone();
         }
-    }
-    if req.get("store").and_then(Value::as_bool) != Some(false) {
-        chain.push(Exchange {
-            turns: input,
-            events,
-        });
-        let record = Record {
-            chain,
-            session: session.clone(),
-            interaction: interaction.clone(),
-        };
-        let (store, t, i) = (store.clone(), tenant.0.clone(), id.clone());
-        tokio::task::spawn_blocking(move || {
-            save_record(&store, &t, &i, &record, record.session.as_deref())
+        v
+    };
+    // The interaction once the run ended, kept for `previous_interaction_id` (blocking).
+    let finish = {
+        let (tenant, id, head) = (tenant.0.clone(), id.clone(), head.clone());
+        let input = input.clone();
+        move |events: Vec<Event>, end: &End| -> Result<Value, Error> {
+            let mut steps: Vec<Value> = input.iter().map(user_step).collect();
+            steps.extend(events.iter().map(step_of));
+            let mut interaction = head;
+            interaction["status"] = json!(if end.complete {
+                "completed"
+            } else {
+                "incomplete"
+            });
+            interaction["updated"] = json!(time(chrono::Utc::now()));
+            interaction["steps"] = json!(steps);
+            interaction["usage"] = json!({"total_input_tokens": end.input_tokens,
+                "total_output_tokens": end.output_tokens,
+                "total_tokens": end.input_tokens + end.output_tokens});
+            if keep {
+                chain.push(Exchange {
+                    turns: input,
+                    events,
+                });
+                let record = Record {
+                    chain,
+                    session,
+                    interaction: interaction.clone(),
+                };
+                save_record(&store, &tenant, &id, &record, record.session.as_deref())
+                    .map_err(Error::internal)?;
+            }
+            Ok(interaction)
+        }
+    };
+
+    if !stream {
+        let out = tokio::task::spawn_blocking(move || {
+            let mut events = Vec::new();
+            let end = job.run(turns, &mut |e| events.push(e))?;
+            finish(events, &end)
         })
         .await
-        .map_err(Error::internal)?
         .map_err(Error::internal)?;
+        abort.armed = false;
+        return Ok(Json(out?).into_response());
     }
-    Ok(Json(interaction))
+
+    // Streamed: the interaction's lifecycle events and each step's start, content and stop,
+    // as the run goes; the model's text is one delta per reply.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let first: Vec<Value> = input.iter().map(user_step).collect();
+    tokio::task::spawn_blocking(move || {
+        let send = |kind: &str, mut data: Value| {
+            data["event_type"] = json!(kind);
+            let _ = tx.send(sse(kind, &data));
+        };
+        send("interaction.created", json!({"interaction": head}));
+        let mut index = 0;
+        let mut step = |s: &Value| {
+            match s["type"].as_str() {
+                Some("model_output") => {
+                    send(
+                        "step.start",
+                        json!({"index": index, "step": {"type": "model_output", "content": []}}),
+                    );
+                    for c in s["content"].as_array().into_iter().flatten() {
+                        send("step.delta", json!({"index": index, "delta": c}));
+                    }
+                }
+                _ => send("step.start", json!({"index": index, "step": s})),
+            }
+            send("step.stop", json!({"index": index}));
+            index += 1;
+        };
+        for s in &first {
+            step(s);
+        }
+        let mut events = Vec::new();
+        let end = job.run(turns, &mut |e| {
+            step(&step_of(&e));
+            events.push(e);
+        });
+        match end
+            .map_err(Error::from)
+            .and_then(|end| finish(events, &end))
+        {
+            Ok(interaction) => send("interaction.completed", json!({"interaction": interaction})),
+            Err(e) => send("error", json!({"error": e.object()})),
+        }
+        let _ = tx.send("data: [DONE]\n\n".to_owned());
+    });
+    struct Stream {
+        rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+        abort: Abort,
+    }
+    let body = futures_util::stream::unfold(Stream { rx, abort }, |mut s| async move {
+        match s.rx.recv().await {
+            Some(text) => Some((Ok::<_, std::io::Error>(Bytes::from(text)), s)),
+            None => {
+                // The run is over: nothing to call off.
+                s.abort.armed = false;
+                drop(s);
+                None
+            }
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .map_err(Error::internal)
 }
 
 pub(super) async fn retrieve(
