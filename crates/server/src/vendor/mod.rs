@@ -13,6 +13,7 @@ pub(crate) mod gemini;
 pub(crate) mod mistral;
 pub(crate) mod openai;
 mod sandbox;
+mod session;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,7 +23,6 @@ use runcell_agent::ProviderConfig;
 use runcell_engine::{CancelToken, Engine};
 
 use crate::error::ApiError;
-use crate::state::{AppState, Tenant};
 
 pub(crate) use file_store::{FileStore, StoredFile};
 
@@ -94,80 +94,7 @@ impl Drop for Abort {
     }
 }
 
-/// A new session of `tenant` for one conversation of `vendor`'s API (its metadata's
-/// `source`).
-pub(crate) async fn start_session(
-    state: &AppState,
-    tenant: &Tenant,
-    vendor: &str,
-) -> Result<String, ApiError> {
-    let engine = state.engine.clone();
-    let owner = tenant.0.clone();
-    let metadata = [("source".to_owned(), vendor.to_owned())].into();
-    let info = crate::sessions::blocking(move || {
-        engine.sessions().create(runcell_engine::CreateSession {
-            owner,
-            metadata,
-            ..runcell_engine::CreateSession::default()
-        })
-    })
-    .await?;
-    Ok(info.id)
-}
-
-/// `id` if it is a live session of `tenant` (one that ended, or another tenant's, is not).
-pub(crate) fn live_session(state: &AppState, tenant: &Tenant, id: &str) -> Option<String> {
-    state
-        .engine
-        .sessions()
-        .get(id)
-        .ok()
-        .filter(|i| i.owner == tenant.0 && i.status != runcell_engine::SessionStatus::Dead)
-        .map(|i| i.id)
-}
-
 /// One server-sent event.
 pub(crate) fn sse(event: &str, data: &serde_json::Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
-}
-
-/// A JSON record of `tenant` kept in `store` (a stored interaction, conversation, agent);
-/// `None` when there is none (another tenant's is none either).
-pub(crate) async fn load_record<T: serde::de::DeserializeOwned + Send + 'static>(
-    store: &FileStore,
-    tenant: &str,
-    id: &str,
-) -> std::io::Result<Option<T>> {
-    let (store, tenant, id) = (store.clone(), tenant.to_owned(), id.to_owned());
-    let found = tokio::task::spawn_blocking(move || store.read(&tenant, &id))
-        .await
-        .map_err(std::io::Error::other)??;
-    match found {
-        Some((_, data)) => serde_json::from_slice(&data)
-            .map(Some)
-            .map_err(std::io::Error::other),
-        None => Ok(None),
-    }
-}
-
-/// Keeps `record` as `tenant`'s `id` in `store` (blocking).
-pub(crate) fn save_record<T: serde::Serialize>(
-    store: &FileStore,
-    tenant: &str,
-    id: &str,
-    record: &T,
-    session: Option<&str>,
-) -> std::io::Result<()> {
-    let data = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    store
-        .put_as(
-            tenant,
-            id,
-            "record.json",
-            "application/json",
-            &data,
-            session,
-            None,
-        )
-        .map(|_| ())
 }

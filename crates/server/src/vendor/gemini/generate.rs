@@ -17,10 +17,12 @@ use runcell_agent::{ModelReply, ToolReply, ToolUse, Turn};
 use runcell_engine::CancelToken;
 use serde_json::{json, Value};
 
-use super::{chat_store, check_version, history_key, Caller, Error};
+use super::context::{chat_store, check_version, history_key, Caller};
+use super::error::Error;
 use crate::state::{AppState, Tenant};
 use crate::vendor::code_loop::{merge, CodeLoop, End, Event, PYTHON};
-use crate::vendor::{live_session, start_session, Abort};
+use crate::vendor::session::{live_session, start_session};
+use crate::vendor::Abort;
 
 /// Each run's deadline, as Gemini's code execution has it.
 pub(super) const RUN_TIMEOUT: Duration = Duration::from_secs(30);

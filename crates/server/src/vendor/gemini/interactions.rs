@@ -18,11 +18,13 @@ use runcell_engine::CancelToken;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::context::{check_version, interaction_store, Caller};
+use super::error::Error;
 use super::generate::{RETRIES, RUN_TIMEOUT};
-use super::{check_version, interaction_store, Caller, Error};
 use crate::state::AppState;
 use crate::vendor::code_loop::{merge, turns_of, CodeLoop, End, Event};
-use crate::vendor::{live_session, load_record, save_record, sse, start_session, Abort};
+use crate::vendor::session::{live_session, load_record, save_record, start_session};
+use crate::vendor::{sse, Abort};
 
 /// One interaction of a chain: what the user said and what happened.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -7,9 +7,10 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{agent_store, time, Caller, Error};
+use super::context::{agent_store, time, Caller};
+use super::error::Error;
 use crate::state::AppState;
-use crate::vendor::{load_record, save_record};
+use crate::vendor::session::{load_record, save_record};
 
 /// The request's tools, checked: `code_interpreter` only.
 pub(super) fn check_tools(tools: Option<&Value>) -> Result<bool, Error> {

@@ -19,10 +19,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::agents::{check_tools, find, parse_body, required};
-use super::{conversation_store, file_store, time, Caller, Error};
+use super::context::{conversation_store, file_store, time, Caller};
+use super::error::Error;
 use crate::state::{AppState, Tenant};
 use crate::vendor::code_loop::{merge, turns_of, CodeLoop, End, Event, Image};
-use crate::vendor::{live_session, load_record, save_record, sse, start_session, Abort, FileStore};
+use crate::vendor::session::{live_session, load_record, save_record, start_session};
+use crate::vendor::{sse, Abort, FileStore};
 
 /// Mistral's code interpreter runs for up to this long per call.
 const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
