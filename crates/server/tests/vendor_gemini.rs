@@ -305,6 +305,66 @@ async fn a_streamed_interaction_solves_the_linear_system_and_is_kept() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_five_retries_the_model_answers_without_code() {
+    let stand_in = scripted(ProviderKind::OpenAi, |_, outputs| {
+        if outputs.len() < 6 {
+            python(&format!("print('attempt {}')\n1 / 0", outputs.len() + 1))
+        } else {
+            Step::Say(format!("Every one of {} attempts failed.", outputs.len()))
+        }
+    });
+    let srv = server(&stand_in).await;
+    let r = sdk("outcomes", &srv, "unused", Some("Divide by zero")).await;
+
+    assert_eq!(r["outcomes"], json!(vec!["OUTCOME_FAILED"; 6]), "{r}");
+    let last = r["outputs"][5].as_str().unwrap_or("");
+    assert!(
+        last.starts_with("attempt 6\n") && last.contains("ZeroDivisionError"),
+        "{last}"
+    );
+    assert_eq!(r["answer"], "Every one of 6 attempts failed.");
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 7);
+    assert!(
+        requests[5].body.get("tools").is_some(),
+        "the fifth retry could run"
+    );
+    assert!(
+        requests[6].body.get("tools").is_none(),
+        "after it no code can run: {}",
+        requests[6].body
+    );
+    let told = requests[6].body["messages"].to_string();
+    assert!(told.contains("no more code can run"), "{told}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_has_thirty_seconds() {
+    let stand_in = scripted(ProviderKind::OpenAi, |_, outputs| match outputs {
+        [] => python("import time\nprint('started', flush=True)\ntime.sleep(50)"),
+        [out, ..] => Step::Say(format!("It did not finish: {}", shown(out))),
+    });
+    let srv = server(&stand_in).await;
+    let started = std::time::Instant::now();
+    let r = sdk("outcomes", &srv, "unused", Some("Sleep a while")).await;
+    let took = started.elapsed();
+
+    assert_eq!(r["outcomes"], json!(["OUTCOME_DEADLINE_EXCEEDED"]), "{r}");
+    assert!(
+        r["outputs"][0]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("started\n"),
+        "{r}"
+    );
+    assert_eq!(r["answer"], "It did not finish: started");
+    assert!(
+        took >= std::time::Duration::from_secs(30) && took < std::time::Duration::from_secs(50),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_geminis_envelope_and_other_tenants_see_nothing() {
     let stand_in = scripted(ProviderKind::OpenAi, |_, outputs| match outputs {
         [] => python("6 * 7"),

@@ -192,6 +192,17 @@ def linear(c, _):
     }
 
 
+def outcomes(c, prompt):
+    """One generateContent call: each run's outcome and output, and the answer."""
+    resp = c.models.generate_content(model=MODEL, contents=prompt, config=types.GenerateContentConfig(tools=CODE))
+    parts = parts_of(resp)
+    return {
+        "outcomes": [p.code_execution_result.outcome.value for p in parts if p.code_execution_result],
+        "outputs": [p.code_execution_result.output for p in parts if p.code_execution_result],
+        "answer": resp.text,
+    }
+
+
 def errors(c, other):
     """Gemini's error envelope for bad requests, through the SDK's own errors."""
     out = {}
@@ -228,7 +239,7 @@ def started(c, _):
     return {"id": i.id}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, errors, wrong_key, started]}
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, outcomes, errors, wrong_key, started]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]
