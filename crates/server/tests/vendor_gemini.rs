@@ -183,6 +183,30 @@ async fn generate_content_computes_sales_statistics_and_a_chat_keeps_the_session
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_csv_is_a_file_the_code_reads() {
+    let stand_in = scripted(ProviderKind::OpenAi, |task, outputs| {
+        match outputs {
+        [] if task.contains("input_file_0.csv (text/csv)") => python(
+            "import pandas as pd\ndf = pd.read_csv('input_file_0.csv')\ns = df['sales']\nprint(f\"mean={s.mean():.2f} median={s.median():.1f} std={s.std():.2f} best={df.loc[s.idxmax(), 'month']}\")",
+        ),
+        [out, ..] => Step::Say(format!("Monthly sales: {}", shown(out))),
+        [] => Step::Say(format!("unexpected task {task:?}")),
+    }
+    });
+    let srv = server(&stand_in).await;
+    let r = sdk("sales_file", &srv, "unused", None).await;
+    assert_eq!(
+        r["output"], "mean=145.00 median=145.0 std=20.34 best=May\n",
+        "{r}"
+    );
+    assert_eq!(
+        r["answer"],
+        "Monthly sales: mean=145.00 median=145.0 std=20.34 best=May"
+    );
+}
+
+/// The upstream model is Gemini itself here (`serve --agent-provider gemini`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bar_chart_comes_back_as_an_inline_png_under_v1beta() {
     let stand_in = scripted(ProviderKind::Gemini, |task, outputs| {
         match outputs {

@@ -119,6 +119,20 @@ def sales(c, _):
     }
 
 
+def sales_file(c, _):
+    """Code execution with file input: a CSV sent inline, read by the code."""
+    csv = b"month,sales\nJan,120\nFeb,135\nMar,128\nApr,160\nMay,172\nJun,155\n"
+    resp = c.models.generate_content(
+        model=MODEL,
+        contents=[
+            "Compute the mean, median and standard deviation of the monthly sales in this file",
+            types.Part.from_bytes(data=csv, mime_type="text/csv"),
+        ],
+        config=types.GenerateContentConfig(tools=CODE),
+    )
+    return {"code": resp.executable_code, "output": resp.code_execution_result, "answer": resp.text}
+
+
 def chart(c, version):
     """A bar chart comes back as an inline PNG part; under /v1beta when asked."""
     c = client(c._base, c._key, version or None)
@@ -239,7 +253,7 @@ def started(c, _):
     return {"id": i.id}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, outcomes, errors, wrong_key, started]}
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, sales_file, chart, palindrome, linear, outcomes, errors, wrong_key, started]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

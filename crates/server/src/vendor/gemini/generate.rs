@@ -13,6 +13,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::Engine as _;
 use runcell_agent::{ModelReply, ToolReply, ToolUse, Turn};
 use runcell_engine::CancelToken;
 use serde_json::{json, Value};
@@ -79,9 +80,91 @@ pub(super) fn system_text(v: Option<&Value>) -> String {
 
 /// The contents as the model's transcript: the user's text, the model's text, and each
 /// `executableCode` with the `codeExecutionResult` after it as a python call and its result.
-fn transcript(contents: &[Value]) -> Result<Vec<Turn>, Error> {
+/// A file the user sent inline, as the code finds it in its working directory.
+#[derive(Debug, Clone, PartialEq)]
+struct Attachment {
+    /// `input_file_N.EXT`, N counting the conversation's inline files from 0.
+    name: String,
+    mime: String,
+    data: Vec<u8>,
+}
+
+/// The extension a file of `mime` gets.
+fn extension(mime: &str) -> &'static str {
+    match mime {
+        "text/csv" => "csv",
+        "text/plain" => "txt",
+        "text/html" => "html",
+        "text/markdown" => "md",
+        "application/json" => "json",
+        "application/pdf" => "pdf",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet" => "xlsx",
+        "image/png" => "png",
+        "image/jpeg" => "jpg",
+        "image/gif" => "gif",
+        "image/webp" => "webp",
+        _ => "bin",
+    }
+}
+
+/// Every inline file of the users' turns, in order (a history sent again names the same
+/// files the same way).
+fn attachments(contents: &[Value]) -> Result<Vec<Attachment>, Error> {
+    let mut out = Vec::new();
+    for c in contents
+        .iter()
+        .filter(|c| c.get("role").and_then(Value::as_str).unwrap_or("user") == "user")
+    {
+        for p in c
+            .get("parts")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(d) = field(p, "inlineData", "inline_data") else {
+                continue;
+            };
+            let mime = field(d, "mimeType", "mime_type")
+                .and_then(Value::as_str)
+                .unwrap_or("application/octet-stream")
+                .to_owned();
+            let b64 = d.get("data").and_then(Value::as_str).unwrap_or("");
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| Error::invalid(format!("inlineData.data is not base64: {e}")))?;
+            let name = format!("input_file_{}.{}", out.len(), extension(&mime));
+            out.push(Attachment { name, mime, data });
+        }
+    }
+    Ok(out)
+}
+
+/// Writes each attachment into the session's working directory unless a file of its name
+/// is there (the code may have changed it since).
+fn place(
+    engine: &runcell_engine::Engine,
+    session: &str,
+    files: &[Attachment],
+) -> Result<(), runcell_engine::EngineError> {
+    for f in files {
+        match engine.read_file(session, &f.name) {
+            Ok(_) => {}
+            Err(runcell_engine::EngineError::NotFound(_)) => {
+                engine.upload_file(session, &f.name, &f.data)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The contents as the model's transcript (see the module's doc); an inline file is named
+/// where it was sent, as a file of the code's working directory when there is code to read
+/// it.
+fn transcript(contents: &[Value], code: bool) -> Result<Vec<Turn>, Error> {
     let mut turns = Vec::new();
     let mut n = 0;
+    let mut files = 0;
     for (i, c) in contents.iter().enumerate() {
         let parts = c
             .get("parts")
@@ -95,11 +178,16 @@ fn transcript(contents: &[Value]) -> Result<Vec<Turn>, Error> {
                     if let Some(t) = p.get("text").and_then(Value::as_str) {
                         text.push(t.to_owned());
                     } else if let Some(d) = field(p, "inlineData", "inline_data") {
-                        let mime = field(d, "mimeType", "mime_type").and_then(Value::as_str);
-                        text.push(format!(
-                            "[An attachment ({}) was here; this server does not pass attachments to the model]",
-                            mime.unwrap_or("unknown type")
-                        ));
+                        let mime = field(d, "mimeType", "mime_type")
+                            .and_then(Value::as_str)
+                            .unwrap_or("application/octet-stream");
+                        let name = format!("input_file_{files}.{}", extension(mime));
+                        files += 1;
+                        text.push(if code {
+                            format!("[The user attached the file {name} ({mime}): it is in the working directory of the python tool]")
+                        } else {
+                            format!("[An attachment ({mime}) was here; without the code execution tool this server does not pass it to the model]")
+                        });
                     } else if field(p, "functionResponse", "function_response").is_some() {
                         return Err(Error::invalid(format!(
                             "contents[{i}]: function responses are not supported here"
@@ -298,7 +386,12 @@ pub(super) async fn call(
         .filter(|c| !c.is_empty())
         .ok_or_else(|| Error::invalid("contents is not specified"))?;
     let code = wants_code(req.get("tools"))?;
-    let turns = transcript(&contents)?;
+    let turns = transcript(&contents, code)?;
+    let files = if code {
+        attachments(&contents)?
+    } else {
+        Vec::new()
+    };
     if !matches!(turns.last(), Some(Turn::User(_))) {
         return Err(Error::invalid(
             "the last content must be the user's: it is what the model answers",
@@ -322,7 +415,10 @@ pub(super) async fn call(
             .iter()
             .rposition(|c| c.get("role").and_then(Value::as_str) == Some("model"))
             .map_or(&contents[..0], |at| &contents[..=at]);
-        Some(session_for(&state, &tenant, before).await?)
+        let session = session_for(&state, &tenant, before).await?;
+        let (engine, s) = (state.engine.clone(), session.clone());
+        crate::sessions::blocking(move || place(&engine, &s, &files)).await?;
+        Some(session)
     } else {
         None
     };
@@ -447,7 +543,7 @@ mod tests {
                 {"text": "It is 55."}]}),
             json!({"role": "user", "parts": [{"text": "and doubled?"}]}),
         ];
-        let turns = transcript(&contents).expect("turns");
+        let turns = transcript(&contents, true).expect("turns");
         assert_eq!(turns.len(), 5, "{turns:#?}");
         assert!(matches!(&turns[1], Turn::Assistant(r) if r.calls[0].input["code"] == "print(55)"));
         assert!(matches!(&turns[2], Turn::Tools(r) if r[0].text == "55\n" && r[0].id == "code_1"));
