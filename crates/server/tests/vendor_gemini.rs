@@ -440,4 +440,16 @@ async fn bad_requests_get_geminis_envelope_and_other_tenants_see_nothing() {
     assert_eq!(resp.status(), 404);
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["error"]["status"], "NOT_FOUND");
+    // Refusals decided in front of the routes speak Gemini's envelope here too.
+    let resp = srv
+        .http
+        .get(format!("{}/gemini/v1beta/interactions/{id}", srv.base))
+        .header("host", "rebound.example")
+        .header("x-goog-api-key", &alice)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"]["status"], "PERMISSION_DENIED", "{body}");
 }

@@ -207,6 +207,18 @@ async fn bad_requests_get_mistrals_envelope_and_other_tenants_see_nothing() {
             v["sessions"].as_array().map_or(0, Vec::len)
         }
     };
-    assert_eq!(sessions(alice).await, 1);
+    assert_eq!(sessions(alice.clone()).await, 1);
     assert_eq!(sessions(bob).await, 0);
+    // Refusals decided in front of the routes speak Mistral's envelope here too.
+    let resp = srv
+        .http
+        .get(format!("{}/mistral/v1/conversations/{id}", srv.base))
+        .header("host", "rebound.example")
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["object"], "error", "{body}");
 }
