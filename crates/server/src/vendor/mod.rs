@@ -1,10 +1,11 @@
 //! Vendor-compatible prefixes (DESIGN.md §11): code written against a hosted code tool
 //! (Anthropic's `code_execution`, OpenAI's `code_interpreter`, Gemini's `code_execution`,
-//! Mistral's `code_interpreter`) switches to runcell by changing its SDK's base URL and key. runcell answers those requests itself: the conversation goes to
-//! the model the operator configured (`serve --agent-provider`), whose tool calls run in a
-//! runcell session of the caller's tenant (one per vendor container, listed in `/v1/sessions`,
-//! every cell in the audit log), and the reply comes back in the vendor's wire shapes and error
-//! envelopes.
+//! Mistral's `code_interpreter`) switches to runcell by changing its SDK's base URL and key.
+//! runcell answers those requests itself: the conversation goes to the model the operator
+//! configured (`serve --agent-provider`), whose tool calls run in a runcell session of the
+//! caller's tenant (one per vendor container, interaction chain or conversation, listed in
+//! `/v1/sessions`, every cell in the audit log), and the reply comes back in the vendor's wire
+//! shapes and error envelopes.
 
 pub(crate) mod anthropic;
 mod code_loop;
