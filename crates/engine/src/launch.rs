@@ -101,6 +101,7 @@ impl Core {
             ro_binds,
             limits,
             channel,
+            egress_port: None,
         })
     }
 
