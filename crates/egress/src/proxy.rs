@@ -566,8 +566,11 @@ async fn refuse(client: &mut TcpStream, conn: Option<&Conn>, refusal: Refusal) {
         tracing::info!(domain = %c.domain, port = c.port, refused = %refusal.message, "egress refused");
     }
     let body = format!("{}\n", refusal.message);
+    // The reason phrase carries the sentence too: clients that report only the status line
+    // of a failed CONNECT (Python's http.client, so pip and requests) show it.
+    let reason = format!("{}: {}", refusal.reason, refusal.message);
     let _ = client
-        .write_all(&http::response(refusal.status, refusal.reason, &body))
+        .write_all(&http::response(refusal.status, &reason, &body))
         .await;
     let _ = client.shutdown().await;
 }

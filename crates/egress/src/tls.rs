@@ -162,10 +162,7 @@ mod tests {
             }
         );
         assert_eq!(parse(&hello[..hello.len() - 1]), Hello::Partial);
-        assert_eq!(
-            parse(&client_hello_for(None)),
-            Hello::Client { sni: None }
-        );
+        assert_eq!(parse(&client_hello_for(None)), Hello::Client { sni: None });
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
         let mut bad = hello.clone();
         bad[5] = 2; // a ServerHello

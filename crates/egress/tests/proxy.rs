@@ -123,7 +123,7 @@ fn names_outside_the_allowlist_are_403_with_the_reason() {
     let up = echo_server();
     let (session, _serving, port) = proxy(&["127.0.0.0/8"], &["127.0.0.1"], &[]);
     let reply = ask(port, b"CONNECT pypi.org:443 HTTP/1.1\r\n\r\n");
-    assert!(reply.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{reply}");
+    assert!(reply.starts_with("HTTP/1.1 403 Forbidden: runcell egress: refused CONNECT pypi.org:443: pypi.org is not in this session's network allowlist (allowed_domains: 127.0.0.1)\r\n"), "{reply}");
     assert!(reply.ends_with(
         "runcell egress: refused CONNECT pypi.org:443: pypi.org is not in this session's network allowlist (allowed_domains: 127.0.0.1)\n"
     ), "{reply}");

@@ -46,9 +46,13 @@ impl Engine {
             self.core.config.limits.committed_memory_mb,
             crate::limits::Admit::Checked,
         )?;
-        let launch = self
-            .core
-            .launch(Program::Command(command), &workspace, &info.limits, &[])?;
+        let launch = self.core.launch(
+            Program::Command(command),
+            &workspace,
+            &info.limits,
+            &[],
+            false,
+        )?;
         let began = Began::now(new_ordered_id("ex"), Some(session.to_owned()), &workspace);
         let out = self
             .core

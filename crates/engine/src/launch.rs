@@ -43,13 +43,15 @@ impl Language {
 
 impl Core {
     /// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
-    /// variables) comes after runcell's own and never replaces one of them.
+    /// variables) comes after runcell's own and never replaces one of them. With `network`,
+    /// pid 1 opens the egress socket and the proxy variables point at it (crate::network).
     pub(crate) fn launch<'w>(
         &self,
         program: Program<'_>,
         workspace: &'w Workspace,
         limits: &SessionLimits,
         extra_env: &[(String, String)],
+        network: bool,
     ) -> Result<Launch<'w>, EngineError> {
         let limits = limits.sandbox_limits();
         // The runtime is bound for every program: `python3` in a bash cell or a command is the
@@ -89,6 +91,9 @@ impl Core {
             limits.cpu_millis,
             self.config.python_runtime.is_some(),
         );
+        if network {
+            env.extend(crate::network::proxy_env());
+        }
         for (k, v) in extra_env {
             if !env.iter().any(|(ek, _)| ek == k) {
                 env.push((k.clone(), v.clone()));
@@ -101,7 +106,7 @@ impl Core {
             ro_binds,
             limits,
             channel,
-            egress_port: None,
+            egress_port: network.then_some(crate::network::EGRESS_PORT),
         })
     }
 

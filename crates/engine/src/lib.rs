@@ -12,6 +12,7 @@ mod files;
 mod launch;
 mod limits;
 mod model;
+mod network;
 mod oneshot;
 mod pool;
 mod records;
@@ -43,6 +44,9 @@ pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
+};
+pub use network::{
+    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;

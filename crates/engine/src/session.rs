@@ -94,6 +94,8 @@ pub struct SessionInfo {
     /// How its kernel started: `zygote` (forked from the preloaded zygote) or `cold` (asked
     /// for, or a language, CPU count or moment the zygote does not serve).
     pub start: Start,
+    /// What the sandbox may reach (secrets' values read back redacted).
+    pub network: crate::network::NetworkPolicy,
     pub metadata: BTreeMap<String, String>,
     /// Who the session belongs to (the server's tenant); opaque to the engine.
     #[serde(skip)]
@@ -244,6 +246,8 @@ pub struct CreateSession {
     pub metadata: BTreeMap<String, String>,
     /// `None`: from the zygote for Python, cold for the other languages.
     pub start: Option<Start>,
+    /// Disabled by default; an allowlist must stay within the server's bound.
+    pub network: crate::network::NetworkPolicy,
 }
 
 impl SessionManager {
@@ -308,9 +312,14 @@ impl SessionManager {
         let reservation = self.reserve(limits.memory_mb, false)?;
         let id = new_id("ses");
         let workspace = self.new_workspace(&id, &limits)?;
-        let (kernel, _) =
-            self.core
-                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
+        let (kernel, _) = self.core.start_kernel(
+            &workspace,
+            Language::Python,
+            &limits,
+            &[],
+            Start::Zygote,
+            None,
+        )?;
         Ok(Warm {
             id,
             workspace,
@@ -449,6 +458,8 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         crate::bounds::check_metadata(&req.metadata)?;
         crate::bounds::check_env(&req.env)?;
+        // Checked (and its proxy state made) before anything is allocated; nothing starts yet.
+        let egress = self.core.network.session(&req.network)?;
         let _slot = self.creation_slot()?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
@@ -473,9 +484,13 @@ impl SessionManager {
             .ledger
             .check_quota(&req.owner, &policy, limits.memory_mb)?;
         // A warm session fits a request that changes nothing fixed at the fork.
-        let warm = (language == Language::Python && req.env.is_empty() && start == Start::Zygote)
-            .then(|| self.pool.take(&limits))
-            .flatten();
+        // A warm one has no egress socket: a session with a network policy starts its own.
+        let warm = (language == Language::Python
+            && req.env.is_empty()
+            && start == Start::Zygote
+            && egress.is_none())
+        .then(|| self.pool.take(&limits))
+        .flatten();
         let (id, workspace, kernel, mut reservation) = match warm {
             Some(w) => (w.id, w.workspace, Some(w.kernel), w.reservation),
             None => {
@@ -500,10 +515,11 @@ impl SessionManager {
             expires_at: now + chrono::Duration::seconds(limits.idle_timeout_s as i64),
             limits,
             start,
+            network: req.network,
             metadata: req.metadata,
             owner: req.owner,
         };
-        let info = self.launch(info, workspace, env, kernel, reservation)?;
+        let info = self.launch(info, workspace, env, kernel, reservation, egress)?;
         if let Err(e) = self.record(&info) {
             // A session the store does not know would be lost at the next start, and the
             // caller, told it failed, would never delete it: end it now (a full disk, say).
@@ -629,10 +645,13 @@ impl SessionManager {
             expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
             limits: req.limits,
             start: req.start,
+            // The policy is not in the store (nor are its secrets): a recovered session comes
+            // back without a network, never with more than it had.
+            network: Default::default(),
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new(), None, reservation)
+        self.launch(info, workspace, Vec::new(), None, reservation, None)
     }
 
     /// Starts the kernel (unless a warm one is given) and the worker of a session and
@@ -644,6 +663,7 @@ impl SessionManager {
         env: Vec<(String, String)>,
         kernel: Option<Kernel>,
         reservation: Reservation,
+        egress: Option<runcell_egress::SessionEgress>,
     ) -> Result<SessionInfo, EngineError> {
         // What was asked for; `info.start` becomes what happened.
         let requested = info.start;
@@ -656,6 +676,7 @@ impl SessionManager {
                     &info.limits,
                     &env,
                     requested,
+                    egress.as_ref(),
                 )?;
                 info.start = how;
                 k
@@ -680,6 +701,7 @@ impl SessionManager {
                 kernel: Some(kernel),
                 env,
                 start: requested,
+                egress,
             })),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -1196,6 +1218,8 @@ struct Runner {
     env: Vec<(String, String)>,
     /// How the session asked its kernels to start.
     start: Start,
+    /// The session's proxy state, with a network policy: each kernel's sandbox is served by it.
+    egress: Option<runcell_egress::SessionEgress>,
 }
 
 /// What a cell's start noted, for its Execution.
@@ -1213,9 +1237,14 @@ impl Runner {
                 let s = entry.lock();
                 (s.info.limits, s.info.language)
             };
-            let kernel =
-                self.core
-                    .start_kernel(&self.workspace, language, &limits, &self.env, self.start);
+            let kernel = self.core.start_kernel(
+                &self.workspace,
+                language,
+                &limits,
+                &self.env,
+                self.start,
+                self.egress.as_ref(),
+            );
             let mut s = entry.lock();
             match kernel {
                 Ok((k, how)) => {
@@ -1337,6 +1366,12 @@ impl Runner {
         timeout: Duration,
     ) -> Result<(Execution, String), EngineError> {
         let limits = start.limits;
+        // The connections since the last cell's end: this cell's (before any restart below).
+        let network = self
+            .egress
+            .as_ref()
+            .map(|e| crate::network::connections(e.take_records()))
+            .unwrap_or_default();
         // A cell that was sent is recorded whatever became of its kernel: one whose channel
         // failed is ended like one that died.
         let (outcome, failure) = match outcome {
@@ -1419,7 +1454,7 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
-        let execution = ended.execution(Produced {
+        let mut execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
             status,
@@ -1442,6 +1477,7 @@ impl Runner {
             },
             killed_by,
         });
+        execution.network = network;
         Ok((execution, start.owner))
     }
 }

@@ -352,7 +352,24 @@ impl Sandbox {
         opts: &RunOptions,
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<RunOutcome, SandboxError> {
+        self.run_with(launch, opts, on_output, &mut |_| Ok(()))
+    }
+
+    /// [`Sandbox::run`], calling `on_start` once the sandbox exists (before any output is
+    /// read): the engine takes its egress socket there. An error from it kills the sandbox.
+    pub fn run_with(
+        &self,
+        launch: &Launch<'_>,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+        on_start: &mut dyn FnMut(&Running) -> Result<(), SandboxError>,
+    ) -> Result<RunOutcome, SandboxError> {
         let mut running = self.spawn(launch)?;
+        if let Err(e) = on_start(&running) {
+            running.kill(KillReason::Signal);
+            let _ = running.finish();
+            return Err(e);
+        }
         let deadline = running.started + opts.timeout;
         let mut stdout = CappedOutput::new(opts.output_cap);
         let mut stderr = CappedOutput::new(opts.output_cap);
