@@ -19,7 +19,7 @@ pub const PACKAGES_DIR: &str = "/workspace/.runcell/site-packages";
 /// A session's `network` (OpenAI's container shape).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "type", rename_all = "snake_case", try_from = "RawPolicy")]
 pub enum NetworkPolicy {
     /// No network at all (the default): the sandbox has only its loopback.
     #[default]
@@ -34,6 +34,43 @@ pub enum NetworkPolicy {
         #[serde(default)]
         domain_secrets: Vec<DomainSecretSpec>,
     },
+}
+
+/// What a request's `network` may hold: read whole, so that a field the type does not take
+/// (`allowed_domains` on `disabled`) is refused rather than ignored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(rename = "type")]
+    kind: PolicyKind,
+    allowed_domains: Option<Vec<String>>,
+    domain_secrets: Option<Vec<DomainSecretSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum PolicyKind {
+    Disabled,
+    Allowlist,
+}
+
+impl TryFrom<RawPolicy> for NetworkPolicy {
+    type Error = &'static str;
+    fn try_from(raw: RawPolicy) -> Result<NetworkPolicy, &'static str> {
+        match (raw.kind, raw.allowed_domains, raw.domain_secrets) {
+            (PolicyKind::Disabled, None, None) => Ok(NetworkPolicy::Disabled),
+            (PolicyKind::Disabled, _, _) => {
+                Err("a disabled network takes no allowed_domains or domain_secrets")
+            }
+            (PolicyKind::Allowlist, Some(allowed_domains), secrets) => {
+                Ok(NetworkPolicy::Allowlist {
+                    allowed_domains,
+                    domain_secrets: secrets.unwrap_or_default(),
+                })
+            }
+            (PolicyKind::Allowlist, None, _) => Err("an allowlist needs allowed_domains"),
+        }
+    }
 }
 
 /// One `domain_secrets` entry.
