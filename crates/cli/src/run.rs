@@ -63,7 +63,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
             domain_secrets: Vec::new(),
         };
     }
-    let engine = crate::engine_with_network(
+    let engine = crate::engines::engine_with_network(
         data_dir,
         runcell_engine::NetworkConfig {
             allow_domains: args.allow_domains,

@@ -153,7 +153,7 @@ pub struct Execution {
     /// Every connection through the egress proxy during the execution (empty without a
     /// network policy).
     #[serde(default)]
-    pub network: Vec<crate::network::NetworkConnection>,
+    pub network: Vec<crate::network::policy::NetworkConnection>,
     #[serde(serialize_with = "rfc3339")]
     pub started_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
@@ -195,6 +195,39 @@ pub fn new_ordered_id(prefix: &str) -> String {
     format!("{prefix}_{time}{}", random_chars())
 }
 
+/// How a Python session's kernel starts (DESIGN.md §11).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// Forked from the preloaded zygote when it is ready (fast; the default for Python):
+    /// every such session shares the zygote's hash secret and address-space layout.
+    #[default]
+    Zygote,
+    /// A fresh interpreter of its own (its own ASLR layout and hash secret), slower to start.
+    Cold,
+}
+
+impl Start {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Start::Zygote => "zygote",
+            Start::Cold => "cold",
+        }
+    }
+}
+
+impl std::str::FromStr for Start {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "zygote" => Ok(Start::Zygote),
+            "cold" => Ok(Start::Cold),
+            other => Err(format!("unknown start {other:?}: zygote or cold")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,7 +264,7 @@ mod tests {
                 peak_memory_bytes: 3,
                 killed_by: Some(KilledBy::Oom),
             },
-            network: vec![crate::network::NetworkConnection {
+            network: vec![crate::network::policy::NetworkConnection {
                 domain: "pypi.org".into(),
                 port: 443,
                 allowed: true,
