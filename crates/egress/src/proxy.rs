@@ -164,6 +164,12 @@ impl SessionEgress {
         &self.state.policy
     }
 
+    /// The same policy with records and counters of its own: for a sandbox beside the
+    /// session's (a command), whose connections are its own execution's.
+    pub fn sibling(&self) -> SessionEgress {
+        self.egress.session(self.state.policy.clone())
+    }
+
     /// Serves `listener` (a sandbox's egress socket) until the returned guard is dropped.
     pub fn serve(&self, listener: std::net::TcpListener) -> io::Result<Serving> {
         let handle = self.egress.handle()?;

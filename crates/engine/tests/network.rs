@@ -117,6 +117,15 @@ fn check_session(engine: &Engine, start: Start) {
     );
     // A cell without connections records none.
     assert!(exec(engine, &info.id, "1").network.is_empty());
+    // A command beside the kernel has the same way out (pip from the bash tool).
+    let out = engine
+        .run_command(
+            &info.id,
+            &format!("curl -s http://127.0.0.2:{port}/x || python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.2:{port}/x').read().decode(), end='')\""),
+            None,
+        )
+        .expect("command");
+    assert_eq!(out.stdout, "hello from the host", "{out:?}");
     engine.sessions().delete(&info.id).expect("delete");
 }
 

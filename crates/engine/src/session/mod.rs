@@ -476,6 +476,7 @@ impl SessionManager {
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
             workspace: workspace.clone(),
+            egress: egress.clone(),
             reservation: Mutex::new(Some(reservation)),
             runner: Arc::new(tokio::sync::Mutex::new(Runner {
                 core: self.core.clone(),
@@ -774,6 +775,14 @@ impl SessionManager {
     /// The session's workspace, for host-side file operations (confined to it).
     pub(crate) fn workspace(&self, id: &str) -> Result<Arc<Workspace>, EngineError> {
         Ok(self.entry(id)?.workspace.clone())
+    }
+
+    /// The session's proxy state, with a network policy.
+    pub(crate) fn egress(
+        &self,
+        id: &str,
+    ) -> Result<Option<runcell_egress::SessionEgress>, EngineError> {
+        Ok(self.entry(id)?.egress.clone())
     }
 
     fn expire_idle(&self) {
