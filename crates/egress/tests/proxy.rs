@@ -242,3 +242,59 @@ fn hello(sni: Option<&str>) -> Vec<u8> {
     rec.extend_from_slice(&hs);
     rec
 }
+
+fn limited(limits: EgressLimits) -> (SessionEgress, Serving, u16) {
+    let egress = Egress::new(vec!["127.0.0.0/8".parse().expect("cidr")], limits);
+    let policy = PolicyBounds {
+        domains: vec![runcell_egress::DomainPattern::Any],
+    }
+    .check(&["127.0.0.1".to_owned()], &[])
+    .expect("policy");
+    let session = egress.session(policy);
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let serving = session.serve(l).expect("serve");
+    (session, serving, port)
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_and_bytes_past_the_budget_cut() {
+    let up = echo_server();
+    let (session, _serving, port) = limited(EgressLimits {
+        max_connections: 1,
+        ..EgressLimits::default()
+    });
+    // One tunnel held open, then a second connection: over the limit of one.
+    let mut first = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    first
+        .write_all(format!("CONNECT 127.0.0.1:{up} HTTP/1.1\r\n\r\n").as_bytes())
+        .expect("write");
+    let mut ok = [0u8; 39];
+    first.read_exact(&mut ok).expect("established");
+    assert_eq!(&ok, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+    let reply = ask(
+        port,
+        format!("CONNECT 127.0.0.1:{up} HTTP/1.1\r\n\r\n").as_bytes(),
+    );
+    assert!(
+        reply.contains("this session already has 1 connections open (the limit)"),
+        "{reply}"
+    );
+    drop(first);
+    assert_eq!(session.take_records().len(), 2);
+
+    // 250 bytes per execution: a request head over it is cut before the answer comes back.
+    let (session, _serving, port) = limited(EgressLimits {
+        max_bytes_per_execution: 250,
+        ..EgressLimits::default()
+    });
+    let big = format!(
+        "GET http://127.0.0.1:{up}/{} HTTP/1.1\r\n\r\n",
+        "x".repeat(400)
+    );
+    assert_eq!(ask(port, big.as_bytes()), "");
+    let small = format!("GET http://127.0.0.1:{up}/ HTTP/1.1\r\n\r\n");
+    // The window is the execution's: a new one (take_records) starts from zero.
+    session.take_records();
+    assert!(ask(port, small.as_bytes()).starts_with("HTTP/1.1 200 OK"));
+}
