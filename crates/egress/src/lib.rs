@@ -18,4 +18,4 @@ mod tls;
 
 pub use addr::{Cidr, CidrError};
 pub use policy::{DomainPattern, DomainSecret, PatternError, Policy, PolicyBounds, PolicyError};
-pub use proxy::{ConnectionRecord, Egress, EgressLimits, Serving, SessionEgress};
+pub use proxy::{ConnectionRecord, Egress, EgressLimits, Serving, SessionEgress, MAX_RECORDS};

@@ -40,6 +40,9 @@ impl Default for EgressLimits {
     }
 }
 
+/// Connections recorded per execution (see [`SessionEgress::take_records`]).
+pub const MAX_RECORDS: usize = 1000;
+
 /// One connection a sandbox made through the proxy, as the Execution records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionRecord {
@@ -266,7 +269,14 @@ async fn connection(mut client: TcpStream, state: Arc<SessionState>, inner: Arc<
         bytes_out: AtomicU64::new(0),
         bytes_in: AtomicU64::new(0),
     });
-    lock(&state.records).push(conn.clone());
+    {
+        // A loop of refused connections must not grow the Execution (and the audit log)
+        // without bound: past this many, connections still run, unrecorded.
+        let mut records = lock(&state.records);
+        if records.len() < MAX_RECORDS {
+            records.push(conn.clone());
+        }
+    }
     if open > inner.limits.max_connections {
         let msg = format!(
             "runcell egress: refused {}:{}: this session already has {} connections open (the limit)",

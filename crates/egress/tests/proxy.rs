@@ -298,3 +298,12 @@ fn connections_past_the_limit_are_refused_and_bytes_past_the_budget_cut() {
     session.take_records();
     assert!(ask(port, small.as_bytes()).starts_with("HTTP/1.1 200 OK"));
 }
+
+#[test]
+fn an_execution_records_at_most_so_many_connections() {
+    let (session, _serving, port) = proxy(&[], &["127.0.0.1"], &[]);
+    for _ in 0..runcell_egress::MAX_RECORDS + 5 {
+        ask(port, b"CONNECT example.org:443 HTTP/1.1\r\n\r\n");
+    }
+    assert_eq!(session.take_records().len(), runcell_egress::MAX_RECORDS);
+}
