@@ -579,7 +579,7 @@ fn count(counter: &AtomicU64, n: usize, state: &SessionState, inner: &Inner) -> 
 async fn refuse(client: &mut TcpStream, conn: Option<&Conn>, refusal: Refusal) {
     if let Some(c) = conn {
         *lock(&c.refused) = Some(refusal.message.clone());
-        tracing::info!(domain = %c.domain, port = c.port, refused = %refusal.message, "egress refused");
+        tracing::debug!(domain = %c.domain, port = c.port, refused = %refusal.message, "egress refused");
     }
     let body = format!("{}\n", refusal.message);
     // The reason phrase carries the sentence too: clients that report only the status line
