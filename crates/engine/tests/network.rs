@@ -126,6 +126,11 @@ fn check_session(engine: &Engine, start: Start) {
         )
         .expect("command");
     assert_eq!(out.stdout, "hello from the host", "{out:?}");
+    // A restarted kernel is a new sandbox, with a new egress socket served by the same policy.
+    engine.sessions().restart(&info.id).expect("restart");
+    let e = exec(engine, &info.id, &fetch(port, "127.0.0.2"));
+    assert_eq!(e.stdout, "hello from the host\n", "{e:?}");
+    assert_eq!(e.network.len(), 1);
     engine.sessions().delete(&info.id).expect("delete");
 }
 
