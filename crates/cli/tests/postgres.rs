@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::serve::{data_dir, runcell, serve};
+use common::serve::{data_dir, runcell, serve, UnmountOnDrop};
 use serde_json::{json, Value};
 
 /// The global flags every command on the shared database takes.
@@ -66,6 +66,7 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
     let flags = shared(&url, keys.path());
     let (data_a, data_b): (PathBuf, PathBuf) =
         (data_dir("runcell-pg-a-"), data_dir("runcell-pg-b-"));
+    let _unmount_a = UnmountOnDrop(data_a.clone());
 
     let out = cli(&data_a, &flags)
         .args(["keys", "create", "--name", "ci", "--tenant", "team-a"])
@@ -274,8 +275,10 @@ fn three_nodes_route_session_requests_to_their_owner() {
         .to_owned();
     let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    let data_a = data_dir("runcell-pg-a-");
+    let _unmount_a = UnmountOnDrop(data_a.clone());
     let mut a = node_on(
-        &data_dir("runcell-pg-a-"),
+        &data_a,
         common::serve::free_port(),
         &node_flags,
     );

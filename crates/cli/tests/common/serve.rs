@@ -56,6 +56,30 @@ impl Drop for Serve {
     }
 }
 
+/// Unmounts, when dropped, whatever is still mounted under a data dir — what a `kill -9`ed
+/// server leaves on purpose (its workspace images stay mounted for the next start to adopt).
+/// Without it every such test leaks its spare images' loop devices on the host.
+#[allow(dead_code)] // not every test binary that includes this module kills a server
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+            return;
+        };
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| Path::new(m).starts_with(&self.0))
+            .collect();
+        // Deepest first: a workspace bound inside another mount goes before it.
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in under {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
