@@ -15,6 +15,7 @@ mod model;
 mod oneshot;
 mod pool;
 mod records;
+mod rich;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
@@ -46,6 +47,7 @@ pub use model::{
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
+pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,

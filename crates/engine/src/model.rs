@@ -91,12 +91,37 @@ pub struct Truncated {
     pub files: bool,
 }
 
-/// A Jupyter MIME bundle.
+/// A Jupyter MIME bundle, and the data of the chart it pictures.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultItem {
     pub is_main_result: bool,
     pub data: BTreeMap<String, String>,
+    /// What a matplotlib figure plots (E2B's chart shape: `type`, `title`, axes, `elements`),
+    /// beside its PNG; absent for anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub chart: Option<serde_json::Value>,
+}
+
+/// The key under which the Python kernel sends a figure's chart inside its bundle
+/// (`crates/kernel/python/runcell_charts.py`); [`ResultItem::new`] moves it to `chart`.
+const CHART_MIME: &str = "application/vnd.runcell.chart+json";
+
+impl ResultItem {
+    /// A result from a kernel's bundle: the chart it carries leaves `data` for `chart` (a
+    /// chart that is not a JSON object is dropped).
+    pub fn new(is_main_result: bool, mut data: BTreeMap<String, String>) -> ResultItem {
+        let chart = data
+            .remove(CHART_MIME)
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .filter(|chart| chart.is_object());
+        ResultItem {
+            is_main_result,
+            data,
+            chart,
+        }
+    }
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -240,6 +265,27 @@ mod tests {
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
               "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
         );
+    }
+
+    #[test]
+    fn a_bundles_chart_moves_to_the_result() {
+        let bundle = |chart: &str| {
+            BTreeMap::from([
+                ("image/png".to_owned(), "iVBO".to_owned()),
+                (CHART_MIME.to_owned(), chart.to_owned()),
+            ])
+        };
+        let r = ResultItem::new(false, bundle(r#"{"type":"line","elements":[]}"#));
+        assert_eq!(r.data.keys().collect::<Vec<_>>(), ["image/png"]);
+        assert_eq!(
+            serde_json::to_value(&r).expect("json"),
+            serde_json::json!({"is_main_result":false,"data":{"image/png":"iVBO"},
+              "chart":{"type":"line","elements":[]}})
+        );
+        for broken in ["[1]", "{", "null"] {
+            let r = ResultItem::new(true, bundle(broken));
+            assert_eq!((r.chart, r.data.len()), (None, 1), "{broken}");
+        }
     }
 
     #[test]

@@ -376,32 +376,37 @@ pub fn execution_output(e: &Execution) -> ToolOutput {
         section(&mut text, "stderr", &e.stderr);
     }
     for r in &e.results {
-        if let Some(png) = r.data.get("image/png") {
-            images.push(ToolImage {
-                mime: "image/png".into(),
-                data_base64: png.clone(),
-            });
-            continue;
-        }
-        let Some(plain) = r.data.get("text/plain") else {
-            continue;
+        let label = if r.is_main_result {
+            "result"
+        } else {
+            "display"
         };
-        section(
-            &mut text,
-            if r.is_main_result {
-                "result"
-            } else {
-                "display"
-            },
-            plain,
-        );
+        let view = crate::rich::model_view(r, label);
+        if let Some((mime, data_base64)) = view.image {
+            images.push(ToolImage {
+                mime: mime.into(),
+                data_base64,
+            });
+        }
+        for (label, body) in &view.sections {
+            section(&mut text, label, body);
+        }
     }
     if !images.is_empty() {
+        let kinds: std::collections::BTreeSet<&str> = images
+            .iter()
+            .map(|i| i.mime.trim_start_matches("image/"))
+            .collect();
+        let kinds = kinds
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("/")
+            .to_uppercase();
         line(
             &mut text,
             "images",
             &format!(
-                "{} PNG image{} attached",
+                "{} {kinds} image{} attached",
                 images.len(),
                 if images.len() == 1 { "" } else { "s" }
             ),

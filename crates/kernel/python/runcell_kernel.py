@@ -49,6 +49,12 @@ except ImportError as _exc:  # a kernel copied without it still runs cells
     _snapshot_import_error = _exc
 
 try:
+    # Chart data of matplotlib figures (issue 24), beside this file like runcell_snapshot.
+    import runcell_charts
+except ImportError:  # figures still come back as PNGs
+    runcell_charts = None
+
+try:
     # The C functions behind `signal`: its Python wrappers convert every argument and result
     # to enums, which cost more than the system calls themselves on the per-cell path.
     import _signal as _sig
@@ -327,7 +333,15 @@ def _library_reprs(obj):
         except Exception as exc:
             _warn(f"could not render the figure: {type(exc).__name__}: {exc}")
             return {}
-        return {"image/png": png} if png is not None else {}
+        if png is None:
+            return {}
+        # After the PNG: drawing it settles tick labels. The host moves the chart out of the
+        # bundle into the result's `chart`.
+        try:
+            chart = runcell_charts.figure_chart(obj) if runcell_charts is not None else None
+        except Exception:
+            chart = None  # never a failed cell over its chart data
+        return {"image/png": png, runcell_charts.CHART_MIME: chart} if chart else {"image/png": png}
     return {}
 
 
@@ -730,6 +744,9 @@ class Kernel:
             self.patch_pyplot(pyplot)
 
     def patch_pyplot(self, pyplot):
+        axes = sys.modules.get("matplotlib.axes")
+        if runcell_charts is not None and axes is not None:
+            runcell_charts.install(axes.Axes)  # box plots' statistics, for their chart data
         if getattr(pyplot.show, "_runcell", False):
             return
         kernel = self

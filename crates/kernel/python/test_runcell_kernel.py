@@ -800,5 +800,155 @@ class MatplotlibTests(KernelTestCase):
         self.assertEqual(outcome.displays, [{"text/plain": "<Figure size 640x480 with 0 Axes>"}])
 
 
+CHART_MIME = "application/vnd.runcell.chart+json"
+
+
+@unittest.skipUnless(has_module("matplotlib"), "matplotlib is not installed")
+class ChartTests(KernelTestCase):
+    """Chart data of figures (issue 24): the values extracted are the values plotted."""
+
+    def chart(self, code):
+        outcome = self.run_ok("import matplotlib.pyplot as plt\n" + code)
+        self.assertEqual(len(outcome.displays), 1, outcome.messages)
+        data = outcome.displays[0]
+        self.assertTrue(base64.b64decode(data["image/png"]).startswith(PNG_SIGNATURE))
+        return json.loads(data[CHART_MIME]) if CHART_MIME in data else None
+
+    def test_line(self):
+        chart = self.chart(
+            "plt.plot([1, 2, 3], [4.5, 5, -6], label='speed')\nplt.plot([0, 1], [1, 0])\n"
+            "plt.title('T')\nplt.xlabel('time (s)')\nplt.ylabel('v [m/s]')\nplt.grid(True)\n"
+            "plt.axhline(0)\nplt.xticks([1, 2, 3], ['a', 'b', 'c'])\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "line")
+        self.assertEqual((chart["title"], chart["x_label"], chart["y_label"]), ("T", "time (s)", "v [m/s]"))
+        self.assertEqual((chart["x_unit"], chart["y_unit"]), ("s", "m/s"))
+        self.assertEqual(chart["elements"], [
+            {"label": "speed", "points": [[1, 4.5], [2, 5], [3, -6]]},
+            {"label": "Line 2", "points": [[0, 1], [1, 0]]},
+        ])
+        self.assertEqual((chart["x_ticks"], chart["x_tick_labels"]), ([1, 2, 3], ["a", "b", "c"]))
+        self.assertEqual(chart["x_scale"], "linear")
+        self.assertEqual(len(chart["y_ticks"]), len(chart["y_tick_labels"]))
+
+    def test_line_of_dates_and_nan(self):
+        chart = self.chart(
+            "import datetime\nd = [datetime.datetime(2024, 1, 1), datetime.datetime(2024, 1, 2)]\n"
+            "plt.plot(d, [1, float('nan')])\nplt.show()"
+        )
+        self.assertEqual(chart["x_scale"], "datetime")
+        self.assertEqual(chart["elements"][0]["points"], [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", None]])
+        self.assertTrue(all(isinstance(t, str) for t in chart["x_ticks"]))
+
+    def test_scatter(self):
+        chart = self.chart("plt.scatter([1, 2, 3], [0.5, 0.25, 2], label='s')\nplt.scatter([9], [9])\nplt.yscale('log')\nplt.show()")
+        self.assertEqual(chart["type"], "scatter")
+        self.assertEqual(chart["y_scale"], "log")
+        self.assertEqual(chart["elements"], [
+            {"label": "s", "points": [[1, 0.5], [2, 0.25], [3, 2]]},
+            {"label": "Series 2", "points": [[9, 9]]},
+        ])
+
+    def test_bar_vertical_horizontal_and_grouped(self):
+        chart = self.chart("plt.bar(['x', 'y', 'z'], [3, 1.5, 2], label='n')\nplt.ylabel('count')\nplt.show()")
+        self.assertEqual(chart["type"], "bar")
+        self.assertEqual(chart["x_scale"], "categorical")
+        self.assertEqual(chart["elements"], [
+            {"label": "x", "group": "n", "value": 3},
+            {"label": "y", "group": "n", "value": 1.5},
+            {"label": "z", "group": "n", "value": 2},
+        ])
+        chart = self.chart("plt.barh(['p', 'q'], [5, 7])\nplt.show()")
+        self.assertEqual([(e["label"], e["value"]) for e in chart["elements"]], [("p", 5), ("q", 7)])
+        chart = self.chart(
+            "import numpy as np\nx = np.arange(2)\nplt.bar(x - 0.2, [1, 2], 0.4, label='a')\n"
+            "plt.bar(x + 0.2, [3, 4], 0.4, label='b')\nplt.xticks(x, ['m', 'n'])\nplt.show()"
+        )
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("m", "a", 1), ("n", "a", 2), ("m", "b", 3), ("n", "b", 4)])
+
+    def test_histogram(self):
+        chart = self.chart("plt.hist([1, 2, 2, 3, 3, 3, 4], bins=[1, 2, 3, 4], label='h')\nplt.show()")
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(chart["elements"], [{"label": "h", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 4]}])
+
+    def test_pie(self):
+        chart = self.chart("plt.pie([1, 2, 5], labels=['a', 'b', 'c'])\nplt.title('P')\nplt.show()")
+        self.assertEqual(chart, {"type": "pie", "title": "P", "elements": [
+            {"label": "a", "angle": 45, "radius": 1},
+            {"label": "b", "angle": 90, "radius": 1},
+            {"label": "c", "angle": 225, "radius": 1},
+        ]})
+
+    def test_box_and_whisker(self):
+        chart = self.chart(
+            "plt.boxplot([[1, 2, 3, 4, 5, 50], [2, 3, 4]], tick_labels=['p', 'q'])\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "box_and_whisker")
+        self.assertEqual(chart["elements"], [
+            {"label": "p", "min": 1, "first_quartile": 2.25, "median": 3.5, "third_quartile": 4.75, "max": 5, "outliers": [50]},
+            {"label": "q", "min": 2, "first_quartile": 2.5, "median": 3, "third_quartile": 3.5, "max": 4, "outliers": []},
+        ])
+
+    def test_subplots_are_a_superchart(self):
+        chart = self.chart(
+            "fig, (a, b) = plt.subplots(1, 2)\na.plot([1, 2], [3, 4])\nb.pie([1, 1])\n"
+            "fig.suptitle('both')\nplt.show()"
+        )
+        self.assertEqual((chart["type"], chart["title"]), ("superchart", "both"))
+        self.assertEqual([c["type"] for c in chart["elements"]], ["line", "pie"])
+        self.assertEqual(chart["elements"][0]["elements"][0]["points"], [[1, 3], [2, 4]])
+
+    def test_unclassifiable_is_unknown_and_empty_is_chartless(self):
+        chart = self.chart("plt.imshow([[0, 1], [1, 0]])\nplt.title('img')\nplt.show()")
+        self.assertEqual((chart["type"], chart["title"], chart["elements"]), ("unknown", "img", []))
+        chart = self.chart("plt.plot([1, 2])\nplt.scatter([0, 1], [0, 1])\nplt.show()")
+        self.assertEqual(chart["type"], "unknown")
+        chart = self.chart("plt.plot([1, 2])\nplt.fill_between([0, 1], [0, 1], alpha=0.2)\nplt.show()")
+        self.assertEqual((chart["type"], chart["elements"][0]["points"]), ("line", [[0, 1], [1, 2]]))
+        chart = self.chart("plt.gca().set_title('nothing')\nplt.show()")
+        self.assertIsNone(chart)
+
+    def test_a_figure_that_breaks_extraction_still_shows(self):
+        chart = self.chart(
+            "import runcell_charts\nruncell_charts._classify = lambda ax: 1 / 0\nplt.plot([1, 2])\nplt.show()"
+        )
+        self.assertEqual((chart["type"], chart["elements"]), ("unknown", []))
+        self.assertIsNone(self.chart("runcell_charts.figure_chart = None\nplt.plot([1, 2])\nplt.show()"))
+
+    @unittest.skipUnless(has_module("pandas"), "pandas is not installed")
+    def test_pandas_plots(self):
+        self.run_ok("import pandas as pd")
+        chart = self.chart("pd.DataFrame({'u': [1, 2], 'v': [3, 4]}, index=['r', 's']).plot.bar()\nplt.show()")
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("r", "u", 1), ("s", "u", 2), ("r", "v", 3), ("s", "v", 4)])
+        chart = self.chart(
+            "pd.Series([1, 3, 2], index=pd.date_range('2024-01-01', periods=3, freq='D')).plot()\nplt.show()"
+        )
+        self.assertEqual(chart["elements"][0]["points"],
+                         [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", 3], ["2024-01-03T00:00:00", 2]])
+        chart = self.chart("pd.DataFrame({'a': [1, 2, 3, 4, 5]}).plot.box()\nplt.show()")
+        self.assertEqual(chart["elements"][0]["label"], "a")
+        self.assertEqual(chart["elements"][0]["median"], 3)
+        chart = self.chart("pd.Series([1, 2, 2, 3]).plot.hist(bins=2)\nplt.show()")
+        self.assertEqual(chart["elements"][0]["counts"], [1, 3])
+
+    @unittest.skipUnless(has_module("seaborn") and has_module("pandas"), "seaborn is not installed")
+    def test_seaborn_plots(self):
+        self.run_ok("import seaborn as sns")
+        chart = self.chart("sns.barplot(x=['a', 'b', 'a', 'b'], y=[1, 2, 3, 4], hue=['h', 'h', 'k', 'k'])\nplt.show()")
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("a", "h", 1), ("b", "h", 2), ("a", "k", 3), ("b", "k", 4)])
+        chart = self.chart("sns.boxplot(x=['a', 'a', 'a', 'b', 'b', 'b'], y=[1, 2, 3, 4, 5, 6])\nplt.show()")
+        self.assertEqual([(e["label"], e["median"]) for e in chart["elements"]], [("a", 2), ("b", 5)])
+        chart = self.chart("sns.histplot([1, 2, 2, 3, 3, 3], bins=3)\nplt.show()")
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(chart["elements"][0]["counts"], [1, 2, 3])
+        chart = self.chart("sns.scatterplot(x=[1, 2], y=[3, 4])\nplt.show()")
+        self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4]])
+        chart = self.chart("sns.lineplot(x=[1, 2, 3], y=[3, 4, 5])\nplt.show()")
+        self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4], [3, 5]])
+
+
 if __name__ == "__main__":
     unittest.main()
