@@ -270,6 +270,7 @@ REPR_METHODS = (
     ("image/jpeg", "_repr_jpeg_"),
     ("text/latex", "_repr_latex_"),
     ("application/json", "_repr_json_"),
+    ("application/pdf", "_repr_pdf_"),
 )
 PRETTY_TYPES = (dict, list, tuple, set, frozenset)
 # Builtin types have no _repr_*_ methods (their attributes cannot be added) and no library
@@ -599,7 +600,7 @@ class IPythonFallback:
             module.get_ipython = lambda: None  # "not inside IPython": libraries fall back to plain mode
         elif module.__name__.endswith(".display"):
             module.clear_output = lambda wait=False: None
-            for cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+            for cls in (HTML, Markdown, Latex, Math, SVG, JSON, Image):
                 setattr(module, cls.__name__, cls)
 
 
@@ -639,6 +640,13 @@ class Markdown(_DisplayObject):
 class Latex(_DisplayObject):
     def _repr_latex_(self):
         return self.data
+
+
+class Math(_DisplayObject):
+    """A formula, as IPython writes it: display-style LaTeX between dollars."""
+
+    def _repr_latex_(self):
+        return f"$\\displaystyle {self.data.strip('$')}$"
 
 
 class SVG(_DisplayObject):
@@ -688,7 +696,7 @@ class Image(_DisplayObject):
         return None
 
 
-for _cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+for _cls in (HTML, Markdown, Latex, Math, SVG, JSON, Image):
     _cls.__module__ = "IPython.display"
 del _cls
 

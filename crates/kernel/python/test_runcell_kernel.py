@@ -535,6 +535,34 @@ NoRepr()
         outcome = self.run_ok("display({'text/html': '<p>x</p>', 'text/plain': 'x'}, raw=True)")
         self.assertEqual(outcome.displays, [{"text/html": "<p>x</p>", "text/plain": "x"}])
 
+    def test_every_rich_mime_type(self):
+        code = """
+class Doc:
+    def _repr_pdf_(self): return b'%PDF-1.4 fake'
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {'application/vnd.vegalite.v5+json': {'mark': 'bar', 'data': {'values': [{'a': 1}]}},
+                'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'y': [1, 2]}], 'layout': {}}}
+    def _repr_jpeg_(self): return b'\\xff\\xd8\\xff fake'
+Doc()
+"""
+        data = self.run_ok(code).result
+        self.assertEqual(base64.b64decode(data["application/pdf"]), b"%PDF-1.4 fake")
+        self.assertEqual(base64.b64decode(data["image/jpeg"]), b"\xff\xd8\xff fake")
+        self.assertEqual(json.loads(data["application/vnd.vegalite.v5+json"])["mark"], "bar")
+        self.assertEqual(json.loads(data["application/vnd.plotly.v1+json"])["data"][0]["y"], [1, 2])
+
+    @unittest.skipIf(has_module("IPython"), "the real IPython is installed")
+    def test_ipython_fallback_math_svg_json_and_jpeg(self):
+        code = (
+            "from IPython.display import Math, SVG, JSON, Image\n"
+            "display(Math('x^2'), SVG('<svg/>'), JSON({'a': 1}), Image(data=b'\\xff\\xd8\\xffjpeg'))"
+        )
+        displays = self.run_ok(code).displays
+        self.assertEqual(displays[0]["text/latex"], "$\\displaystyle x^2$")
+        self.assertEqual(displays[1]["image/svg+xml"], "<svg/>")
+        self.assertEqual(json.loads(displays[2]["application/json"]), {"a": 1})
+        self.assertEqual(base64.b64decode(displays[3]["image/jpeg"]), b"\xff\xd8\xffjpeg")
+
     @unittest.skipIf(has_module("IPython"), "the real IPython is installed")
     def test_ipython_display_fallback(self):
         code = "from IPython.display import display, HTML, Markdown\nfrom IPython import get_ipython\ndisplay(HTML('<b>x</b>'), Markdown('*y*'))\nget_ipython()"
