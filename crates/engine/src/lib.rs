@@ -14,6 +14,7 @@ mod limits;
 mod model;
 mod oneshot;
 mod pool;
+mod provenance;
 mod records;
 mod rich;
 mod session;
@@ -46,6 +47,7 @@ pub use model::{
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
+pub use provenance::{producer, sha256_hex, sha256_of, MAX_HASHED_BYTES};
 pub use records::ExecutionPage;
 pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};

@@ -148,6 +148,10 @@ pub struct FileChange {
     pub size: u64,
     pub mime: String,
     pub change: FileChangeKind,
+    /// SHA-256 of the content the run left, hex: absent for a deleted file, and for one the
+    /// run's hashing budget did not reach (see [`MAX_HASHED_BYTES`](crate::MAX_HASHED_BYTES)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -245,6 +249,7 @@ mod tests {
                 size: 3,
                 mime: "image/png".into(),
                 change: FileChangeKind::Created,
+                sha256: Some("ab".repeat(32)),
             }],
             usage: UsageInfo {
                 wall_ms: 1,
@@ -261,7 +266,7 @@ mod tests {
             serde_json::json!({"id":"ex_1","session_id":null,"language":"python","execution_count":1,
               "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false,"results":false,"files":false},
               "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
-              "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
+              "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created","sha256":"ab".repeat(32)}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
               "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
         );

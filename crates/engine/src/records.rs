@@ -65,7 +65,7 @@ impl Records {
 
 /// The tenant an owner's records are kept under: the engine's callers without tenants (a
 /// local engine's empty owner) share the server's open tenant.
-fn tenant(owner: &str) -> &str {
+pub(crate) fn tenant(owner: &str) -> &str {
     if owner.is_empty() {
         OPEN_TENANT
     } else {
