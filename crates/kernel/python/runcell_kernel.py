@@ -598,6 +598,10 @@ class IPythonFallback:
         module.display = self.display
         if module.__name__ == "IPython":
             module.get_ipython = lambda: None  # "not inside IPython": libraries fall back to plain mode
+            # Libraries that find `IPython` imported read its version (matplotlib's first
+            # figure does): one recent enough that they ask no more of it than get_ipython().
+            module.version_info = (8, 24, 0, "")
+            module.__version__ = "8.24.0"
         elif module.__name__.endswith(".display"):
             module.clear_output = lambda wait=False: None
             for cls in (HTML, Markdown, Latex, Math, SVG, JSON, Image):

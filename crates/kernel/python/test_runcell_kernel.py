@@ -563,6 +563,12 @@ Doc()
         self.assertEqual(json.loads(displays[2]["application/json"]), {"a": 1})
         self.assertEqual(base64.b64decode(displays[3]["image/jpeg"]), b"\xff\xd8\xffjpeg")
 
+    @unittest.skipIf(has_module("IPython") or not has_module("matplotlib"), "needs the fallback and matplotlib")
+    def test_figures_after_the_ipython_fallback_is_imported(self):
+        # matplotlib's first figure reads IPython.version_info once IPython is imported.
+        outcome = self.run_ok("from IPython.display import Markdown\nimport matplotlib.pyplot as plt\nplt.plot([1])\nplt.show()")
+        self.assertIn("image/png", outcome.displays[0])
+
     @unittest.skipIf(has_module("IPython"), "the real IPython is installed")
     def test_ipython_display_fallback(self):
         code = "from IPython.display import display, HTML, Markdown\nfrom IPython import get_ipython\ndisplay(HTML('<b>x</b>'), Markdown('*y*'))\nget_ipython()"
