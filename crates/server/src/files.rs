@@ -126,7 +126,6 @@ pub async fn upload_multipart(
 pub struct GetFileQuery {
     /// Present (with any value, usually none: `?provenance`): instead of the bytes, a signed
     /// statement of the execution that left the file as it is now.
-    #[param(allow_reserved)]
     pub provenance: Option<String>,
 }
 
