@@ -26,6 +26,10 @@ CHART_MIME = "application/vnd.runcell.chart+json"
 
 MAX_POINTS = 10_000  # per element: a million-point line is not data a model reads
 MAX_ELEMENTS = 1_000  # per chart
+# Per figure, over all its series: what keeps a chart well inside a result's size cap (a
+# chart past the bundle's text limit would be dropped whole). Past it, each series keeps an
+# even share of its points, first points first.
+MAX_FIGURE_POINTS = 50_000
 # "Duration (s)" or "Price [USD]": the unit is what the parentheses or brackets hold.
 _UNIT = re.compile(r"\s\((.*?)\)|\[(.*?)\]")
 
@@ -37,11 +41,26 @@ def figure_chart(figure):
         if not axes or not any(ax.has_data() for ax in axes):
             return None
         if len(axes) == 1:
-            return axes_chart(axes[0])
-        title = _suptitle(figure)
-        return {"type": "superchart", "title": title, "elements": [axes_chart(ax) for ax in axes]}
+            chart = axes_chart(axes[0])
+        else:
+            title = _suptitle(figure)
+            chart = {"type": "superchart", "title": title, "elements": [axes_chart(ax) for ax in axes]}
+        _bound_points(chart)
+        return chart
     except Exception:
         return None
+
+
+def _bound_points(chart):
+    """Cut the series of `chart` to MAX_FIGURE_POINTS points in all (see there)."""
+    charts = chart["elements"] if chart["type"] == "superchart" else [chart]
+    series = [e for c in charts for e in c.get("elements", ()) if "points" in e]
+    total = sum(len(e["points"]) for e in series)
+    if total <= MAX_FIGURE_POINTS:
+        return
+    share = max(1, MAX_FIGURE_POINTS // len(series))
+    for e in series:
+        del e["points"][share:]
 
 
 def axes_chart(ax):

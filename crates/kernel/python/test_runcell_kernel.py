@@ -874,6 +874,12 @@ class ChartTests(KernelTestCase):
         self.assertEqual(chart["elements"][0]["points"], [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", None]])
         self.assertTrue(all(isinstance(t, str) for t in chart["x_ticks"]))
 
+    def test_long_series_are_bounded(self):
+        # 10 000 points a series at most, 50 000 a figure: six series keep 8 333 each.
+        chart = self.chart("for i in range(6):\n    plt.plot(range(12_000))\nplt.show()")
+        self.assertEqual([len(e["points"]) for e in chart["elements"]], [8_333] * 6)
+        self.assertEqual(chart["elements"][5]["points"][-1], [8_332, 8_332])
+
     def test_scatter(self):
         chart = self.chart("plt.scatter([1, 2, 3], [0.5, 0.25, 2], label='s')\nplt.scatter([9], [9])\nplt.yscale('log')\nplt.show()")
         self.assertEqual(chart["type"], "scatter")
