@@ -93,8 +93,14 @@ def _classify(ax):
     boxes = _recorded_boxes(ax)
     if boxes:
         return "box_and_whisker", boxes
-    # Error bars, axhline/axvline and grid-like rules are decorations, not series.
-    lines = [line for line in ax.lines if isinstance(line, mlines.Line2D) and not _is_rule(line)]
+    hists = _recorded_hists(ax)
+    if hists:
+        return "histogram", hists
+    # Error bars, axhline/axvline and grid-like rules are decorations, not series; lines
+    # without points are legend handles (seaborn's).
+    lines = [
+        line for line in ax.lines if isinstance(line, mlines.Line2D) and len(line.get_xdata(orig=False)) and not _is_rule(line)
+    ]
     bars = [c for c in ax.containers if isinstance(c, mcontainer.BarContainer)]
     collections = list(ax.collections)
     patches = list(ax.patches)
@@ -102,17 +108,22 @@ def _classify(ax):
         return "unknown", []
     if patches and not lines and not collections and all(isinstance(p, mpatches.Wedge) for p in patches):
         return "pie", [_wedge(p) for p in patches]
-    if bars and not lines and not collections:
+    if bars and not collections:
         in_bars = {id(p) for c in bars for p in c}
         # Beside the bars, only empty rectangles (seaborn's legend handles) may be there.
         if all(id(p) in in_bars or _is_empty_rectangle(p) for p in patches):
-            return _bars(ax, bars)
+            kind, elements = _bars(ax, bars)
+            # A histogram may carry a density line (seaborn's kde=True); bars may not.
+            if kind == "histogram" or not lines:
+                return kind, elements
     if collections and not lines and not patches:
         if all(type(c) is mcollections.PathCollection for c in collections):
-            return "scatter", [_scatter(ax, i, c) for i, c in enumerate(collections)]
-    # Bands (fill_between, seaborn's confidence intervals) go with their lines.
-    bands = all(isinstance(c, mcollections.PolyCollection) for c in collections)
-    if lines and bands and not patches and not bars:
+            return "scatter", [e for i, c in enumerate(collections) for e in _scatter(ax, i, c)]
+    # Bands (fill_between, seaborn's confidence intervals) and error bars go with their lines;
+    # lines of one point each are markers of something else (a violin's median).
+    decorations = all(isinstance(c, (mcollections.PolyCollection, mcollections.LineCollection)) for c in collections)
+    series = any(len(line.get_xdata(orig=False)) > 1 for line in lines)
+    if series and decorations and not patches and not bars:
         return "line", [_line(ax, i, line) for i, line in enumerate(lines)]
     return "unknown", []
 
@@ -147,17 +158,78 @@ def _label(artist, index, word):
 
 
 def _line(ax, index, line):
-    xs = _axis_values(ax.xaxis, line.get_xdata(orig=False))
-    ys = _axis_values(ax.yaxis, line.get_ydata(orig=False))
-    points = [[x, y] for x, y in zip(xs, ys)][:MAX_POINTS]
-    return {"label": _label(line, index, "Line"), "points": points}
+    xs = _axis_values(ax.xaxis, line.get_xdata(orig=False)[:MAX_POINTS])
+    ys = _axis_values(ax.yaxis, line.get_ydata(orig=False)[:MAX_POINTS])
+    points = [[x, y] for x, y in zip(xs, ys)]
+    label = _label(line, index, "Line")
+    if _unlabelled(line):
+        # plt.errorbar labels its container; seaborn's hue, a legend drawn apart.
+        named = [c.get_label() for c in ax.containers if getattr(c, "lines", None) and c.lines[0] is line]
+        if named and not named[0].startswith("_"):
+            label = named[0]
+        else:
+            label = _legend_colours(ax).get(_rgba(line.get_color()), label)
+    return {"label": label, "points": points}
 
 
 def _scatter(ax, index, collection):
-    offsets = collection.get_offsets()
-    xs = _axis_values(ax.xaxis, [row[0] for row in offsets[:MAX_POINTS]])
-    ys = _axis_values(ax.yaxis, [row[1] for row in offsets[:MAX_POINTS]])
-    return {"label": _label(collection, index, "Series"), "points": [[x, y] for x, y in zip(xs, ys)]}
+    """A point set; one coloured by a legend's entries (seaborn's hue) is one per entry."""
+    offsets = collection.get_offsets()[: MAX_POINTS * 10]
+    xs = _axis_values(ax.xaxis, [row[0] for row in offsets])
+    ys = _axis_values(ax.yaxis, [row[1] for row in offsets])
+    label = _label(collection, index, "Series")
+    colours = _legend_colours(ax)
+    faces = collection.get_facecolors()
+    if _unlabelled(collection) and colours and len(faces) == len(offsets) > 1:
+        groups = {}
+        for x, y, face in zip(xs, ys, faces):
+            name = colours.get(_rgba(face))
+            if name is None:
+                break
+            groups.setdefault(name, []).append([x, y])
+        else:
+            return [{"label": name, "points": points[:MAX_POINTS]} for name, points in groups.items()]
+    return [{"label": label, "points": [[x, y] for x, y in zip(xs, ys)][:MAX_POINTS]}]
+
+
+def _unlabelled(artist):
+    label = artist.get_label()
+    return not isinstance(label, str) or not label or label.startswith("_")
+
+
+def _rgba(colour):
+    try:
+        import matplotlib.colors as mcolors
+
+        return tuple(round(c, 4) for c in mcolors.to_rgba(colour))
+    except Exception:
+        return None
+
+
+def _legend_colours(ax):
+    """{rgba: entry} of the axes' legend, for series drawn unlabelled with a legend made
+    apart (seaborn's hue)."""
+    try:
+        legend = ax.get_legend()
+        if legend is None:
+            return {}
+        out = {}
+        for handle, text in zip(legend.legend_handles, legend.get_texts()):
+            colour = None
+            if hasattr(handle, "get_markerfacecolor") and handle.get_marker() not in (None, "None", ""):
+                colour = handle.get_markerfacecolor()
+            elif hasattr(handle, "get_color"):
+                colour = handle.get_color()
+            elif hasattr(handle, "get_facecolor"):
+                colour = handle.get_facecolor()
+                if hasattr(colour, "ndim") and colour.ndim == 2:
+                    colour = colour[0] if len(colour) else None
+            key = _rgba(colour) if colour is not None else None
+            if key is not None and text.get_text():
+                out.setdefault(key, text.get_text())
+        return out
+    except Exception:
+        return {}
 
 
 def _wedge(wedge):
@@ -184,7 +256,7 @@ def _bars(ax, containers):
                 counts = [r.get_width() for r in rects]
             elements.append(
                 {
-                    "label": _label(container, i, "Series"),
+                    "label": _container_label(ax, container, i, "Series"),
                     "bin_edges": [_round(e) for e in edges],
                     "counts": [_number(c) for c in counts],
                 }
@@ -195,7 +267,9 @@ def _bars(ax, containers):
     named = len(legend) == len(containers) and all(_label(c, 0, "Group") == "Group 1" for c in containers)
     for i, container in enumerate(containers):
         # Unnamed containers with a legend of as many entries (seaborn's hue): its names.
-        group = legend[i] if named else _label(container, i, "Group")
+        group = _container_label(ax, container, i, "Group")
+        if named and group == f"Group {i + 1}":
+            group = legend[i]
         vertical = _vertical(container)
         axis = ax.xaxis if vertical else ax.yaxis
         locations, labels = _ticks(axis)
@@ -206,6 +280,14 @@ def _bars(ax, containers):
                 centre, value = rect.get_y() + rect.get_height() / 2, rect.get_width()
             elements.append({"label": _bar_label(axis, centre, locations, labels), "group": group, "value": _number(value)})
     return "bar", elements
+
+
+def _container_label(ax, container, index, word):
+    """A container's label, else the legend entry of its bars' colour (seaborn's hue)."""
+    label = _label(container, index, word)
+    if label != f"{word} {index + 1}" or not container.patches:
+        return label
+    return _legend_colours(ax).get(_rgba(container.patches[0].get_facecolor()), label)
 
 
 def _legend_texts(ax):
@@ -286,8 +368,38 @@ def _recorded_boxes(ax):
     return boxes
 
 
+def _recorded_hists(ax):
+    """Histograms drawn by Axes.hist (plt.hist, pandas' .plot.hist and .hist), from the counts
+    and edges it computed: several data sets side by side, stacked or as steps have no
+    geometry of touching bars."""
+    elements = []
+    for counts, edges, artists, labels, stacked in getattr(ax, "_runcell_hists", ()):
+        if not any(getattr(a, "axes", None) is ax for a in artists):
+            continue  # cleared since
+        rows = [list(counts)] if counts and not hasattr(counts[0], "__len__") else [list(c) for c in counts]
+        if stacked:
+            rows = [row if i == 0 else [b - a for a, b in zip(rows[i - 1], row)] for i, row in enumerate(rows)]
+        for i, row in enumerate(rows):
+            label = labels[i] if i < len(labels) and labels[i] else f"Series {len(elements) + 1}"
+            elements.append(
+                {"label": str(label), "bin_edges": [_round(e) for e in edges], "counts": [_number(c) for c in row]}
+            )
+    return elements
+
+
+def _flatten(artists):
+    out = []
+    for a in artists if isinstance(artists, (list, tuple)) or hasattr(artists, "patches") else [artists]:
+        if isinstance(a, (list, tuple)) or hasattr(a, "patches"):
+            out.extend(_flatten(list(a)))
+        else:
+            out.append(a)
+    return out
+
+
 def install(axes_class):
-    """Wrap Axes.bxp to remember the statistics of the boxes it draws (idempotent)."""
+    """Wrap Axes.bxp and Axes.hist to remember what they drew from (idempotent)."""
+    _install_hist(axes_class)
     original = getattr(axes_class, "bxp", None)
     if original is None or getattr(original, "_runcell", False):
         return
@@ -310,6 +422,30 @@ def install(axes_class):
     bxp.__wrapped__ = original
     bxp.__doc__ = original.__doc__
     axes_class.bxp = bxp
+
+
+def _install_hist(axes_class):
+    original = getattr(axes_class, "hist", None)
+    if original is None or getattr(original, "_runcell", False):
+        return
+
+    def hist(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            counts, edges, patches = result
+            rows = counts.tolist() if hasattr(counts, "tolist") else [list(c) for c in counts]
+            label = kwargs.get("label")
+            labels = [label] if isinstance(label, str) else list(label) if label is not None else []
+            recorded = self.__dict__.setdefault("_runcell_hists", [])
+            recorded.append((rows, list(edges), _flatten(patches), labels, bool(kwargs.get("stacked"))))
+        except Exception:
+            pass
+        return result
+
+    hist._runcell = True
+    hist.__wrapped__ = original
+    hist.__doc__ = original.__doc__
+    axes_class.hist = hist
 
 
 # ---- axes, ticks and values -----------------------------------------------------------------

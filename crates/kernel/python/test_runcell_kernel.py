@@ -912,6 +912,21 @@ class ChartTests(KernelTestCase):
         self.assertEqual(chart["type"], "histogram")
         self.assertEqual(chart["elements"], [{"label": "h", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 4]}])
 
+    def test_histograms_of_several_data_sets_stacked_and_steps(self):
+        chart = self.chart("plt.hist([[1, 2, 2], [2, 3, 3]], bins=[1, 2, 3, 4], label=['p', 'q'])\nplt.show()")
+        self.assertEqual(chart["elements"], [
+            {"label": "p", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 0]},
+            {"label": "q", "bin_edges": [1, 2, 3, 4], "counts": [0, 1, 2]},
+        ])
+        chart = self.chart("plt.hist([[1, 2, 2], [2, 3, 3]], bins=[1, 2, 3, 4], stacked=True)\nplt.show()")
+        self.assertEqual([e["counts"] for e in chart["elements"]], [[1, 2, 0], [0, 1, 2]])
+        chart = self.chart("plt.hist([1, 2, 2, 3], bins=[1, 2, 3, 4], histtype='step')\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "Series 1", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 1]}])
+
+    def test_error_bars_go_with_their_line(self):
+        chart = self.chart("plt.errorbar([1, 2, 3], [4, 5, 6], yerr=[0.1, 0.2, 0.3], label='m')\nplt.show()")
+        self.assertEqual((chart["type"], chart["elements"]), ("line", [{"label": "m", "points": [[1, 4], [2, 5], [3, 6]]}]))
+
     def test_pie(self):
         chart = self.chart("plt.pie([1, 2, 5], labels=['a', 'b', 'c'])\nplt.title('P')\nplt.show()")
         self.assertEqual(chart, {"type": "pie", "title": "P", "elements": [
@@ -975,7 +990,7 @@ class ChartTests(KernelTestCase):
 
     @unittest.skipUnless(has_module("seaborn") and has_module("pandas"), "seaborn is not installed")
     def test_seaborn_plots(self):
-        self.run_ok("import seaborn as sns")
+        self.run_ok("import seaborn as sns\nimport pandas as pd")
         chart = self.chart("sns.barplot(x=['a', 'b', 'a', 'b'], y=[1, 2, 3, 4], hue=['h', 'h', 'k', 'k'])\nplt.show()")
         self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
                          [("a", "h", 1), ("b", "h", 2), ("a", "k", 3), ("b", "k", 4)])
@@ -988,6 +1003,19 @@ class ChartTests(KernelTestCase):
         self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4]])
         chart = self.chart("sns.lineplot(x=[1, 2, 3], y=[3, 4, 5])\nplt.show()")
         self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4], [3, 5]])
+        # hue: series named by the legend seaborn draws apart from them
+        chart = self.chart("sns.lineplot(x=[1, 2, 1, 2], y=[1, 2, 3, 4], hue=['p', 'p', 'q', 'q'])\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "p", "points": [[1, 1], [2, 2]]}, {"label": "q", "points": [[1, 3], [2, 4]]}])
+        chart = self.chart("sns.scatterplot(x=[1, 2, 3, 4], y=[1, 3, 2, 4], hue=['x', 'y', 'x', 'y'])\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "x", "points": [[1, 1], [3, 2]]}, {"label": "y", "points": [[2, 3], [4, 4]]}])
+        chart = self.chart(
+            "d = pd.DataFrame({'a': [1., 2, 2, 3, 3, 3, 1, 2], 'g': ['x', 'y'] * 4})\n"
+            "sns.histplot(data=d, x='a', hue='g', bins=3, kde=True)\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(sorted((e["label"], e["counts"]) for e in chart["elements"]), [("x", [2, 1, 1]), ("y", [0, 2, 2])])
+        chart = self.chart("sns.violinplot(x=['a', 'a', 'b', 'b'], y=[1, 2, 3, 4])\nplt.show()")
+        self.assertEqual(chart["type"], "unknown", "a violin is no line")
 
 
 if __name__ == "__main__":
