@@ -15,7 +15,7 @@ use crate::model::{Execution, FileChange, FileChangeKind};
 
 /// What one execution's end hashes at most, in bytes (beyond it, files keep no `sha256`): a
 /// run that wrote gigabytes does not hold its reply for seconds of hashing.
-pub const MAX_HASHED_BYTES: u64 = 1 << 30;
+pub const MAX_HASHED_BYTES: u64 = 256 << 20;
 
 /// Fills in `sha256` of each created or modified file, within [`MAX_HASHED_BYTES`]. A file
 /// that is gone, is not a regular file or cannot be read keeps none.
