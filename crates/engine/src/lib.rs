@@ -6,6 +6,7 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod engine;
 mod error;
 mod execution;
 mod files;
@@ -24,7 +25,8 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
-pub use crate::core::{workspaces_dir, Engine, EngineConfig};
+pub use crate::core::{workspaces_dir, EngineConfig};
+pub use crate::engine::Engine;
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
     Oversize, Quota, RecordError, Resource, WorkspaceConflict,
@@ -44,7 +46,7 @@ pub use commands::CommandOutput;
 pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
-    KilledBy, Language, ResultItem, Truncated, UsageInfo,
+    KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use provenance::{producer, sha256_hex, sha256_of, MAX_HASHED_BYTES};
@@ -53,7 +55,7 @@ pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
-    SessionStatus, Start, QUEUE_DEPTH,
+    SessionStatus, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
