@@ -39,7 +39,7 @@ impl Began {
         let finished_at = Utc::now();
         let after = workspace.snapshot().ok();
         let mut diff = diff_files(self.before.as_ref(), after.as_ref());
-        crate::provenance::hash_files(workspace, &mut diff.files);
+        crate::hashing::hash_files(workspace, &mut diff.files);
         sync_if_changed(workspace, self.before.as_ref(), after.as_ref(), &diff);
         Ended {
             diff,

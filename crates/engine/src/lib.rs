@@ -10,6 +10,7 @@ mod engine;
 mod error;
 mod execution;
 mod files;
+mod hashing;
 mod launch;
 mod limits;
 mod model;
@@ -44,12 +45,13 @@ pub use bounds::{
 };
 pub use commands::CommandOutput;
 pub use files::FileEntry;
+pub use hashing::{sha256_hex, sha256_of, MAX_HASHED_BYTES};
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
-pub use provenance::{producer, sha256_hex, sha256_of, MAX_HASHED_BYTES};
+pub use provenance::producer;
 pub use records::ExecutionPage;
 pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};

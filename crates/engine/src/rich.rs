@@ -86,7 +86,28 @@ fn text_view(r: &ResultItem) -> Option<(Option<&'static str>, String)> {
 }
 
 fn cap(text: &str) -> String {
-    crate::tools::truncate_section(text, SOURCE_CAP)
+    truncate_section(text, SOURCE_CAP)
+}
+
+/// `text` cut to about `cap` characters: its head and tail around an explicit
+/// `[… N bytes truncated …]` line (the marker the engine uses for capped output).
+pub fn truncate_section(text: &str, cap: usize) -> String {
+    if text.chars().count() <= cap {
+        return text.to_owned();
+    }
+    let half = cap / 2;
+    let head_end = text.char_indices().nth(half).map_or(text.len(), |(i, _)| i);
+    let tail_start = text
+        .char_indices()
+        .rev()
+        .nth(half.saturating_sub(1))
+        .map_or(head_end, |(i, _)| i.max(head_end));
+    format!(
+        "{}\n[… {} bytes truncated …]\n{}",
+        &text[..head_end],
+        tail_start - head_end,
+        &text[tail_start..]
+    )
 }
 
 /// `line chart "Title" (x: time (s), y: speed): 2 series: …`, one line per chart of a

@@ -326,26 +326,7 @@ impl ToolOutput {
     }
 }
 
-/// `text` cut to about `cap` characters: its head and tail around an explicit
-/// `[… N bytes truncated …]` line (the marker the engine uses for capped output).
-pub fn truncate_section(text: &str, cap: usize) -> String {
-    if text.chars().count() <= cap {
-        return text.to_owned();
-    }
-    let half = cap / 2;
-    let head_end = text.char_indices().nth(half).map_or(text.len(), |(i, _)| i);
-    let tail_start = text
-        .char_indices()
-        .rev()
-        .nth(half.saturating_sub(1))
-        .map_or(head_end, |(i, _)| i.max(head_end));
-    format!(
-        "{}\n[… {} bytes truncated …]\n{}",
-        &text[..head_end],
-        tail_start - head_end,
-        &text[tail_start..]
-    )
-}
+pub use crate::rich::truncate_section;
 
 /// `label:` then the body on the lines below (capped); a one-line body stays on the label's
 /// line when it is short.
