@@ -1,6 +1,9 @@
 //! `runcell verify FILE [STATEMENT]`: a file and its signed provenance statement, checked with
 //! a given public key or the data dir's own; a changed byte, an edited statement and another
-//! key each fail with exit 1 and the reason.
+//! key each fail with exit 1 and the reason; and the whole round trip through a real
+//! `runcell serve`: a chart an execution saved, its statement, the server's published key.
+
+mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -113,4 +116,69 @@ fn a_file_verifies_against_its_statement_until_a_byte_changes() {
     let out = runcell(&data, &["verify", f, s, "--public-key", &pk]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a runcell provenance statement"));
+}
+
+#[test]
+fn a_chart_from_a_real_server_verifies_with_its_published_key_and_a_changed_byte_fails() {
+    let data = common::serve::data_dir("runcell-verify-test-");
+    let server = common::serve::serve(&data, &["--no-zygote", "--warm-sessions", "0"]);
+    let http = reqwest::blocking::Client::new();
+    let session: Value = http
+        .post(format!("{}/v1/sessions", server.base))
+        .json(&serde_json::json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session");
+    let sid = session["id"].as_str().expect("id");
+    let code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('chart.png')";
+    let e: Value = http
+        .post(format!("{}/v1/sessions/{sid}/execute", server.base))
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute");
+    assert_eq!(e["status"], "ok", "{e}");
+    let url = format!("{}/v1/sessions/{sid}/files/chart.png", server.base);
+    let png = http
+        .get(&url)
+        .send()
+        .and_then(|r| r.bytes())
+        .expect("download")
+        .to_vec();
+    let statement = http
+        .get(format!("{url}?provenance"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("statement");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("chart.png");
+    std::fs::write(&file, &png).expect("write");
+    std::fs::write(dir.path().join("chart.png.provenance.json"), &statement).expect("write");
+    let f = file.to_str().expect("utf-8");
+    // Another data dir: the key can only come from the server.
+    let elsewhere = dir.path().join("elsewhere");
+
+    let out = runcell(&elsewhere, &["verify", f, "--server", &server.base]);
+    assert!(
+        out.status.success(),
+        "{}\n{statement}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&out);
+    assert_eq!(
+        (&r["ok"], &r["execution_id"]),
+        (&Value::Bool(true), &e["id"])
+    );
+    assert_eq!(r["sha256"], e["files"][0]["sha256"]);
+
+    let mut tampered = png.clone();
+    let last = tampered.len() - 1;
+    tampered[last] ^= 0x01;
+    std::fs::write(&file, &tampered).expect("write");
+    let out = runcell(&elsewhere, &["verify", f, "--server", &server.base]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the one the statement describes"));
+    let out = runcell(&elsewhere, &["verify", f]);
+    assert_eq!(out.status.code(), Some(2), "no key to check with");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no public key"));
 }
