@@ -14,6 +14,7 @@ mod hashing;
 mod launch;
 mod limits;
 mod model;
+mod network;
 mod oneshot;
 mod pool;
 mod provenance;
@@ -49,6 +50,9 @@ pub use hashing::{sha256_hex, sha256_of, MAX_HASHED_BYTES};
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
+};
+pub use network::{
+    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use provenance::producer;
