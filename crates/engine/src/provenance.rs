@@ -124,6 +124,7 @@ mod tests {
                 sha256: sha.map(str::to_owned),
             }],
             usage: Default::default(),
+            network: Vec::new(),
             started_at: t,
             finished_at: t,
         };
