@@ -26,6 +26,15 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// A server started by the test itself, answering at `base`.
+    pub fn adopt(child: Child, base: String) -> Serve {
+        Serve {
+            child,
+            base,
+            stopped: false,
+        }
+    }
+
     /// `kill -9`: nothing is cleaned up, as after a crash.
     pub fn kill9(&mut self) {
         self.child.kill().expect("kill -9");
