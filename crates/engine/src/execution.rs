@@ -126,6 +126,7 @@ impl Ended {
             },
             started_at: self.started_at,
             finished_at: self.finished_at,
+            restored: None,
         }
     }
 

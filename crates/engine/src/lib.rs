@@ -6,6 +6,7 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod durable;
 mod error;
 mod execution;
 mod files;
@@ -25,7 +26,7 @@ mod zygote;
 pub use crate::core::{workspaces_dir, Engine, EngineConfig};
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
-    Oversize, Quota, RecordError, Resource, WorkspaceConflict,
+    Oversize, Quota, RecordError, Resource, Unresumable, WorkspaceConflict,
 };
 pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
@@ -39,6 +40,7 @@ pub use bounds::{
     MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 pub use commands::CommandOutput;
+pub use durable::{Restored, Skipped};
 pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,

@@ -33,6 +33,10 @@ use crate::EngineError;
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
 
+/// How long a stopping server waits for its sessions to pause (SIGTERM; issue 17: 100
+/// sessions in at most 10 s).
+const PAUSE_ALL_WITHIN: Duration = Duration::from_secs(10);
+
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -40,6 +44,8 @@ pub enum SessionStatus {
     Starting,
     Ready,
     Busy,
+    /// Snapshotted to disk, without a sandbox (durable.rs); any request resumes it.
+    Paused,
     Dead,
     Expired,
 }
@@ -157,6 +163,8 @@ struct Shared {
     /// Interrupts or kills the current kernel from outside the worker.
     handle: Option<RunningHandle>,
     deleted: bool,
+    /// What a resume nobody asked for brought back, for the next Execution to say.
+    restored: Option<crate::durable::Restored>,
 }
 
 struct Entry {
@@ -211,6 +219,8 @@ pub struct SessionManager {
     /// Creates under way and one-shot runs, counted against `max_sessions` (see
     /// [`SessionManager::reserve_sandbox`]).
     creating: Arc<std::sync::atomic::AtomicUsize>,
+    /// Sessions paused to disk (durable.rs).
+    paused: crate::durable::PausedSessions,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -231,6 +241,9 @@ pub(crate) struct RecoverSession {
     /// What the session asked for (a cold session stays cold).
     pub(crate) start: Start,
     pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) last_active_at: DateTime<Utc>,
+    /// The expiry of a session paused when its server stopped; `None`: it was live.
+    pub(crate) paused_until: Option<DateTime<Utc>>,
 }
 
 /// What `create` takes.
@@ -258,7 +271,90 @@ impl SessionManager {
             spares: Arc::default(),
             max_sessions: std::sync::atomic::AtomicUsize::new(0),
             creating: Arc::default(),
+            paused: Default::default(),
         })
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub(crate) fn paused(&self) -> &crate::durable::PausedSessions {
+        &self.paused
+    }
+
+    pub(crate) fn me(&self) -> Option<Arc<SessionManager>> {
+        self.me.upgrade()
+    }
+
+    /// An idle session's kernel, held so that nothing runs on it meanwhile (a pause, a fork,
+    /// an idle snapshot); a cell running or waiting is [`Busy::Running`].
+    pub(crate) fn idle(&self, id: &str) -> Result<Idle, EngineError> {
+        let entry = self.entry(id)?;
+        let busy = || EngineError::SessionBusy(Busy::Running { id: id.to_owned() });
+        let runner = entry.runner.clone().try_lock_owned().map_err(|_| busy())?;
+        if entry.waiting.load(Ordering::Acquire) > 0 || entry.lock().running.is_some() {
+            return Err(busy());
+        }
+        Ok(Idle { entry, runner })
+    }
+
+    /// Ends an idle session's kernel and takes the session out of the live ones, calling
+    /// `then` under the map's lock (a pause puts it among the paused there, so a request
+    /// always finds it one way or the other). Its workspace stays with whoever holds it.
+    pub(crate) fn retire(
+        &self,
+        mut idle: Idle,
+        then: impl FnOnce(&crate::durable::PausedSessions),
+    ) {
+        if let Some(k) = idle.runner.kernel.take() {
+            k.shutdown();
+        }
+        let id = idle.info().id;
+        drop(idle);
+        let entry = {
+            let mut map = self.map();
+            let entry = map.remove(&id);
+            if entry.is_some() {
+                *self.ending.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            }
+            then(&self.paused);
+            entry
+        };
+        if let Some(e) = entry {
+            self.end(e);
+        }
+    }
+
+    /// Registers a resumed session with its kernel (durable.rs); its next Execution carries
+    /// `restored`.
+    pub(crate) fn launch_resumed(
+        &self,
+        info: SessionInfo,
+        workspace: Arc<Workspace>,
+        env: Vec<(String, String)>,
+        kernel: Kernel,
+        reservation: Reservation,
+        restored: crate::durable::Restored,
+    ) -> Result<SessionInfo, EngineError> {
+        let id = info.id.clone();
+        let info = self.launch(info, workspace, env, Some(kernel), reservation)?;
+        if let Some(e) = self.map().get(&id) {
+            e.lock().restored = Some(restored);
+        }
+        Ok(info)
+    }
+
+    /// Takes back what a resume restored (the explicit resume's reply carried it).
+    pub(crate) fn take_restored(&self, id: &str) {
+        if let Some(e) = self.map().get(id) {
+            e.lock().restored = None;
+        }
+    }
+
+    /// `memory_mb` of the budget for a resumed session (warm sessions make room).
+    pub(crate) fn reserve_memory(&self, memory_mb: u64) -> Result<Reservation, EngineError> {
+        self.reserve(memory_mb, true)
     }
 
     /// Refuses to create more than `n` live sessions (0: no cap): a server derives `n` from
@@ -427,14 +523,20 @@ impl SessionManager {
     fn start_sweeper(&self) {
         let weak = self.me.clone();
         self.sweeper.call_once(|| {
-            let spawned =
-                thread::Builder::new()
-                    .name("session-expiry".into())
-                    .spawn(move || loop {
+            let spawned = thread::Builder::new()
+                .name("session-expiry".into())
+                .spawn(move || {
+                    // When each session's last idle snapshot was of (its last activity then).
+                    let mut snapshots = HashMap::new();
+                    loop {
                         thread::sleep(Duration::from_secs(1));
                         let Some(m) = weak.upgrade() else { return };
                         m.expire_idle();
-                    });
+                        if m.core.session_store().is_some() {
+                            m.idle_snapshots(&mut snapshots);
+                        }
+                    }
+                });
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "cannot start the session expiry thread");
             }
@@ -551,9 +653,10 @@ impl SessionManager {
         self.creation_slot()
     }
 
-    /// Sessions a previous server process left behind (killed with -9, say): their kernels
-    /// died with it, their workspaces did not. Each one whose workspace is still mounted gets
-    /// a fresh kernel (recovered: files intact, variables lost); the others are marked dead.
+    /// Sessions a previous server process left behind (stopped, or killed with -9): their
+    /// kernels died with it, their workspaces did not. Each one whose workspace can be
+    /// adopted comes back paused (durable.rs): its first request resumes it from its last
+    /// snapshot, and names the executions after that snapshot; the others are marked dead.
     /// Session workspaces the store has no record of are removed. Returns (recovered, dead);
     /// (0, 0) when sessions are not recorded. A server calls this once, before it serves.
     pub fn recover_previous(&self) -> Result<(usize, usize), EngineError> {
@@ -570,7 +673,7 @@ impl SessionManager {
                 Ok(info) => {
                     recovered += 1;
                     let (at, until) = (info.last_active_at, info.expires_at);
-                    crate::records::settle(store, &rec.id, "ready", at, until)?;
+                    crate::records::settle(store, &rec.id, "paused", at, until)?;
                 }
                 Err(why) => {
                     dead += 1;
@@ -589,8 +692,9 @@ impl SessionManager {
         Ok((recovered, dead))
     }
 
-    /// Brings back a session whose server died: its workspace (still mounted, owned by its host
-    /// uid) gets a fresh kernel. Variables are gone; files are intact.
+    /// Brings back a session whose server stopped or died: its workspace (still mounted, or
+    /// its image, owned by its host uid) is adopted and the session is paused, to resume
+    /// from its last snapshot on its first request.
     fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
         self.start_sweeper();
         let path = self.core.config.workspace_path(&req.id);
@@ -606,33 +710,26 @@ impl SessionManager {
                 .adopt_workspace(&path, lease)
                 .map_err(EngineError::unavailable)?,
         );
-        // Its memory is counted, never refused: the workspace already holds it, and the
-        // operator may have lowered the budget since.
-        let mut reservation = self.core.ledger.reserve(
-            req.limits.memory_mb,
-            self.core.config.limits.committed_memory_mb,
-            Admit::Always,
-        )?;
-        self.core.ledger.assign(
-            &mut reservation,
-            &req.owner,
-            &Default::default(),
-            Admit::Always,
-        )?;
         let now = Utc::now();
+        // Paused at the stop: its expiry stands; a live one's starts now.
+        let expires_at = match req.paused_until {
+            Some(until) => until,
+            None => now + chrono::Duration::seconds(req.limits.expire_after_s as i64),
+        };
         let info = SessionInfo {
             id: req.id,
             language: req.language,
-            status: SessionStatus::Ready,
+            status: SessionStatus::Paused,
             created_at: req.created_at,
-            last_active_at: now,
-            expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
+            last_active_at: req.last_active_at,
+            expires_at,
             limits: req.limits,
             start: req.start,
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new(), None, reservation)
+        self.add_recovered_paused(info.clone(), workspace, req.paused_until.is_some());
+        Ok(info)
     }
 
     /// Starts the kernel (unless a warm one is given) and the worker of a session and
@@ -669,6 +766,7 @@ impl SessionManager {
                 running: None,
                 handle: Some(kernel.handle()),
                 deleted: false,
+                restored: None,
             }),
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
@@ -699,21 +797,34 @@ impl SessionManager {
         Ok(info)
     }
 
+    /// A live session; a paused one is resumed first (any request resumes it).
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        if let Some(e) = self.map().get(id) {
+            return Ok(e.clone());
+        }
+        if let Some(resumed) = self.resume_paused(id) {
+            resumed?;
+        }
         self.map()
             .get(id)
             .cloned()
             .ok_or_else(|| EngineError::no_session(id))
     }
 
-    /// A live session (in memory: no I/O).
+    /// A live or paused session (in memory: no I/O).
     pub fn get(&self, id: &str) -> Result<SessionInfo, EngineError> {
-        Ok(self.entry(id)?.lock().info.clone())
+        if let Some(e) = self.map().get(id) {
+            return Ok(e.lock().info.clone());
+        }
+        self.paused
+            .get(id)
+            .ok_or_else(|| EngineError::no_session(id))
     }
 
-    /// Every live session, oldest first.
+    /// Every live and paused session, oldest first.
     pub fn list(&self) -> Vec<SessionInfo> {
         let mut v: Vec<SessionInfo> = self.map().values().map(|e| e.lock().info.clone()).collect();
+        v.extend(self.paused.list());
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
     }
@@ -920,12 +1031,13 @@ impl SessionManager {
         // and the caller can retry; the other way round the session would be gone yet still
         // recorded, and come back `dead` at the next start.
         let forgotten = self.forget(id)?;
+        crate::durable::discard_snapshot(&self.core.config.data_dir, id);
         match self.take(id) {
             Some(entry) => {
                 self.end(entry);
                 Ok(())
             }
-            None if forgotten => Ok(()),
+            None if self.end_paused(id) || forgotten => Ok(()),
             None => Err(EngineError::no_session(id)),
         }
     }
@@ -939,8 +1051,9 @@ impl SessionManager {
                 self.end(entry);
                 true
             }
-            None => false,
+            None => self.end_paused(id),
         };
+        crate::durable::discard_snapshot(&self.core.config.data_dir, id);
         let forgotten = self.forget(id).unwrap_or_else(|e| {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
             false
@@ -974,6 +1087,36 @@ impl SessionManager {
 
     fn expire_idle(&self) {
         let now = Utc::now();
+        // Idle past `pause_after_s` (and not expiring first): paused, off this thread's
+        // other work only by the time a pause takes.
+        let pausing: Vec<String> = self
+            .map()
+            .iter()
+            .filter(|(_, e)| {
+                let s = e.lock();
+                let after = chrono::Duration::seconds(s.info.limits.pause_after_s as i64);
+                s.info.status == SessionStatus::Ready
+                    && s.info.last_active_at + after <= now
+                    && s.info.expires_at > now
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in pausing {
+            match self.pause(&id) {
+                Ok(_) => tracing::info!(session = %id, "idle session paused"),
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %crate::chain(&e), "cannot pause an idle session")
+                }
+            }
+        }
+        for id in self.paused.expired(now) {
+            if self.end_paused(&id) {
+                tracing::info!(session = %id, "paused session expired");
+                if let Err(e) = self.forget(&id) {
+                    tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget an expired session's record");
+                }
+            }
+        }
         let expired: Vec<String> = self
             .map()
             .iter()
@@ -990,6 +1133,7 @@ impl SessionManager {
             if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
+                crate::durable::discard_snapshot(&self.core.config.data_dir, &id);
                 tracing::info!(session = %id, "idle session expired");
                 if let Err(e) = self.forget(&id) {
                     // The next start finds its workspace gone: it is reported dead until its
@@ -1000,14 +1144,34 @@ impl SessionManager {
         }
     }
 
-    /// Ends every session and waits (up to 30 s) for teardowns other threads started. Their
-    /// records stay: the next start reports them dead (their workspaces are gone).
+    /// Ends every session and waits (up to 30 s) for teardowns other threads started. A
+    /// server's (sessions recorded) pauses every live session first, all at once, for at most
+    /// `PAUSE_ALL_WITHIN`, and keeps their workspaces on disk: the next start brings them
+    /// back paused. One that could not be paused keeps its workspace and last idle snapshot
+    /// too, as after a kill -9. Without a store, sessions end and their workspaces go.
     pub fn shutdown(&self) {
         self.pool.stop();
         self.spares.stop(&self.core);
+        // Workspaces in memory would have to stay mounted to be kept: they end as before.
+        let durable = self.core.session_store().is_some() && self.core.images.is_some();
+        if durable {
+            let t = std::time::Instant::now();
+            let paused = self.pause_all(PAUSE_ALL_WITHIN);
+            tracing::info!(
+                paused,
+                ms = t.elapsed().as_millis() as u64,
+                "paused the sessions at the stop"
+            );
+            for id in self.paused.ids() {
+                self.paused.keep_and_remove(&id);
+            }
+        }
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             if let Some(entry) = self.take(&id) {
+                if durable {
+                    entry.workspace.keep();
+                }
                 self.end(entry);
             }
         }
@@ -1196,6 +1360,32 @@ struct Runner {
     env: Vec<(String, String)>,
     /// How the session asked its kernels to start.
     start: Start,
+}
+
+/// An idle session whose kernel is held ([`SessionManager::idle`]): nothing runs on it
+/// until this is dropped.
+pub(crate) struct Idle {
+    entry: Arc<Entry>,
+    runner: tokio::sync::OwnedMutexGuard<Runner>,
+}
+
+impl Idle {
+    pub(crate) fn info(&self) -> SessionInfo {
+        self.entry.lock().info.clone()
+    }
+
+    /// The kernel, if it is running.
+    pub(crate) fn kernel(&mut self) -> Option<&mut Kernel> {
+        self.runner.kernel.as_mut().filter(|k| k.is_alive())
+    }
+
+    pub(crate) fn workspace(&self) -> &Arc<Workspace> {
+        &self.runner.workspace
+    }
+
+    pub(crate) fn env(&self) -> &[(String, String)] {
+        &self.runner.env
+    }
 }
 
 /// What a cell's start noted, for its Execution.
@@ -1419,7 +1609,8 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
-        let execution = ended.execution(Produced {
+        let restored = entry.lock().restored.take();
+        let mut execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
             status,
@@ -1442,6 +1633,7 @@ impl Runner {
             },
             killed_by,
         });
+        execution.restored = restored;
         Ok((execution, start.owner))
     }
 }

@@ -57,6 +57,8 @@ pub struct Workspace {
     max_entries: usize,
     /// Walks of the tree so far (snapshots and listings): an upload must not cost one.
     scans: std::sync::atomic::AtomicU64,
+    /// Kept at drop ([`Workspace::keep`]): a server stopping with paused sessions.
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// The regular files of a workspace at one moment, and whether the walk saw all of them.
@@ -115,6 +117,7 @@ impl Workspace {
             root: std::sync::Mutex::new(None),
             max_entries: inodes as usize,
             scans: Default::default(),
+            keep: Default::default(),
         })
     }
 
@@ -136,6 +139,7 @@ impl Workspace {
             root: std::sync::Mutex::new(None),
             max_entries: inodes.max(MIN_WALK_ENTRIES),
             scans: Default::default(),
+            keep: Default::default(),
         }
     }
 
@@ -180,6 +184,7 @@ impl Workspace {
             root: std::sync::Mutex::new(None),
             max_entries: (st.f_files as usize).max(MIN_WALK_ENTRIES),
             scans: Default::default(),
+            keep: Default::default(),
         })
     }
 
@@ -449,8 +454,25 @@ impl Workspace {
     }
 }
 
+impl Workspace {
+    /// Keeps the files when the workspace is dropped (a server stopping while its session
+    /// is paused, to be adopted by the next one): an image is synced and unmounted, its mount
+    /// point and image left in place; a tmpfs stays mounted (unmounting would lose it).
+    pub fn keep(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl Drop for Workspace {
     fn drop(&mut self) {
+        if self.keep.load(std::sync::atomic::Ordering::SeqCst) {
+            if self.image.is_some() {
+                let _ = self.sync();
+                self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
+                crate::image::unmount(&self.path);
+            }
+            return;
+        }
         // An image: descriptors on its filesystem keep it alive past the unmount below, which
         // then only detaches the mount point (as for a tmpfs); the filesystem's shutdown and
         // the image's deletion happen on the removal thread (`image::remove_later`).

@@ -20,6 +20,8 @@ fn policy(committed_memory_mb: u64) -> LimitPolicy {
             disk_mb: 64,
             exec_timeout_s: 30,
             idle_timeout_s: 600,
+            pause_after_s: 300,
+            expire_after_s: 3600,
         },
         max: Maxima {
             memory_mb: 1024,
@@ -28,6 +30,8 @@ fn policy(committed_memory_mb: u64) -> LimitPolicy {
             disk_mb: 128,
             exec_timeout_s: 60,
             idle_timeout_s: 3600,
+            pause_after_s: 3600,
+            expire_after_s: 7200,
         },
         committed_memory_mb,
         server: true,
