@@ -515,3 +515,64 @@ fn hostile_probes_fail_the_same_in_a_resumed_and_a_forked_session() {
     };
     assert_ne!(uid(&id), uid(&fid), "a fork runs as another host uid");
 }
+
+/// Whether `path` is a mount point now (in this process's mount namespace, the server's).
+fn mounted(path: &Path) -> bool {
+    let want = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| Path::new(m) == want)
+}
+
+#[test]
+fn a_session_paused_for_a_while_holds_no_mount_and_still_resumes() {
+    let data = common::serve::data_dir("runcell-durable-unmount-");
+    let c = http();
+    let srv = serve(&data);
+    let id = create(&c, &srv, json!({}));
+    execute(&c, &srv, &id, "w = 'back'\nopen('f.txt', 'w').write('f')");
+    let ws = data.join("workspaces").join(&id);
+    assert_eq!(action(&c, &srv, &id, "pause").0, 200);
+    assert!(mounted(&ws), "control: mounted right after the pause");
+    // Unmounted 30 s after the pause (the expiry thread looks every second).
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while mounted(&ws) {
+        assert!(Instant::now() < deadline, "still mounted");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(data
+        .join("workspace-images")
+        .join(format!("{id}.ext4"))
+        .exists());
+    let e = execute(&c, &srv, &id, "print(open('f.txt').read())\nw");
+    assert_eq!(
+        (e["stdout"].as_str(), text(&e).as_str()),
+        (Some("f\n"), "'back'"),
+        "{e}"
+    );
+    assert!(mounted(&ws), "mounted again at the resume");
+    // Deleting a paused, unmounted session removes its image too.
+    assert_eq!(action(&c, &srv, &id, "pause").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while mounted(&ws) {
+        assert!(Instant::now() < deadline, "still mounted");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let del = c
+        .delete(format!("{}/v1/sessions/{id}", srv.base))
+        .send()
+        .expect("delete");
+    assert_eq!(del.status(), 204);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while data
+        .join("workspace-images")
+        .join(format!("{id}.ext4"))
+        .exists()
+    {
+        assert!(Instant::now() < deadline, "image left");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!ws.exists());
+}

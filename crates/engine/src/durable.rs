@@ -43,6 +43,20 @@ const IN_WORKSPACE: &str = ".runcell-state.snap";
 pub(crate) const IDLE_SNAPSHOT_AFTER: Duration = Duration::from_secs(3);
 /// Executions named as lost at most (the most recent ones).
 const MAX_LOST: usize = 1000;
+/// A session paused this long has its workspace unmounted (its image stays, and its uid): a
+/// pause soon followed by a resume does not pay a mount (10-30 ms), and a session paused for
+/// longer holds no mount, no loop device and no journal thread.
+pub(crate) const UNMOUNT_AFTER: Duration = Duration::from_secs(30);
+
+/// A paused session's workspace: mounted still, or only its image and its uid.
+enum PausedWorkspace {
+    Mounted(Arc<Workspace>),
+    /// Unmounted (after [`UNMOUNT_AFTER`], or brought back by a restarted server): mounted
+    /// again at the resume. The lease keeps the uid the image's files belong to.
+    Unmounted(runcell_sandbox::UidLease),
+    /// A resume could not mount it and gave up its lease: taken again at the next one.
+    Lost,
+}
 
 /// What a resume brought back of a session's variables: in the reply of
 /// `POST /v1/sessions/{id}/resume`, and on the first Execution after a resume nobody asked
@@ -99,7 +113,9 @@ struct Description {
 /// variables will not come back if they will not.
 pub(crate) struct Paused {
     info: Mutex<SessionInfo>,
-    workspace: Arc<Workspace>,
+    workspace: Mutex<PausedWorkspace>,
+    /// When it paused (its workspace is unmounted [`UNMOUNT_AFTER`] later).
+    since: std::time::Instant,
     env: Vec<(String, String)>,
     /// Why no snapshot was taken at the pause (the language cannot save its state, the kernel
     /// was dead): the resume says so.
@@ -113,6 +129,33 @@ pub(crate) struct Paused {
 impl Paused {
     fn info(&self) -> SessionInfo {
         self.info.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn workspace(&self) -> MutexGuard<'_, PausedWorkspace> {
+        self.workspace.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unmounts its workspace, keeping the image and the uid; a workspace still in use (a
+    /// file request holding it) stays mounted, for the next sweep.
+    fn unmount(&self, images: Option<&runcell_sandbox::WorkspaceImages>) {
+        let mut ws = self.workspace();
+        let PausedWorkspace::Mounted(arc) = &*ws else {
+            return;
+        };
+        if images.is_none() || Arc::strong_count(arc) > 1 {
+            return; // a tmpfs would lose its files; someone holds it
+        }
+        let PausedWorkspace::Mounted(arc) = std::mem::replace(&mut *ws, PausedWorkspace::Lost)
+        else {
+            return;
+        };
+        let Ok(workspace) = Arc::try_unwrap(arc) else {
+            return;
+        };
+        match Box::new(workspace).unmount_keeping() {
+            Ok(lease) => *ws = PausedWorkspace::Unmounted(lease),
+            Err(workspace) => *ws = PausedWorkspace::Mounted(Arc::new(*workspace)),
+        }
     }
 }
 
@@ -149,13 +192,32 @@ impl PausedSessions {
     /// server stopping).
     pub(crate) fn keep_and_remove(&self, id: &str) {
         if let Some(p) = self.map().remove(id) {
-            p.workspace.keep();
+            if let PausedWorkspace::Mounted(ws) = &*p.workspace() {
+                ws.keep();
+            }
         }
     }
 
-    /// Removes a paused session; its workspace goes with the last holder.
+    /// Unmounts the workspaces of the sessions paused for [`UNMOUNT_AFTER`].
+    pub(crate) fn unmount_idle(&self, images: Option<&runcell_sandbox::WorkspaceImages>) {
+        let due: Vec<Arc<Paused>> = self
+            .map()
+            .values()
+            .filter(|p| p.since.elapsed() >= UNMOUNT_AFTER)
+            .cloned()
+            .collect();
+        for p in due {
+            p.unmount(images);
+        }
+    }
+
+    /// Forgets a paused session (resumed: its workspace now the live session's).
     pub(crate) fn remove(&self, id: &str) -> bool {
         self.map().remove(id).is_some()
+    }
+
+    fn take(&self, id: &str) -> Option<Arc<Paused>> {
+        self.map().remove(id)
     }
 
     /// The paused sessions past their expiry.
@@ -315,7 +377,8 @@ impl SessionManager {
         self.record_status(&info, "paused")?;
         let paused = Paused {
             info: Mutex::new(info.clone()),
-            workspace: idle.workspace().clone(),
+            workspace: Mutex::new(PausedWorkspace::Mounted(idle.workspace().clone())),
+            since: std::time::Instant::now(),
             env: idle.env().to_vec(),
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
@@ -387,7 +450,7 @@ impl SessionManager {
         let mut reservation = self.reserve_memory(info.limits.memory_mb)?;
         core.ledger
             .assign(&mut reservation, &info.owner, &policy, Admit::Checked)?;
-        let ws = paused.workspace.clone();
+        let ws = self.paused_workspace(id, paused)?;
         let (mut kernel, how) =
             core.start_kernel(&ws, info.language, &info.limits, &paused.env, info.start)?;
         let mut restored = match &paused.no_snapshot {
@@ -423,6 +486,42 @@ impl SessionManager {
         }
         tracing::info!(session = %id, names = restored.names.len(), files_only = restored.files_only.is_some(), "session resumed");
         Ok(restored)
+    }
+
+    /// A paused session's workspace, mounted again if it was unmounted.
+    fn paused_workspace(&self, id: &str, paused: &Paused) -> Result<Arc<Workspace>, EngineError> {
+        let mut slot = paused.workspace();
+        let lease = match std::mem::replace(&mut *slot, PausedWorkspace::Lost) {
+            PausedWorkspace::Mounted(ws) => {
+                *slot = PausedWorkspace::Mounted(ws.clone());
+                return Ok(ws);
+            }
+            PausedWorkspace::Unmounted(lease) => lease,
+            PausedWorkspace::Lost => self.workspace_lease(id)?,
+        };
+        let path = self.core().config.workspace_path(id);
+        let ws = Arc::new(
+            self.core()
+                .adopt_workspace(&path, lease)
+                .map_err(EngineError::unavailable)?,
+        );
+        *slot = PausedWorkspace::Mounted(ws.clone());
+        Ok(ws)
+    }
+
+    /// The uid lease of session `id`'s workspace, whose directory (or mounted root) it owns.
+    pub(crate) fn workspace_lease(
+        &self,
+        id: &str,
+    ) -> Result<runcell_sandbox::UidLease, EngineError> {
+        let path = self.core().config.workspace_path(id);
+        let uid = Workspace::owner_of(&path).ok_or_else(|| {
+            EngineError::NotFound(crate::error::Resource::Workspace {
+                session: id.to_owned(),
+            })
+        })?;
+        runcell_sandbox::UidLease::acquire_uid(&self.core().config.run_dir.join("uids"), uid)
+            .map_err(EngineError::unavailable)
     }
 
     /// Copies the session's snapshot into its workspace and has `kernel` read it; what came
@@ -547,12 +646,12 @@ impl SessionManager {
         paused
     }
 
-    /// A session of an earlier server process brought back paused (its workspace adopted):
-    /// `lost` names the executions after its last snapshot.
+    /// A session of an earlier server process brought back paused (its workspace's uid held,
+    /// mounted at its resume): `lost` names the executions after its last snapshot.
     pub(crate) fn add_recovered_paused(
         &self,
         mut info: SessionInfo,
-        workspace: Arc<Workspace>,
+        lease: runcell_sandbox::UidLease,
         was_paused: bool,
     ) {
         let data_dir = &self.core().config.data_dir;
@@ -569,7 +668,8 @@ impl SessionManager {
             info.id.clone(),
             Paused {
                 info: Mutex::new(info),
-                workspace,
+                workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
+                since: std::time::Instant::now(),
                 env: Vec::new(),
                 no_snapshot: None,
                 lost,
@@ -605,11 +705,30 @@ impl SessionManager {
 
     /// Ends a paused session for good (deleted, expired): its workspace and snapshot go.
     pub(crate) fn end_paused(&self, id: &str) -> bool {
-        let removed = self.paused().remove(id);
-        if removed {
-            discard_snapshot(&self.core().config.data_dir, id);
+        let Some(p) = self.paused().take(id) else {
+            return false;
+        };
+        let lease = match std::mem::replace(&mut *p.workspace(), PausedWorkspace::Lost) {
+            // Removed with its image by its last holder.
+            PausedWorkspace::Mounted(_) => None,
+            PausedWorkspace::Unmounted(lease) => Some(lease),
+            PausedWorkspace::Lost => self.workspace_lease(id).ok(),
+        };
+        if let Some(lease) = lease {
+            // Adopted (mounted again if need be) to be removed the one way, image and all.
+            let path = self.core().config.workspace_path(id);
+            match self.core().adopt_workspace(&path, lease) {
+                Ok(ws) => drop(ws),
+                Err(_) => {
+                    let _ = std::fs::remove_dir(&path);
+                    if let Some(images) = &self.core().images {
+                        images.discard(&path);
+                    }
+                }
+            }
         }
-        removed
+        discard_snapshot(&self.core().config.data_dir, id);
+        true
     }
 
     /// Forks a session (`POST .../fork`): a new session of the same owner, language, limits,

@@ -41,7 +41,10 @@ pub enum WorkspaceError {
 #[derive(Debug)]
 pub struct Workspace {
     path: PathBuf,
-    lease: UidLease,
+    /// Taken only by [`Workspace::unmount_keeping`], which leaves nothing to drop.
+    lease: Option<UidLease>,
+    /// The host uid of `lease`.
+    uid: u32,
     size_bytes: u64,
     /// The filesystem image under the mount, for a workspace on disk; `None` for a tmpfs.
     image: Option<PathBuf>,
@@ -110,7 +113,8 @@ impl Workspace {
         }
         Ok(Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes,
             image: None,
             unsynced_names: Default::default(),
@@ -132,7 +136,8 @@ impl Workspace {
     ) -> Workspace {
         Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes,
             image: Some(image),
             unsynced_names: std::sync::Mutex::new(unsynced_names),
@@ -177,7 +182,8 @@ impl Workspace {
         }
         Ok(Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes: st.f_blocks * st.f_bsize as u64,
             image: None,
             unsynced_names: Default::default(),
@@ -200,7 +206,7 @@ impl Workspace {
 
     /// The host uid the sandbox user maps to for this workspace.
     pub fn host_uid(&self) -> u32 {
-        self.lease.uid()
+        self.uid
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -286,7 +292,7 @@ impl Workspace {
         .map_err(|e| io_err("create", e))?;
         // SAFETY: openat succeeded; the descriptor is ours.
         let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let uid = self.lease.uid();
+        let uid = self.uid;
         // SAFETY: fchown on our own descriptor.
         cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
         if self.image.is_some() {
@@ -414,7 +420,7 @@ impl Workspace {
     }
 
     fn chown_at(&self, dir: &OwnedFd, name: &CString) -> io::Result<()> {
-        let uid = self.lease.uid();
+        let uid = self.uid;
         // SAFETY: valid descriptor and name; AT_SYMLINK_NOFOLLOW never touches a link target.
         cvt(unsafe {
             libc::fchownat(
@@ -461,11 +467,34 @@ impl Workspace {
     pub fn keep(&self) {
         self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Unmounts an image workspace at once, keeping its image and mount point, and gives back
+    /// its uid lease (a session paused for a while: mounted again at its resume). Refused
+    /// (the workspace back) for a tmpfs, which would lose its files, and while something
+    /// still uses the filesystem: a lazy unmount would leave it attached while a later mount
+    /// of the same image wrote to it too.
+    pub fn unmount_keeping(mut self: Box<Self>) -> Result<UidLease, Box<Workspace>> {
+        if self.image.is_none() || self.sync().is_err() {
+            return Err(self);
+        }
+        self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Ok(c) = cstr(&self.path) else {
+            return Err(self);
+        };
+        // SAFETY: a valid path; no flags: fails with EBUSY rather than detaching.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            return Err(self);
+        }
+        self.keep();
+        self.image = None;
+        self.lease.take().ok_or(self)
+    }
 }
 
 impl Drop for Workspace {
     fn drop(&mut self) {
         if self.keep.load(std::sync::atomic::Ordering::SeqCst) {
+            // `image` is none once `unmount_keeping` unmounted it.
             if self.image.is_some() {
                 let _ = self.sync();
                 self.root.lock().unwrap_or_else(|p| p.into_inner()).take();

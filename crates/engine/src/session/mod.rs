@@ -271,6 +271,7 @@ impl SessionManager {
                         thread::sleep(Duration::from_secs(1));
                         let Some(m) = weak.upgrade() else { return };
                         m.expire_idle();
+                        m.paused.unmount_idle(m.core.images.as_ref());
                         if m.core.session_store().is_some() {
                             m.idle_snapshots(&mut snapshots);
                         }
@@ -444,11 +445,15 @@ impl SessionManager {
         })?;
         let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
             .map_err(EngineError::unavailable)?;
-        let workspace = Arc::new(
-            self.core
-                .adopt_workspace(&path, lease)
-                .map_err(EngineError::unavailable)?,
-        );
+        // Mounted at its resume; an image that is not there is a session that cannot come back.
+        if let Some(images) = &self.core.images {
+            let mounted = is_mount_point(&path);
+            if !mounted && !images.image_of(&path).exists() {
+                return Err(EngineError::NotFound(Resource::Workspace {
+                    session: req.id.clone(),
+                }));
+            }
+        }
         let now = Utc::now();
         // Paused at the stop: its expiry stands; a live one's starts now.
         let expires_at = match req.paused_until {
@@ -467,7 +472,7 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.add_recovered_paused(info.clone(), workspace, req.paused_until.is_some());
+        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some());
         Ok(info)
     }
 
