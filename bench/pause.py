@@ -137,9 +137,10 @@ def main():
                 ids.append(s["id"])
             made = time.perf_counter() - t
             procs = subprocess.run(["pgrep", "-c", "-f", "runcell_kernel"], capture_output=True, text=True).stdout.strip()
-            print(f"paused     {paused_n} sessions in {made:.1f} s; {metric(base, 'runcell_sessions{state=\"paused\"}')}; "
-                  f"kernels running: {procs or 0}; server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB; "
-                  f"{metric(base, 'runcell_committed_memory') or ''}")
+            gauge = metric(base, 'runcell_sessions{state="paused"}')
+            committed = metric(base, "runcell_committed_memory") or ""
+            print(f"paused     {paused_n} sessions in {made:.1f} s; {gauge}; kernels running: {procs or 0}; "
+                  f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB; {committed}")
             # Each still resumes.
             e, ms = call("POST", f"{base}/v1/sessions/{ids[-1]}/execute", {"code": "v"})
             assert e["results"][0]["data"]["text/plain"] == str(paused_n - 1), e

@@ -22,7 +22,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Modules the zygote imports before forking Python sessions (comma-separated)
-    /// [default: numpy,pandas,matplotlib,matplotlib.pyplot].
+    /// [default: numpy,pandas,matplotlib,matplotlib.pyplot,sklearn.ensemble,cloudpickle].
     #[arg(long, value_delimiter = ',')]
     preload: Option<Vec<String>>,
     /// Start every Python session cold, without the preloaded zygote.

@@ -230,6 +230,10 @@ impl PausedSessions {
     }
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 /// Where the snapshots of an engine's sessions are kept.
 fn snapshots_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("snapshots")
@@ -249,17 +253,17 @@ pub(crate) fn discard_snapshot(data_dir: &Path, id: &str) {
     let _ = std::fs::remove_file(description_file(data_dir, id));
 }
 
-/// Writes `data` to `path` durably: a temporary file, synced, renamed over it.
+/// Writes `data` to `path` whole or not at all: a temporary file renamed over it. Not synced:
+/// a pause must be quick, a server killed with -9 loses nothing of the page cache, and a
+/// power loss right after it leaves a file the kernel finds truncated (the session then
+/// resumes with its files only, and says so).
 fn write_durably(path: &Path, data: &[u8]) -> Result<(), EngineError> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            f.write_all(data)?;
-            f.sync_all()
-        })
+        .and_then(|mut f| f.write_all(data))
         .map_err(io_error("write a snapshot", &tmp));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -313,9 +317,11 @@ impl SessionManager {
         let Some(kernel) = idle.kernel() else {
             return Ok(Err("the session's kernel was not running".into()));
         };
+        let t = std::time::Instant::now();
         let report = kernel
             .snapshot(IN_SANDBOX, &snapshot_options())
             .map_err(|e| snapshot_failed(&info.id, e))?;
+        let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
         let moved = ws
             .read_file(IN_WORKSPACE, u64::MAX)
@@ -340,7 +346,7 @@ impl SessionManager {
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
         write_durably(&description_file(&data_dir, &info.id), &json)?;
-        tracing::debug!(session = %info.id, bytes = report.bytes, ms = report.wall.as_millis() as u64, "snapshot taken");
+        tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
     }
 
@@ -368,13 +374,16 @@ impl SessionManager {
         if let Some(info) = self.paused().get(id) {
             return Ok(info);
         }
+        let t = std::time::Instant::now();
         let mut idle = self.idle(id)?;
         let snapshot = self.take_snapshot(&mut idle)?;
+        let snapshotted = t.elapsed();
         let mut info = idle.info();
         let now = Utc::now();
         info.status = SessionStatus::Paused;
         info.expires_at = now + chrono::Duration::seconds(info.limits.expire_after_s as i64);
         self.record_status(&info, "paused")?;
+        let recorded = t.elapsed();
         let paused = Paused {
             info: Mutex::new(info.clone()),
             workspace: Mutex::new(PausedWorkspace::Mounted(idle.workspace().clone())),
@@ -387,7 +396,7 @@ impl SessionManager {
         self.retire(idle, move |paused_map| {
             paused_map.insert(info.id.clone(), paused);
         });
-        tracing::info!(session = %id, "session paused");
+        tracing::info!(session = %id, snapshot_ms = ms(snapshotted), record_ms = ms(recorded - snapshotted), end_ms = ms(t.elapsed() - recorded), "session paused");
         self.get(id)
     }
 
@@ -450,9 +459,12 @@ impl SessionManager {
         let mut reservation = self.reserve_memory(info.limits.memory_mb)?;
         core.ledger
             .assign(&mut reservation, &info.owner, &policy, Admit::Checked)?;
+        let t = std::time::Instant::now();
         let ws = self.paused_workspace(id, paused)?;
+        let mounted = t.elapsed();
         let (mut kernel, how) =
             core.start_kernel(&ws, info.language, &info.limits, &paused.env, info.start)?;
+        let started = t.elapsed();
         let mut restored = match &paused.no_snapshot {
             Some(why) => Restored {
                 files_only: Some(why.clone()),
@@ -484,7 +496,7 @@ impl SessionManager {
         if let Err(e) = self.record_status(&launched, "ready") {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot record a resumed session's status");
         }
-        tracing::info!(session = %id, names = restored.names.len(), files_only = restored.files_only.is_some(), "session resumed");
+        tracing::info!(session = %id, names = restored.names.len(), files_only = restored.files_only.is_some(), mount_ms = ms(mounted), start_ms = ms(started - mounted), total_ms = ms(t.elapsed()), "session resumed");
         Ok(restored)
     }
 
@@ -555,7 +567,9 @@ impl SessionManager {
                 crate::chain(&e)
             ));
         }
+        let t = std::time::Instant::now();
         let r = kernel.restore(IN_SANDBOX, &snapshot_options());
+        tracing::debug!(session = %info.id, restore_ms = ms(t.elapsed()), "snapshot read back");
         if kernel.is_alive() {
             let _ = ws.delete(IN_WORKSPACE);
         }

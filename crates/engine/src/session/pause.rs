@@ -74,9 +74,7 @@ impl SessionManager {
         mut idle: Idle,
         then: impl FnOnce(&crate::durable::PausedSessions),
     ) {
-        if let Some(k) = idle.runner.kernel.take() {
-            k.shutdown();
-        }
+        let kernel = idle.runner.kernel.take();
         let id = idle.info().id;
         drop(idle);
         let entry = {
@@ -88,8 +86,37 @@ impl SessionManager {
             then(&self.paused);
             entry
         };
-        if let Some(e) = entry {
-            self.end(e);
+        // Killing and reaping the sandbox's tree takes tens of milliseconds: off the caller's
+        // path. Its memory goes back to the budget when it is gone (`end`), and `shutdown`
+        // waits for it (it is counted as ending).
+        let teardown = move |m: &SessionManager| {
+            if let Some(k) = kernel {
+                k.shutdown();
+            }
+            if let Some(e) = entry {
+                m.end(e);
+            }
+        };
+        match self.me() {
+            Some(me) => {
+                let (tx, rx) =
+                    std::sync::mpsc::channel::<Box<dyn FnOnce(&SessionManager) + Send>>();
+                let spawned = std::thread::Builder::new()
+                    .name("session-end".into())
+                    .spawn(move || {
+                        if let Ok(teardown) = rx.recv() {
+                            teardown(&me);
+                        }
+                    });
+                let teardown: Box<dyn FnOnce(&SessionManager) + Send> = Box::new(teardown);
+                match spawned {
+                    Ok(_) => {
+                        let _ = tx.send(teardown);
+                    }
+                    Err(_) => teardown(self),
+                }
+            }
+            None => teardown(self),
         }
     }
 
