@@ -576,3 +576,71 @@ fn a_session_paused_for_a_while_holds_no_mount_and_still_resumes() {
     }
     assert!(!ws.exists());
 }
+
+#[test]
+fn a_full_workspace_keeps_the_session_running_and_a_removed_runtime_is_a_clear_error() {
+    let data = common::serve::data_dir("runcell-durable-faults-");
+    // The runtime as a link of this data dir's own, so that removing it removes it for this
+    // server only.
+    let shared = std::fs::read_link(data.join("runtimes")).expect("runtimes link");
+    std::fs::remove_file(data.join("runtimes")).expect("unlink");
+    std::fs::create_dir(data.join("runtimes")).expect("runtimes dir");
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(&shared).expect("runtimes").flatten() {
+        std::os::unix::fs::symlink(e.path(), data.join("runtimes").join(e.file_name()))
+            .expect("link a runtime");
+        names.push(e.file_name());
+    }
+    let c = http();
+    let srv = serve(&data);
+
+    // A workspace full to its last block: the snapshot finds no room, 507, and the session
+    // keeps running with its state.
+    let id = create(&c, &srv, json!({"limits": {"disk_mb": 16}}));
+    let e = execute(
+        &c,
+        &srv,
+        &id,
+        "import numpy as np\nbig = np.ones(1 << 20)\ntry:\n    with open('fill', 'wb') as f:\n        while True:\n            f.write(b'x' * 65536)\n            f.flush()\nexcept OSError as e:\n    print(e.errno)",
+    );
+    assert_eq!(e["stdout"], "28\n", "{e}");
+    let (status, err) = action(&c, &srv, &id, "pause");
+    assert_eq!(status, 507, "{err}");
+    assert_eq!(err["error"]["code"], "insufficient_storage", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("keeps running"),
+        "{err}"
+    );
+    assert_eq!(get(&c, &srv, &id)["status"], "ready");
+    let e = execute(
+        &c,
+        &srv,
+        &id,
+        "import os\nos.remove('fill')\nint(big.sum())",
+    );
+    assert_eq!(text(&e), "1048576", "{e}");
+    // Control: with room again, it pauses.
+    assert_eq!(action(&c, &srv, &id, "pause").0, 200);
+
+    // Its runtime removed while it is paused: a resume says so, and works once it is back.
+    for n in &names {
+        std::fs::remove_file(data.join("runtimes").join(n)).expect("remove the runtime");
+    }
+    let (status, err) = action(&c, &srv, &id, "resume");
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(err["error"]["code"], "conflict", "{err}");
+    let msg = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("runtime") && msg.contains("runcell runtime install"),
+        "{err}"
+    );
+    assert_eq!(get(&c, &srv, &id)["status"], "paused");
+    for n in &names {
+        std::os::unix::fs::symlink(shared.join(n), data.join("runtimes").join(n)).expect("relink");
+    }
+    let e = execute(&c, &srv, &id, "int(big.sum())");
+    assert_eq!(text(&e), "1048576", "{e}");
+}

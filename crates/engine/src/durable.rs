@@ -453,6 +453,8 @@ impl SessionManager {
                 }
             }
         }
+        // Counted like a create: the server's session cap, the tenant's quota, the budget.
+        let _slot = self.reserve_sandbox()?;
         let policy = core.tenant_policy(&info.owner)?;
         core.ledger
             .check_quota(&info.owner, &policy, info.limits.memory_mb)?;
