@@ -15,8 +15,8 @@
 //! snapshot, naming the executions whose effect on variables was lost.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -28,6 +28,8 @@ use crate::core::io_error;
 use crate::error::{NoSpace, Unresumable};
 use crate::limits::Admit;
 use crate::model::Language;
+use crate::paused::{description_file, discard_snapshot, snapshot_file, Paused, PausedWorkspace};
+use crate::restored::{Restored, Skipped};
 use crate::session::{SessionInfo, SessionManager, SessionStatus};
 use crate::EngineError;
 
@@ -43,60 +45,6 @@ const IN_WORKSPACE: &str = ".runcell-state.snap";
 pub(crate) const IDLE_SNAPSHOT_AFTER: Duration = Duration::from_secs(3);
 /// Executions named as lost at most (the most recent ones).
 const MAX_LOST: usize = 1000;
-/// A session paused this long has its workspace unmounted (its image stays, and its uid): a
-/// pause soon followed by a resume does not pay a mount (10-30 ms), and a session paused for
-/// longer holds no mount, no loop device and no journal thread.
-pub(crate) const UNMOUNT_AFTER: Duration = Duration::from_secs(30);
-
-/// A paused session's workspace: mounted still, or only its image and its uid.
-enum PausedWorkspace {
-    Mounted(Arc<Workspace>),
-    /// Unmounted (after [`UNMOUNT_AFTER`], or brought back by a restarted server): mounted
-    /// again at the resume. The lease keeps the uid the image's files belong to.
-    Unmounted(runcell_sandbox::UidLease),
-    /// A resume could not mount it and gave up its lease: taken again at the next one.
-    Lost,
-}
-
-/// What a resume brought back of a session's variables: in the reply of
-/// `POST /v1/sessions/{id}/resume`, and on the first Execution after a resume nobody asked
-/// for (a request to a paused session, a restart of the server).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Restored {
-    /// The names restored.
-    pub names: Vec<String>,
-    /// Names that were not saved at the pause or could not be restored, and why (an open
-    /// file, a socket, a thread, a generator, a module that is gone).
-    pub skipped: Vec<Skipped>,
-    /// Set when no variables came back, only the files: why (the snapshot is corrupt,
-    /// truncated, from an incompatible runtime, or the language cannot save its state).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub files_only: Option<String>,
-    /// Executions whose effects on variables were lost: those that ran after the last
-    /// snapshot of a session whose server was killed (their files are kept).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub lost_executions: Vec<String>,
-}
-
-/// A name left out, and why.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Skipped {
-    pub name: String,
-    pub reason: String,
-}
-
-impl From<runcell_kernel::SkippedName> for Skipped {
-    fn from(s: runcell_kernel::SkippedName) -> Self {
-        Skipped {
-            name: s.name,
-            reason: s.reason,
-        }
-    }
-}
-
 /// What `<id>.json` says of the snapshot beside it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Description {
@@ -109,148 +57,8 @@ struct Description {
     skipped: Vec<Skipped>,
 }
 
-/// A paused session: its workspace, what its kernel needs to start again, and why its
-/// variables will not come back if they will not.
-pub(crate) struct Paused {
-    info: Mutex<SessionInfo>,
-    workspace: Mutex<PausedWorkspace>,
-    /// When it paused (its workspace is unmounted [`UNMOUNT_AFTER`] later).
-    since: std::time::Instant,
-    env: Vec<(String, String)>,
-    /// Why no snapshot was taken at the pause (the language cannot save its state, the kernel
-    /// was dead): the resume says so.
-    no_snapshot: Option<String>,
-    /// Executions after the snapshot (a kill -9): named in the first reply after the resume.
-    lost: Vec<String>,
-    /// Held by the one resuming it; `true` once it is live again.
-    resumed: Mutex<bool>,
-}
-
-impl Paused {
-    fn info(&self) -> SessionInfo {
-        self.info.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn workspace(&self) -> MutexGuard<'_, PausedWorkspace> {
-        self.workspace.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Unmounts its workspace, keeping the image and the uid; a workspace still in use (a
-    /// file request holding it) stays mounted, for the next sweep.
-    fn unmount(&self, images: Option<&runcell_sandbox::WorkspaceImages>) {
-        let mut ws = self.workspace();
-        let PausedWorkspace::Mounted(arc) = &*ws else {
-            return;
-        };
-        if images.is_none() || Arc::strong_count(arc) > 1 {
-            return; // a tmpfs would lose its files; someone holds it
-        }
-        let PausedWorkspace::Mounted(arc) = std::mem::replace(&mut *ws, PausedWorkspace::Lost)
-        else {
-            return;
-        };
-        let Ok(workspace) = Arc::try_unwrap(arc) else {
-            return;
-        };
-        match Box::new(workspace).unmount_keeping() {
-            Ok(lease) => *ws = PausedWorkspace::Unmounted(lease),
-            Err(workspace) => *ws = PausedWorkspace::Mounted(Arc::new(*workspace)),
-        }
-    }
-}
-
-/// Every paused session of an engine.
-#[derive(Default)]
-pub(crate) struct PausedSessions(Mutex<HashMap<String, Arc<Paused>>>);
-
-impl PausedSessions {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Paused>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn get(&self, id: &str) -> Option<SessionInfo> {
-        self.map().get(id).map(|p| p.info())
-    }
-
-    pub(crate) fn list(&self) -> Vec<SessionInfo> {
-        self.map().values().map(|p| p.info()).collect()
-    }
-
-    pub(crate) fn ids(&self) -> Vec<String> {
-        self.map().keys().cloned().collect()
-    }
-
-    fn entry(&self, id: &str) -> Option<Arc<Paused>> {
-        self.map().get(id).cloned()
-    }
-
-    pub(crate) fn insert(&self, id: String, p: Paused) {
-        self.map().insert(id, Arc::new(p));
-    }
-
-    /// Forgets a paused session in memory, keeping its workspace and snapshot on disk (a
-    /// server stopping).
-    pub(crate) fn keep_and_remove(&self, id: &str) {
-        if let Some(p) = self.map().remove(id) {
-            if let PausedWorkspace::Mounted(ws) = &*p.workspace() {
-                ws.keep();
-            }
-        }
-    }
-
-    /// Unmounts the workspaces of the sessions paused for [`UNMOUNT_AFTER`].
-    pub(crate) fn unmount_idle(&self, images: Option<&runcell_sandbox::WorkspaceImages>) {
-        let due: Vec<Arc<Paused>> = self
-            .map()
-            .values()
-            .filter(|p| p.since.elapsed() >= UNMOUNT_AFTER)
-            .cloned()
-            .collect();
-        for p in due {
-            p.unmount(images);
-        }
-    }
-
-    /// Forgets a paused session (resumed: its workspace now the live session's).
-    pub(crate) fn remove(&self, id: &str) -> bool {
-        self.map().remove(id).is_some()
-    }
-
-    fn take(&self, id: &str) -> Option<Arc<Paused>> {
-        self.map().remove(id)
-    }
-
-    /// The paused sessions past their expiry.
-    pub(crate) fn expired(&self, now: DateTime<Utc>) -> Vec<String> {
-        self.map()
-            .iter()
-            .filter(|(_, p)| p.info().expires_at <= now)
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// Where the snapshots of an engine's sessions are kept.
-fn snapshots_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("snapshots")
-}
-
-fn snapshot_file(data_dir: &Path, id: &str) -> PathBuf {
-    snapshots_dir(data_dir).join(format!("{id}.snap"))
-}
-
-fn description_file(data_dir: &Path, id: &str) -> PathBuf {
-    snapshots_dir(data_dir).join(format!("{id}.json"))
-}
-
-/// Removes a session's snapshot (it ended).
-pub(crate) fn discard_snapshot(data_dir: &Path, id: &str) {
-    let _ = std::fs::remove_file(snapshot_file(data_dir, id));
-    let _ = std::fs::remove_file(description_file(data_dir, id));
 }
 
 /// Writes `data` to `path` whole or not at all: a temporary file renamed over it. Not synced:
@@ -304,7 +112,7 @@ impl SessionManager {
     /// language cannot save its state (JavaScript) or the kernel is not running; the reason.
     fn take_snapshot(
         &self,
-        idle: &mut crate::session::Idle,
+        idle: &mut crate::session::pause::Idle,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
         if info.language == Language::Javascript {

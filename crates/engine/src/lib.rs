@@ -7,6 +7,7 @@ mod bounds;
 mod commands;
 mod core;
 mod durable;
+mod engine;
 mod error;
 mod execution;
 mod files;
@@ -14,8 +15,10 @@ mod launch;
 mod limits;
 mod model;
 mod oneshot;
+mod paused;
 mod pool;
 mod records;
+mod restored;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
@@ -23,7 +26,8 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
-pub use crate::core::{workspaces_dir, Engine, EngineConfig};
+pub use crate::core::{workspaces_dir, EngineConfig};
+pub use crate::engine::Engine;
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
     Oversize, Quota, RecordError, Resource, Unresumable, WorkspaceConflict,
@@ -40,18 +44,18 @@ pub use bounds::{
     MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
 pub use commands::CommandOutput;
-pub use durable::{Restored, Skipped};
 pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
-    KilledBy, Language, ResultItem, Truncated, UsageInfo,
+    KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
+pub use restored::{Restored, Skipped};
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
-    SessionStatus, Start, QUEUE_DEPTH,
+    SessionStatus, QUEUE_DEPTH,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 

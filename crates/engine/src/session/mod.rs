@@ -11,7 +11,7 @@
 mod cell;
 mod entry;
 mod info;
-mod pause;
+pub(crate) mod pause;
 mod runner;
 mod shared;
 mod worker;
@@ -28,19 +28,18 @@ use runcell_kernel::Kernel;
 use runcell_sandbox::{UidLease, Workspace};
 
 pub use self::cell::{CancelToken, EventSink, ExecEvent};
-pub(crate) use self::entry::Reply;
 use self::entry::{end, CellRunning, Entry, Job};
 pub(crate) use self::info::RecoverSession;
-pub use self::info::{CreateSession, SessionInfo, SessionStatus, Start};
-pub(crate) use self::pause::Idle;
+pub use self::info::{CreateSession, SessionInfo, SessionStatus};
 use self::runner::Runner;
 use self::shared::{Shared, SharedState};
 use self::worker::Worker;
+use crate::audit::Reply;
 use crate::core::Core;
 use crate::error::{Busy, Capacity, Invalid, RecordError, Resource};
 use crate::limits::{Admit, Reservation, SessionLimits};
-use crate::model::{new_id, Execution, Language};
-use crate::pool::{Warm, WarmPool};
+use crate::model::{new_id, Execution, Language, Start};
+use crate::pool::{Warm, WarmPool, WarmSource};
 use crate::EngineError;
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
@@ -70,7 +69,7 @@ pub struct SessionManager {
     /// [`SessionManager::reserve_sandbox`]).
     creating: Arc<std::sync::atomic::AtomicUsize>,
     /// Sessions paused to disk (durable.rs).
-    paused: crate::durable::PausedSessions,
+    paused: crate::paused::PausedSessions,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -111,7 +110,8 @@ impl SessionManager {
         if self.core.zygote_status() == crate::ZygoteStatus::Off {
             return;
         }
-        self.pool.start(n, self.me.clone());
+        let me: std::sync::Weak<dyn WarmSource> = self.me.clone();
+        self.pool.start(n, me);
     }
 
     /// Keeps a few empty workspaces of the default disk size mounted ahead of demand (when
@@ -125,42 +125,6 @@ impl SessionManager {
     /// Warm sessions ready to be handed out now.
     pub fn warm_ready(&self) -> usize {
         self.pool.ready()
-    }
-
-    pub(crate) fn warm_pool(&self) -> &WarmPool {
-        &self.pool
-    }
-
-    /// Whether new Python sessions would come from a ready zygote (a warm pool fills only then).
-    pub(crate) fn zygote_ready(&self) -> bool {
-        self.core.zygote().is_some()
-    }
-
-    /// Starts one session with the default limits for the warm pool.
-    pub(crate) fn start_warm(&self) -> Result<Warm, EngineError> {
-        let limits = self.core.resolve_session_limits(&Default::default())?;
-        // Counted like any session: a warm pool never fills past the budget.
-        let reservation = self.reserve(limits.memory_mb, false)?;
-        let id = new_id("ses");
-        let workspace = self.new_workspace(&id, &limits)?;
-        let (kernel, _) =
-            self.core
-                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
-        Ok(Warm {
-            id,
-            workspace,
-            kernel,
-            limits,
-            reservation,
-        })
-    }
-
-    /// Whether a warm session with the default limits fits the budget now.
-    pub(crate) fn warm_fits(&self) -> bool {
-        self.core.ledger.fits(
-            self.core.config.limits.defaults.memory_mb,
-            self.core.config.limits.committed_memory_mb,
-        )
     }
 
     /// `memory_mb` of the budget, for a sandbox about to start. When it does not fit and
@@ -775,7 +739,7 @@ impl SessionManager {
         // and the caller can retry; the other way round the session would be gone yet still
         // recorded, and come back `dead` at the next start.
         let forgotten = self.forget(id)?;
-        crate::durable::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
         match self.take(id) {
             Some(entry) => {
                 self.end(entry);
@@ -797,7 +761,7 @@ impl SessionManager {
             }
             None => self.end_paused(id),
         };
-        crate::durable::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
         let forgotten = self.forget(id).unwrap_or_else(|e| {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
             false
@@ -848,7 +812,7 @@ impl SessionManager {
             if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
-                crate::durable::discard_snapshot(&self.core.config.data_dir, &id);
+                crate::paused::discard_snapshot(&self.core.config.data_dir, &id);
                 tracing::info!(session = %id, "idle session expired");
                 if let Err(e) = self.forget(&id) {
                     // The next start finds its workspace gone: it is reported dead until its
@@ -902,6 +866,41 @@ impl SessionManager {
                 tracing::warn!("workspaces still being removed at the stop");
             }
         }
+    }
+}
+
+impl WarmSource for SessionManager {
+    fn warm_pool(&self) -> &WarmPool {
+        &self.pool
+    }
+
+    fn zygote_ready(&self) -> bool {
+        self.core.zygote().is_some()
+    }
+
+    fn start_warm(&self) -> Result<Warm, EngineError> {
+        let limits = self.core.resolve_session_limits(&Default::default())?;
+        // Counted like any session: a warm pool never fills past the budget.
+        let reservation = self.reserve(limits.memory_mb, false)?;
+        let id = new_id("ses");
+        let workspace = self.new_workspace(&id, &limits)?;
+        let (kernel, _) =
+            self.core
+                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
+        Ok(Warm {
+            id,
+            workspace,
+            kernel,
+            limits,
+            reservation,
+        })
+    }
+
+    fn warm_fits(&self) -> bool {
+        self.core.ledger.fits(
+            self.core.config.limits.defaults.memory_mb,
+            self.core.config.limits.committed_memory_mb,
+        )
     }
 }
 

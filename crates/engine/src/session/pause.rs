@@ -46,7 +46,7 @@ impl SessionManager {
         &self.core
     }
 
-    pub(crate) fn paused(&self) -> &crate::durable::PausedSessions {
+    pub(crate) fn paused(&self) -> &crate::paused::PausedSessions {
         &self.paused
     }
 
@@ -69,11 +69,7 @@ impl SessionManager {
     /// Ends an idle session's kernel and takes the session out of the live ones, calling
     /// `then` under the map's lock (a pause puts it among the paused there, so a request
     /// always finds it one way or the other). Its workspace stays with whoever holds it.
-    pub(crate) fn retire(
-        &self,
-        mut idle: Idle,
-        then: impl FnOnce(&crate::durable::PausedSessions),
-    ) {
+    pub(crate) fn retire(&self, mut idle: Idle, then: impl FnOnce(&crate::paused::PausedSessions)) {
         let kernel = idle.runner.kernel.take();
         let id = idle.info().id;
         drop(idle);
@@ -129,7 +125,7 @@ impl SessionManager {
         env: Vec<(String, String)>,
         kernel: Kernel,
         reservation: Reservation,
-        restored: crate::durable::Restored,
+        restored: crate::restored::Restored,
     ) -> Result<SessionInfo, EngineError> {
         let id = info.id.clone();
         let info = self.launch(info, workspace, env, Some(kernel), reservation)?;

@@ -15,7 +15,7 @@ pub(super) struct Shared {
     pub(super) handle: Option<RunningHandle>,
     pub(super) deleted: bool,
     /// What a resume nobody asked for brought back, for the next Execution to say.
-    pub(super) restored: Option<crate::durable::Restored>,
+    pub(super) restored: Option<crate::restored::Restored>,
 }
 
 /// [`Shared`] behind its lock; a panic while it was held does not poison it.
