@@ -64,6 +64,20 @@ def rss_kb(pid):
     return 0
 
 
+def descendants(pid):
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+    children = {}
+    for line in out.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    n, todo = 0, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            n += 1
+            todo.append(c)
+    return n
+
+
 def metric(base, name):
     with urllib.request.urlopen(base + "/metrics") as r:
         for line in r.read().decode().splitlines():
@@ -136,11 +150,11 @@ def main():
                 call("POST", f"{base}/v1/sessions/{s['id']}/pause")
                 ids.append(s["id"])
             made = time.perf_counter() - t
-            procs = subprocess.run(["pgrep", "-c", "-f", "runcell_kernel"], capture_output=True, text=True).stdout.strip()
             gauge = metric(base, 'runcell_sessions{state="paused"}')
-            committed = metric(base, "runcell_committed_memory") or ""
-            print(f"paused     {paused_n} sessions in {made:.1f} s; {gauge}; kernels running: {procs or 0}; "
-                  f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB; {committed}")
+            mounts = sum(1 for l in open("/proc/self/mountinfo") if os.path.join(data, "workspaces") in l)
+            print(f"paused     {paused_n} sessions in {made:.1f} s; {gauge}; processes under the server: "
+                  f"{descendants(srv.pid)} (the zygote and its helpers); workspaces mounted: {mounts}; "
+                  f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB")
             # Each still resumes.
             e, ms = call("POST", f"{base}/v1/sessions/{ids[-1]}/execute", {"code": "v"})
             assert e["results"][0]["data"]["text/plain"] == str(paused_n - 1), e
