@@ -197,6 +197,7 @@ impl SessionManager {
             workspace: Mutex::new(PausedWorkspace::Mounted(idle.workspace().clone())),
             since: std::time::Instant::now(),
             env: idle.env().to_vec(),
+            egress: idle.egress(),
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
             resumed: Mutex::new(false),
@@ -272,8 +273,14 @@ impl SessionManager {
         let t = std::time::Instant::now();
         let ws = self.paused_workspace(id, paused)?;
         let mounted = t.elapsed();
-        let (mut kernel, how) =
-            core.start_kernel(&ws, info.language, &info.limits, &paused.env, info.start)?;
+        let (mut kernel, how) = core.start_kernel(
+            &ws,
+            info.language,
+            &info.limits,
+            &paused.env,
+            info.start,
+            paused.egress.as_ref(),
+        )?;
         let started = t.elapsed();
         let mut restored = match &paused.no_snapshot {
             Some(why) => Restored {
@@ -285,7 +292,14 @@ impl SessionManager {
         if !kernel.is_alive() {
             // The restore killed it (out of memory, say): a fresh one, files only.
             kernel = core
-                .start_kernel(&ws, info.language, &info.limits, &paused.env, info.start)?
+                .start_kernel(
+                    &ws,
+                    info.language,
+                    &info.limits,
+                    &paused.env,
+                    info.start,
+                    paused.egress.as_ref(),
+                )?
                 .0;
         }
         restored.lost_executions = paused.lost.clone();
@@ -299,6 +313,7 @@ impl SessionManager {
             paused.env.clone(),
             kernel,
             reservation,
+            paused.egress.clone(),
             restored.clone(),
         )?;
         launched.start = how;
@@ -495,6 +510,7 @@ impl SessionManager {
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
                 env: Vec::new(),
+                egress: None,
                 no_snapshot: None,
                 lost,
                 resumed: Mutex::new(false),
@@ -576,6 +592,9 @@ impl SessionManager {
             env: env.into_iter().collect(),
             metadata: info.metadata.clone(),
             start: Some(info.start),
+            // Its policy's secrets are not readable back: a fork starts without a network,
+            // never with more than its source had.
+            network: Default::default(),
         })?;
         let copied = self.copy_files(&source_ws, &new.id);
         let restored = match (copied, snapshot) {

@@ -35,6 +35,9 @@ pub(crate) struct Paused {
     /// When it paused (its workspace is unmounted [`UNMOUNT_AFTER`] later).
     pub(crate) since: std::time::Instant,
     pub(crate) env: Vec<(String, String)>,
+    /// Its network policy's proxy state, kept while the server runs (not across a restart:
+    /// a recovered session comes back without a network, as before).
+    pub(crate) egress: Option<runcell_egress::SessionEgress>,
     /// Why no snapshot was taken at the pause (the language cannot save its state, the kernel
     /// was dead): the resume says so.
     pub(crate) no_snapshot: Option<String>,

@@ -98,11 +98,14 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     document_forbidden(&mut api);
     document_no_space(&mut api);
     openapi::document(&mut api, &state.engine.config().limits);
+    openapi::document_network(&mut api, &state.engine.config().network.allow_domains);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
+        .nest("/gemini", vendor::gemini::router())
+        .nest("/mistral", vendor::mistral::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)

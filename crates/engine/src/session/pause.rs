@@ -39,6 +39,11 @@ impl Idle {
     pub(crate) fn env(&self) -> &[(String, String)] {
         &self.runner.env
     }
+
+    /// Its network policy's proxy state (a resume starts its kernel with the same).
+    pub(crate) fn egress(&self) -> Option<runcell_egress::SessionEgress> {
+        self.entry.egress.clone()
+    }
 }
 
 impl SessionManager {
@@ -125,10 +130,11 @@ impl SessionManager {
         env: Vec<(String, String)>,
         kernel: Kernel,
         reservation: Reservation,
+        egress: Option<runcell_egress::SessionEgress>,
         restored: crate::restored::Restored,
     ) -> Result<SessionInfo, EngineError> {
         let id = info.id.clone();
-        let info = self.launch(info, workspace, env, Some(kernel), reservation)?;
+        let info = self.launch(info, workspace, env, Some(kernel), reservation, egress)?;
         if let Some(e) = self.map().get(&id) {
             e.lock().restored = Some(restored);
         }
