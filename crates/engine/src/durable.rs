@@ -314,8 +314,8 @@ impl SessionManager {
             kernel,
             reservation,
             paused.egress.clone(),
-            restored.clone(),
         )?;
+        self.set_restored(id, restored.clone());
         launched.start = how;
         self.paused().remove(id);
         if let Err(e) = self.record_status(&launched, "ready") {

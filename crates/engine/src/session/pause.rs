@@ -121,8 +121,7 @@ impl SessionManager {
         }
     }
 
-    /// Registers a resumed session with its kernel (durable.rs); its next Execution carries
-    /// `restored`.
+    /// Registers a resumed session with its kernel (durable.rs).
     pub(crate) fn launch_resumed(
         &self,
         info: SessionInfo,
@@ -131,14 +130,15 @@ impl SessionManager {
         kernel: Kernel,
         reservation: Reservation,
         egress: Option<runcell_egress::SessionEgress>,
-        restored: crate::restored::Restored,
     ) -> Result<SessionInfo, EngineError> {
-        let id = info.id.clone();
-        let info = self.launch(info, workspace, env, Some(kernel), reservation, egress)?;
-        if let Some(e) = self.map().get(&id) {
+        self.launch(info, workspace, env, Some(kernel), reservation, egress)
+    }
+
+    /// What the session's next Execution says a resume restored.
+    pub(crate) fn set_restored(&self, id: &str, restored: crate::restored::Restored) {
+        if let Some(e) = self.map().get(id) {
             e.lock().restored = Some(restored);
         }
-        Ok(info)
     }
 
     /// Takes back what a resume restored (the explicit resume's reply carried it).
