@@ -125,6 +125,7 @@ mod tests {
             }],
             usage: Default::default(),
             network: Vec::new(),
+            restored: None,
             started_at: t,
             finished_at: t,
         };
