@@ -2,6 +2,7 @@
 //! domain words. Knows nothing of HTTP; runs code only through `runcell-sandbox`.
 #![forbid(unsafe_code)]
 
+mod approval;
 mod audit;
 mod bounds;
 mod commands;
@@ -16,6 +17,7 @@ mod model;
 mod oneshot;
 mod pool;
 mod records;
+mod replay;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
@@ -23,6 +25,7 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
+pub use crate::approval::{ApprovalRecord, Decision, APPROVAL_PREFIX};
 pub use crate::core::{workspaces_dir, EngineConfig};
 pub use crate::engine::Engine;
 pub use crate::error::{
@@ -48,6 +51,7 @@ pub use model::{
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
+pub use replay::{sources_of_difference, CellReplay, Check, ReplayReport, UploadRestore};
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
