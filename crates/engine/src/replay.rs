@@ -25,6 +25,7 @@ use crate::{
 };
 
 /// A replay's whole report.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
     pub object: &'static str,
@@ -39,6 +40,7 @@ pub struct ReplayReport {
 }
 
 /// One recorded upload, and whether the replay had it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct UploadRestore {
     pub path: String,
@@ -50,6 +52,7 @@ pub struct UploadRestore {
 }
 
 /// One cell: recorded against replayed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct CellReplay {
     /// 1-based position in the session.
@@ -72,6 +75,7 @@ pub struct CellReplay {
 }
 
 /// One comparison, with a unified diff when it failed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     pub matches: bool,
