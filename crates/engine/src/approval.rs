@@ -9,11 +9,11 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use runcell_store::NewExecution;
+
+use crate::error::RecordError;
 use crate::records::{self, store_error};
 use crate::{new_ordered_id, Engine, EngineError};
-
-/// The id prefix of a decision's chain row.
-pub const APPROVAL_PREFIX: &str = "apr_";
 
 /// What a person decided about a proposed cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,11 +89,25 @@ impl Engine {
         let Some(records) = &self.core.records else {
             return Ok(());
         };
-        let rec = records::new_approval(owner, decision)?;
+        let rec = new_approval(owner, decision)?;
         records
             .store()
             .append_execution(&rec)
             .map_err(store_error)?;
         Ok(())
     }
+}
+
+/// The store's record of a decision on a cell (`approval.rs`).
+fn new_approval(owner: &str, decision: &ApprovalRecord) -> Result<NewExecution, EngineError> {
+    let json = serde_json::to_string(decision).map_err(RecordError::store)?;
+    Ok(NewExecution {
+        tenant: records::tenant(owner).to_owned(),
+        execution_id: decision.id.clone(),
+        session_id: decision.session_id.clone(),
+        status: decision.decision.as_str().to_owned(),
+        code: decision.proposed_code.clone(),
+        execution_json: json,
+        created_at: decision.decided_at,
+    })
 }

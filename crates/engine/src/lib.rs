@@ -25,7 +25,7 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
-pub use crate::approval::{ApprovalRecord, Decision, APPROVAL_PREFIX};
+pub use crate::approval::{ApprovalRecord, Decision};
 pub use crate::core::{workspaces_dir, EngineConfig};
 pub use crate::engine::Engine;
 pub use crate::error::{
@@ -37,6 +37,7 @@ pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
     MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
+pub use crate::records::APPROVAL_PREFIX;
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
     MAX_ENV_BYTES, MAX_ENV_VARS, MAX_ENV_VAR_BYTES, MAX_FILE_BYTES, MAX_FILE_CHANGES,

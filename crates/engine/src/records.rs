@@ -153,28 +153,13 @@ fn new_execution(
     })
 }
 
-/// The store's record of a decision on a cell (`approval.rs`).
-pub(crate) fn new_approval(
-    owner: &str,
-    decision: &crate::approval::ApprovalRecord,
-) -> Result<NewExecution, EngineError> {
-    let json = serde_json::to_string(decision).map_err(RecordError::store)?;
-    Ok(NewExecution {
-        tenant: tenant(owner).to_owned(),
-        execution_id: decision.id.clone(),
-        session_id: decision.session_id.clone(),
-        status: decision.decision.as_str().to_owned(),
-        code: decision.proposed_code.clone(),
-        execution_json: json,
-        created_at: decision.decided_at,
-    })
-}
-
 /// Whether a chain row is a decision on a cell rather than an execution.
 pub(crate) fn is_approval(row: &ExecutionRow) -> bool {
-    row.execution_id
-        .starts_with(crate::approval::APPROVAL_PREFIX)
+    row.execution_id.starts_with(APPROVAL_PREFIX)
 }
+
+/// The id prefix of a decision's chain row (`approval.rs`).
+pub const APPROVAL_PREFIX: &str = "apr_";
 
 /// A recorded execution as callers read it: the Execution as it was returned, plus the `code`
 /// that ran.

@@ -202,7 +202,7 @@ struct Job {
     question: String,
     files: Vec<InputFile>,
     /// Each cell waits for a person's decision (`approval: always`).
-    approvals: Option<Arc<crate::approvals::Approvals>>,
+    approvals: Option<Arc<crate::pending::Approvals>>,
 }
 
 /// The loop itself, on a blocking thread: every step becomes an event, the outcome the last.
@@ -227,7 +227,7 @@ fn run(job: Job, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
     let by = format!("api:{}", tenant.0);
     let mut decide = approvals.map(|a| {
         let tx = tx.clone();
-        crate::approvals::gate_for(
+        crate::pending::gate_for(
             a,
             tenant.0.clone(),
             session.clone(),

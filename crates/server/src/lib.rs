@@ -16,6 +16,7 @@ mod metrics;
 mod misc;
 mod oneshot;
 mod openapi;
+mod pending;
 mod replay;
 mod sessions;
 mod state;
