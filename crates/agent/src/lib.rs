@@ -24,7 +24,7 @@ pub use approval::{Gate, Proposal, Verdict};
 pub use error::AgentError;
 pub use provider::{
     default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
-    ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
+    ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_GEMINI_MODEL, DEFAULT_OPENAI_MODEL,
 };
 
 /// How a run goes.

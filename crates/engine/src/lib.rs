@@ -14,6 +14,7 @@ mod files;
 mod launch;
 mod limits;
 mod model;
+mod network;
 mod oneshot;
 mod pool;
 mod records;
@@ -49,6 +50,9 @@ pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
+};
+pub use network::{
+    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
