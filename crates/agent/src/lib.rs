@@ -10,13 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use runcell_engine::tools::{ToolCall, ToolOutput};
-use runcell_engine::{CancelToken, CreateSession, Engine, FileChangeKind, InputFile};
+use runcell_engine::{
+    ApprovalRecord, CancelToken, CreateSession, Decision, Engine, FileChangeKind, InputFile,
+};
 
+pub mod approval;
 mod error;
 pub mod provider;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use approval::{Gate, Proposal, Verdict};
 pub use error::AgentError;
 pub use provider::{
     default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
@@ -162,6 +166,19 @@ impl Agent {
         opts: &AgentOptions,
         on_step: &mut dyn FnMut(StepEvent<'_>),
     ) -> Result<AgentOutcome, AgentError> {
+        self.run_gated(question, files, opts, on_step, None)
+    }
+
+    /// [`Agent::run`] where, with a `gate`, every tool call waits for a person's decision,
+    /// which is recorded in the audit log before anything runs.
+    pub fn run_gated(
+        &self,
+        question: &str,
+        files: &[InputFile],
+        opts: &AgentOptions,
+        on_step: &mut dyn FnMut(StepEvent<'_>),
+        mut gate: Option<Gate<'_>>,
+    ) -> Result<AgentOutcome, AgentError> {
         let guard = match &opts.session {
             Some(id) => SessionGuard {
                 engine: &self.engine,
@@ -220,7 +237,10 @@ impl Agent {
             let mut replies = Vec::with_capacity(reply.calls.len());
             for call in &reply.calls {
                 on_step(StepEvent::ToolCall { step: steps, call });
-                let output = self.run_call(session, call)?;
+                let (output, declined) = match gate.as_mut() {
+                    None => (self.run_call(session, call)?, false),
+                    Some(g) => self.run_approved(session, steps, call, &opts.owner, g)?,
+                };
                 on_step(StepEvent::ToolResult {
                     step: steps,
                     call,
@@ -235,7 +255,12 @@ impl Agent {
                         }
                     }
                 }
-                failures = if output.is_error { failures + 1 } else { 0 };
+                // A declined call is the person's choice, not the model's failure.
+                failures = if output.is_error && !declined {
+                    failures + 1
+                } else {
+                    0
+                };
                 replies.push(ToolReply {
                     id: call.id.clone(),
                     name: call.name.clone(),
@@ -261,6 +286,65 @@ impl Agent {
             files_produced,
             transcript: turns,
         })
+    }
+
+    /// Asks the gate about `call`, records the decision, and runs what was approved. The bool
+    /// says the call was declined.
+    fn run_approved(
+        &self,
+        session: &str,
+        step: usize,
+        call: &ToolUse,
+        owner: &str,
+        gate: &mut Gate<'_>,
+    ) -> Result<(ToolOutput, bool), AgentError> {
+        if call.bad_arguments.is_some() {
+            return Ok((self.run_call(session, call)?, false));
+        }
+        let code = approval::proposal_text(call);
+        let verdict = (gate.decide)(&Proposal {
+            step,
+            call,
+            code: code.clone(),
+        });
+        let decision = match &verdict {
+            Verdict::Run => Decision::Approved,
+            Verdict::Edit(c) if *c == code => Decision::Approved,
+            Verdict::Edit(_) => Decision::Edited,
+            Verdict::Decline(_) => Decision::Declined,
+        };
+        let mut rec = ApprovalRecord::new(
+            Some(session.to_owned()),
+            decision,
+            gate.by.clone(),
+            call.name.clone(),
+            code.clone(),
+        );
+        match &verdict {
+            Verdict::Edit(c) if decision == Decision::Edited => rec.edited_code = Some(c.clone()),
+            Verdict::Decline(r) => rec.reason = r.clone(),
+            _ => {}
+        }
+        self.engine.record_approval(owner, &rec)?;
+        match verdict {
+            Verdict::Decline(reason) => Ok((
+                ToolOutput {
+                    text: approval::declined_text(reason.as_deref()),
+                    ..ToolOutput::error("")
+                },
+                true,
+            )),
+            Verdict::Edit(c) if decision == Decision::Edited => {
+                let edited = match approval::edited_call(call, &c) {
+                    Ok(e) => e,
+                    Err(m) => return Ok((ToolOutput::error(m), false)),
+                };
+                let mut out = self.run_call(session, &edited)?;
+                out.text = format!("{}{}", approval::edited_note(&c), out.text);
+                Ok((out, false))
+            }
+            _ => Ok((self.run_call(session, call)?, false)),
+        }
     }
 
     fn run_call(&self, session: &str, call: &ToolUse) -> Result<ToolOutput, AgentError> {

@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use runcell_agent::{Agent, AgentOptions, ProviderConfig, ProviderKind, StepEvent, StopReason};
+use runcell_agent::{
+    Agent, AgentOptions, Gate, ProviderConfig, ProviderKind, StepEvent, StopReason,
+};
 use runcell_engine::tools::ToolCall;
 
+mod approve;
 mod out_dir;
 
 #[derive(Debug, clap::Args)]
@@ -46,6 +49,11 @@ pub struct AskArgs {
     /// Print each cell and its output on stderr as it runs.
     #[arg(long)]
     show_code: bool,
+    /// Show each cell before it runs and run it only on `y`: `n` declines (the model is told,
+    /// with the reason asked for), `e` opens it in $EDITOR and runs the edited code. Answers
+    /// are read from stdin; every decision is recorded in the audit log.
+    #[arg(long)]
+    approve: bool,
 }
 
 pub(crate) fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -83,12 +91,19 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
         ..AgentOptions::default()
     };
     let show = args.show_code;
+    let approve = args.approve;
     let mut on_step = |event: StepEvent<'_>| {
-        if show {
+        // With --approve the cell was shown already, with the prompt.
+        if show && !(approve && matches!(event, StepEvent::ToolCall { .. })) {
             show_step(&event);
         }
     };
-    let outcome = agent.run(&args.question, &files, &opts, &mut on_step);
+    let mut decide = approve::decide;
+    let gate = approve.then(|| Gate {
+        by: approve::decided_by(),
+        decide: &mut decide,
+    });
+    let outcome = agent.run_gated(&args.question, &files, &opts, &mut on_step, gate);
     engine.sessions().shutdown();
     let outcome = outcome?;
 
@@ -136,7 +151,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The `--file`s, read, each named after its file name in /workspace.
-fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engine::InputFile>> {
+pub(crate) fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engine::InputFile>> {
     paths
         .iter()
         .map(|f| {

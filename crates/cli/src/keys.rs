@@ -1,4 +1,4 @@
-//! `runcell keys create|list|update|revoke` and `runcell audit list|show|verify|checkpoint|public-key`:
+//! `runcell keys create|list|update|revoke` and `runcell audit list|show|verify|checkpoint|public-key` (and `replay`, `replay.rs`):
 //! operator commands on the database, no server needed.
 
 use std::path::{Path, PathBuf};
@@ -132,6 +132,10 @@ pub enum AuditCommand {
     },
     /// Print the Ed25519 public key checkpoints are signed with, to publish.
     PublicKey,
+    /// Re-run a recorded session's cells in a fresh sandbox and report, cell by cell, whether
+    /// stdout, the main result, the error and the produced files match the record (exit code
+    /// 1 when one differs).
+    Replay(crate::replay::ReplayArgs),
 }
 
 fn open(data_dir: &Path) -> anyhow::Result<Store> {
@@ -258,6 +262,7 @@ pub fn audit(data_dir: &Path, cmd: AuditCommand) -> anyhow::Result<ExitCode> {
             return crate::audit::checkpoint(data_dir, tenant.as_deref())
         }
         AuditCommand::PublicKey => return crate::audit::public_key(data_dir),
+        AuditCommand::Replay(args) => return crate::replay::replay(data_dir, args),
     }
     Ok(ExitCode::SUCCESS)
 }

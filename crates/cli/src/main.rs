@@ -10,6 +10,7 @@ mod engines;
 mod keys;
 mod mcp;
 mod repl;
+mod replay;
 mod run;
 mod runtime;
 mod serve;

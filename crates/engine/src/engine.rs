@@ -118,7 +118,11 @@ impl Engine {
             .list_executions(records::tenant(owner), session, limit, before)
             .map_err(records::store_error)?;
         Ok(ExecutionPage {
-            executions: rows.into_iter().map(records::with_code).collect(),
+            executions: rows
+                .into_iter()
+                .filter(|r| !records::is_approval(r))
+                .map(records::with_code)
+                .collect(),
             next,
         })
     }
@@ -136,7 +140,9 @@ impl Engine {
                 .map_err(records::store_error)?,
             None => None,
         };
-        Ok(row.map(records::with_code))
+        Ok(row
+            .filter(|r| !records::is_approval(r))
+            .map(records::with_code))
     }
 
     /// Re-walks the owner's audit chain and reports the first edited, deleted or out-of-band

@@ -2,6 +2,7 @@
 //! domain words. Knows nothing of HTTP; runs code only through `runcell-sandbox`.
 #![forbid(unsafe_code)]
 
+mod approval;
 mod audit;
 mod bounds;
 mod commands;
@@ -23,6 +24,7 @@ mod provenance;
 mod records;
 mod restored;
 mod rich;
+mod replay;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
@@ -30,6 +32,7 @@ pub mod testing;
 pub mod tools;
 mod zygote;
 
+pub use crate::approval::{ApprovalRecord, Decision};
 pub use crate::core::{workspaces_dir, EngineConfig};
 pub use crate::engine::Engine;
 pub use crate::error::{
@@ -41,6 +44,7 @@ pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
     MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
+pub use crate::records::APPROVAL_PREFIX;
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
     MAX_ENV_BYTES, MAX_ENV_VARS, MAX_ENV_VAR_BYTES, MAX_FILE_BYTES, MAX_FILE_CHANGES,
@@ -62,6 +66,7 @@ pub use provenance::producer;
 pub use records::ExecutionPage;
 pub use restored::{Restored, Skipped};
 pub use rich::chart_summary;
+pub use replay::{sources_of_difference, CellReplay, Check, ReplayReport, UploadRestore};
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,

@@ -154,6 +154,14 @@ fn new_execution(
     })
 }
 
+/// Whether a chain row is a decision on a cell rather than an execution.
+pub(crate) fn is_approval(row: &ExecutionRow) -> bool {
+    row.execution_id.starts_with(APPROVAL_PREFIX)
+}
+
+/// The id prefix of a decision's chain row (`approval.rs`).
+pub const APPROVAL_PREFIX: &str = "apr_";
+
 /// A recorded execution as callers read it: the Execution as it was returned, plus the `code`
 /// that ran.
 pub(crate) fn with_code(row: ExecutionRow) -> serde_json::Value {

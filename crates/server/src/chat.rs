@@ -11,7 +11,7 @@ use axum::extract::{Multipart, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use runcell_agent::{Agent, AgentError, AgentOptions, StepEvent, StopReason};
+use runcell_agent::{Agent, AgentError, AgentOptions, Gate, StepEvent, StopReason};
 use runcell_engine::tools::ToolCall;
 use runcell_engine::{CreateSession, InputFile};
 use serde::Serialize;
@@ -64,9 +64,10 @@ pub async fn chat_info(State(state): State<AppState>, _tenant: Tenant) -> Json<C
     })
 }
 
-/// The question and the files, read from the multipart body.
-async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>)> {
+/// The question, the files and whether each cell waits for approval, from the multipart body.
+async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>, bool)> {
     let mut question = None;
+    let mut approve = false;
     let mut files = Vec::new();
     loop {
         let Some(field) = form.next_field().await.map_err(ApiError::multipart)? else {
@@ -86,9 +87,16 @@ async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>)> {
                         .map_err(|_| ApiError::invalid("the question is not UTF-8 text"))?,
                 )
             }
+            (_, Some("approval")) => {
+                approve = match &data[..] {
+                    b"never" => false,
+                    b"always" => true,
+                    _ => return Err(ApiError::invalid("`approval` is `never` or `always`")),
+                }
+            }
             (_, other) => {
                 return Err(ApiError::invalid(format!(
-                    "unexpected part {:?}: send `question` and file parts",
+                    "unexpected part {:?}: send `question`, `approval` and file parts",
                     other.unwrap_or("")
                 )))
             }
@@ -97,7 +105,7 @@ async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>)> {
     let question = question
         .filter(|q| !q.trim().is_empty())
         .ok_or_else(|| ApiError::invalid("the question is empty"))?;
-    Ok((question, files))
+    Ok((question, files, approve))
 }
 
 fn agent_error(e: AgentError) -> ApiError {
@@ -125,9 +133,9 @@ fn call_source(name: &str, input: &serde_json::Value, raw: &str) -> String {
 }
 
 #[utoipa::path(post, path = "/v1/chat", tag = "chat",
-    request_body(content_type = "multipart/form-data", description = "a `question` text part and any number of file parts, uploaded into /workspace under their file names"),
+    request_body(content_type = "multipart/form-data", description = "a `question` text part, an optional `approval` part (`never`, the default, or `always`: each cell waits for `POST /v1/approvals/{id}`) and any number of file parts, uploaded into /workspace under their file names"),
     responses(
-        (status = 200, content_type = "application/x-ndjson", description = "events as the loop runs: `session`, then per step `model`, `tool_call`, `tool_result`; last `end` with the answer and the files produced, or with `status` and `error`"),
+        (status = 200, content_type = "application/x-ndjson", description = "events as the loop runs: `session`, then per step `model`, `tool_call`, (with an `approval` part `always`) `approval` with the pending cell to answer at `POST /v1/approvals/{id}`, `tool_result`; last `end` with the answer and the files produced, or with `status` and `error`"),
         (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, or an unexpected part"),
         (status = 404, body = ErrorBody, description = "no model provider is configured"),
         (status = 409, body = ErrorBody, description = "the session the loop ran in ended under it"),
@@ -145,7 +153,8 @@ pub async fn chat(
         ));
     };
     let form = form.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let (question, files) = read_form(form).await?;
+    let (question, files, approve) = read_form(form).await?;
+    let approvals = approve.then(|| state.approvals.clone());
 
     // The session is the caller's, like any other: listed, audited, openable as a notebook.
     let engine = state.engine.clone();
@@ -163,7 +172,16 @@ pub async fn chat(
     let _ = tx.send(line(json!({"type": "session", "session": info})));
     let engine = state.engine.clone();
     let session = info.id.clone();
-    tokio::task::spawn_blocking(move || run(engine, config, tenant, session, question, files, tx));
+    let job = Job {
+        engine,
+        config,
+        tenant,
+        session,
+        question,
+        files,
+        approvals,
+    };
+    tokio::task::spawn_blocking(move || run(job, tx));
 
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let chunk = rx.recv().await?;
@@ -175,16 +193,29 @@ pub async fn chat(
         .unwrap_or_else(|e| ApiError::internal(e).into_response()))
 }
 
-/// The loop itself, on a blocking thread: every step becomes an event, the outcome the last.
-fn run(
+/// One chat run.
+struct Job {
     engine: runcell_engine::Engine,
     config: Arc<ChatConfig>,
     tenant: Tenant,
     session: String,
     question: String,
     files: Vec<InputFile>,
-    tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>,
-) {
+    /// Each cell waits for a person's decision (`approval: always`).
+    approvals: Option<Arc<crate::pending::Approvals>>,
+}
+
+/// The loop itself, on a blocking thread: every step becomes an event, the outcome the last.
+fn run(job: Job, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
+    let Job {
+        engine,
+        config,
+        tenant,
+        session,
+        question,
+        files,
+        approvals,
+    } = job;
     // A client that went away stops the loop before its next model call (the cell running
     // now finishes; no more of the provider's tokens are spent).
     let stop = Arc::new(AtomicBool::new(false));
@@ -193,6 +224,20 @@ fn run(
             stop.store(true, Ordering::SeqCst);
         }
     };
+    let by = format!("api:{}", tenant.0);
+    let mut decide = approvals.map(|a| {
+        let tx = tx.clone();
+        crate::pending::gate_for(
+            a,
+            tenant.0.clone(),
+            session.clone(),
+            stop.clone(),
+            move |p| {
+                let _ = tx.send(line(json!({"type": "approval", "approval": p})));
+            },
+        )
+    });
+    let gate = decide.as_mut().map(|d| Gate { by, decide: d });
     let opts = AgentOptions {
         max_steps: config.max_steps,
         owner: tenant.0,
@@ -216,7 +261,7 @@ fn run(
         })),
     };
     let outcome = Agent::new(engine.clone(), config.provider.clone())
-        .and_then(|agent| agent.run(&question, &files, &opts, &mut on_step));
+        .and_then(|agent| agent.run_gated(&question, &files, &opts, &mut on_step, gate));
     let end = match outcome {
         Ok(outcome) => {
             let listing = engine.list_files(&session, "").unwrap_or_default();

@@ -2,6 +2,7 @@
 //! web page. The only crate that speaks HTTP; it decides every status code in `error.rs`.
 #![forbid(unsafe_code)]
 
+mod approvals;
 pub mod audit;
 mod chat;
 mod connections;
@@ -17,6 +18,8 @@ mod misc;
 mod oneshot;
 mod openapi;
 mod pause;
+mod pending;
+mod replay;
 mod sessions;
 mod state;
 mod vendor;
@@ -92,6 +95,9 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(audit::checkpoint))
         .routes(routes!(audit::public_key))
         .routes(routes!(chat::chat_info, chat::chat))
+        .routes(routes!(approvals::list_approvals))
+        .routes(routes!(approvals::answer_approval))
+        .routes(routes!(replay::replay_session))
         .routes(routes!(misc::healthz))
         .routes(routes!(misc::metrics))
         .split_for_parts();
@@ -269,5 +275,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,
+        approvals: Arc::default(),
     }
 }

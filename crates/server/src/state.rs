@@ -43,6 +43,8 @@ pub struct AppState {
     pub metrics_elsewhere: bool,
     /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
     pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
+    /// Agent loops' cells waiting for a person (`/v1/approvals`).
+    pub approvals: Arc<crate::pending::Approvals>,
 }
 
 impl AppState {

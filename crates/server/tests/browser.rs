@@ -206,3 +206,36 @@ async fn the_page_works_in_headless_chromium() {
         .expect("executions");
     assert_eq!(rows.len(), 1, "the keyed cell ran as the key's tenant");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chat_page_runs_edits_and_declines_waiting_cells() {
+    chromium();
+    tokio::task::spawn_blocking(playwright).await.expect("npm");
+    let stand_in = StandIn::start(|n, _| match n {
+        0 => (200, vec![], python_call("call_1", "print('E=' + str(1))")),
+        1 => (
+            200,
+            vec![],
+            python_call("call_2", "import os; os.remove('x')"),
+        ),
+        2 => (200, vec![], python_call("call_3", "print('F=' + str(3))")),
+        _ => (200, vec![], text_reply("done")),
+    });
+    let srv = common::start_with_chat(Some(runcell_server::ChatConfig {
+        provider: stand_in.config(ProviderKind::OpenAi),
+        max_steps: 6,
+    }))
+    .await;
+    let base = srv.base.clone();
+    tokio::task::spawn_blocking(move || run_phase("approval", &base, &[]))
+        .await
+        .expect("approval phase");
+    let (rows, _) = srv
+        .store
+        .list_executions(runcell_server::OPEN_TENANT, None, 100, None)
+        .expect("rows");
+    let statuses: Vec<&str> = rows.iter().rev().map(|r| r.status.as_str()).collect();
+    assert_eq!(statuses, ["edited", "ok", "declined", "approved", "ok"]);
+    assert_eq!(rows[3].code, "print('E=' + str(2))", "the edited code ran");
+    assert_eq!(stand_in.requests().len(), 4);
+}

@@ -575,10 +575,12 @@ function chatView() {
   const chips = h('div', { class: 'chips' });
   const picker = h('input', { type: 'file', multiple: true, id: 'chat-files', class: 'file-input' });
   const ask = h('button', { class: 'btn primary', type: 'submit', id: 'chat-ask' }, 'Ask');
+  const approve = h('input', { type: 'checkbox', id: 'chat-approve' });
   const form = h('form', { class: 'chat-form' },
     question,
     h('div', { class: 'chat-form-row' },
-      h('label', { for: 'chat-files', class: 'btn' }, 'Attach files'), picker, chips, ask));
+      h('label', { for: 'chat-files', class: 'btn' }, 'Attach files'), picker, chips,
+      h('label', { for: 'chat-approve', class: 'small' }, approve, ' Approve each cell'), ask));
 
   function paintChips() {
     chips.replaceChildren(...files.map((f, i) => h('span', { class: 'chip' }, `${f.name} (${formatBytes(f.size)})`,
@@ -602,7 +604,7 @@ function chatView() {
     const attached = files.splice(0);
     question.value = '';
     paintChips();
-    converse(q, attached, ask);
+    converse(q, attached, ask, approve.checked);
   });
 
   main.append(h('div', { class: 'toolbar' }, h('h1', {}, 'Chat')), notice, chatLog, form);
@@ -623,7 +625,7 @@ function chatView() {
   return () => {};
 }
 
-async function converse(question, files, ask) {
+async function converse(question, files, ask, approve) {
   chatBusy = true;
   ask.disabled = true;
   const turn = h('div', { class: 'turn' });
@@ -634,9 +636,11 @@ async function converse(question, files, ask) {
   chatLog.append(turn);
   const form = new FormData();
   form.append('question', question);
+  if (approve) form.append('approval', 'always');
   for (const f of files) form.append('file', f, f.name);
   let session = null;
   const steps = new Map();
+  let lastOut = null;
   try {
     const resp = await api.request('POST', '/v1/chat', { body: form, accept: 'application/x-ndjson' });
     for await (const ev of api.events(resp)) {
@@ -650,7 +654,10 @@ async function converse(question, files, ask) {
           h('div', { class: 'step-head' }, `Step ${ev.step} · ${ev.tool}`),
           codeBlock(ev.code, ev.tool === 'python' ? 'python' : 'plain'), out);
         steps.set(ev.id, out);
+        lastOut = out;
         working.before(step);
+      } else if (ev.type === 'approval' && lastOut) {
+        lastOut.replaceChildren(approvalControls(ev.approval, lastOut));
       } else if (ev.type === 'tool_result') {
         const out = steps.get(ev.id) || h('div', { class: 'step-output' });
         out.replaceChildren();
@@ -676,6 +683,36 @@ async function converse(question, files, ask) {
     if (working.isConnected) working.remove();
     if (session) turn.append(h('div', { class: 'small' }, h('a', { href: `#/s/${session}` }, `Open session ${session} as a notebook`)));
   }
+}
+
+// A cell waiting for a decision (`approval: always`): Run, Edit (then run the edited code) or
+// Decline (with an optional reason the model is told).
+function approvalControls(pending, out) {
+  const decide = (body) => guarded('Cannot answer the approval', async () => {
+    await api.postJson(`/v1/approvals/${encodeURIComponent(pending.id)}`, body);
+    out.replaceChildren(h('div', { class: 'muted small' }, body.decision === 'decline' ? 'Declined.' : 'Running…'));
+  });
+  const run = h('button', { class: 'btn btn-small primary', type: 'button', 'data-approval': 'run', onclick: () => decide({ decision: 'approve' }) }, 'Run');
+  const edit = h('button', {
+    class: 'btn btn-small', type: 'button', 'data-approval': 'edit',
+    onclick: () => {
+      const area = h('textarea', { class: 'chat-question', rows: '6', 'aria-label': 'Edited code' });
+      area.value = pending.code;
+      out.replaceChildren(area, h('button', {
+        class: 'btn btn-small primary', type: 'button', 'data-approval': 'run-edited',
+        onclick: () => decide({ decision: 'edit', code: area.value }),
+      }, 'Run edited'));
+      area.focus();
+    },
+  }, 'Edit');
+  const decline = h('button', {
+    class: 'btn btn-small', type: 'button', 'data-approval': 'decline',
+    onclick: () => {
+      const reason = window.prompt('Why not? (sent to the model; optional)') || undefined;
+      decide({ decision: 'decline', reason });
+    },
+  }, 'Decline');
+  return h('div', { class: 'approval' }, h('div', { class: 'muted small' }, 'Waiting for your approval'), run, ' ', edit, ' ', decline);
 }
 
 function answer(ev) {

@@ -456,7 +456,34 @@ async function rich(browser) {
   assert.deepEqual(await chart.locator('tbody td').allTextContents(), ['Group 1 · p', '3', 'Group 1 · q', '5']);
 
   assert.equal(await page.evaluate(() => window.pwned), undefined, 'no output ran script');
-  await shot(page, '13-rich-outputs-1366');
+  await shot(page, '14-rich-outputs-1366');
+  await context.close();
+}
+
+// The chat with "Approve each cell": the first cell edited then run, the second declined with
+// a reason, the third run as proposed.
+async function approval(browser) {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+  const page = await context.newPage();
+  watch(page);
+  page.on('dialog', (d) => d.accept('not this one'));
+  await page.goto(BASE + '/#/chat');
+  await page.getByText('The agent answers with test-model').waitFor();
+  await page.check('#chat-approve');
+  await page.fill('#chat-question', 'Compute E.');
+  await page.getByRole('button', { name: 'Ask' }).click();
+  const steps = page.locator('.step');
+  await steps.nth(0).locator('[data-approval=edit]').click({ timeout: LONG });
+  const area = steps.nth(0).locator('textarea');
+  await area.fill("print('E=' + str(2))");
+  await steps.nth(0).locator('[data-approval=run-edited]').click();
+  await steps.nth(0).locator('.out-stdout', { hasText: 'E=2' }).waitFor({ timeout: LONG });
+  await steps.nth(1).locator('[data-approval=decline]').click({ timeout: LONG });
+  await steps.nth(1).locator('.out-text', { hasText: 'the user declined to run this code: not this one' }).waitFor({ timeout: LONG });
+  await steps.nth(2).locator('[data-approval=run]').click({ timeout: LONG });
+  await steps.nth(2).locator('.out-stdout', { hasText: 'F=3' }).waitFor({ timeout: LONG });
+  await page.locator('.msg-answer', { hasText: 'done' }).waitFor({ timeout: LONG });
+  await shot(page, '15-chat-approval-1366');
   await context.close();
 }
 
@@ -472,6 +499,7 @@ try {
   else if (PHASE === 'keys') await keys(browser);
   else if (PHASE === 'long') await long(browser);
   else if (PHASE === 'rich') await rich(browser);
+  else if (PHASE === 'approval') await approval(browser);
   else throw new Error(`unknown PHASE ${PHASE}`);
 } catch (e) {
   failed = e;
