@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use runcell_sandbox::{
-    CappedOutput, ExitStatus, KillReason, RunOptions, Stream, UidLease, Workspace,
+    CappedOutput, ExitStatus, KillReason, RunOptions, SandboxError, Stream, UidLease, Workspace,
 };
 
 use crate::core::Engine;
@@ -15,7 +15,7 @@ use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};
 use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};
 use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language};
-use crate::EngineError;
+use crate::{EngineError, Start};
 
 /// A file placed in /workspace before the program starts.
 #[derive(Debug, Clone)]
@@ -33,6 +33,11 @@ pub struct OneShot {
     pub code: String,
     pub files: Vec<InputFile>,
     pub stdin: Vec<u8>,
+    /// Arguments after the program file (`sys.argv[1:]`, `$1...`, `process.argv.slice(2)`).
+    pub args: Vec<String>,
+    /// Python only: fork the preloaded zygote (the default, when it is ready) or start a fresh
+    /// interpreter (its own hash secret and address-space layout).
+    pub start: Start,
     pub timeout: Duration,
     pub limits: LimitsRequest,
     /// Bytes kept per stream.
@@ -49,6 +54,8 @@ impl OneShot {
             code: code.into(),
             files: Vec::new(),
             stdin: Vec::new(),
+            args: Vec::new(),
+            start: Start::Zygote,
             timeout: ONE_SHOT_TIMEOUT,
             limits: LimitsRequest::default(),
             output_cap: OUTPUT_CAP_BYTES,
@@ -97,24 +104,37 @@ impl Engine {
         let program = Program::OneShot {
             language: req.language,
             dir: &input.path,
+            args: &req.args,
         };
         let launch = self.core.launch(program, &workspace, &limits, &[])?;
         let began = Began::now(id, None, &workspace);
-        let outcome = self
-            .core
-            .sandbox
-            .run(
-                &launch,
-                &RunOptions {
-                    stdin: req.stdin.clone(),
-                    timeout: req.timeout,
-                    output_cap: req.output_cap,
-                    cancel: req.cancel.clone(),
-                    ..RunOptions::default()
-                },
-                on_output,
-            )
-            .map_err(EngineError::sandbox)?;
+        let opts = RunOptions {
+            stdin: req.stdin.clone(),
+            timeout: req.timeout,
+            output_cap: req.output_cap,
+            cancel: req.cancel.clone(),
+            ..RunOptions::default()
+        };
+        // As for sessions (core.rs, `start_kernel`): the zygote's BLAS runs one thread, so a
+        // run granted more CPU starts cold, and so does one that asks to.
+        let zygote = (req.language == Language::Python
+            && req.start == Start::Zygote
+            && launch.limits.cpu_millis <= 1000)
+            .then(|| self.core.zygote())
+            .flatten();
+        let sandbox = &self.core.sandbox;
+        let outcome = match zygote {
+            Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
+                // Nothing started: slower, never broken; the zygote is restarted.
+                Err(SandboxError::Zygote(e)) => {
+                    self.core.zygote_failed(e);
+                    sandbox.run(&launch, &opts, on_output)
+                }
+                other => other,
+            },
+            None => sandbox.run(&launch, &opts, on_output),
+        }
+        .map_err(EngineError::sandbox)?;
         let ended = began.end(&workspace);
         drop(input);
         drop(workspace);
