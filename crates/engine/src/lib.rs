@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod batch;
 mod bounds;
 mod commands;
 mod core;
@@ -20,6 +21,7 @@ mod spares;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
+mod verdict;
 mod zygote;
 
 pub use crate::core::{workspaces_dir, Engine, EngineConfig};
@@ -32,6 +34,7 @@ pub use crate::limits::{
     HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
     MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
+pub use batch::{BatchRun, Gate, MAX_BATCH_CONCURRENCY, MAX_BATCH_RUNS};
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
     MAX_ENV_BYTES, MAX_ENV_VARS, MAX_ENV_VAR_BYTES, MAX_FILE_BYTES, MAX_FILE_CHANGES,
@@ -50,6 +53,10 @@ pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, Start, QUEUE_DEPTH,
+};
+pub use verdict::{
+    Check, Comparison, Judged, TestCase, TestResult, TestSummary, Verdict, DEFAULT_TOLERANCE,
+    MAX_TESTS_PER_RUN,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 

@@ -42,6 +42,8 @@ pub struct OneShot {
     pub limits: LimitsRequest,
     /// Bytes kept per stream.
     pub output_cap: usize,
+    /// Past this much output (both streams) the run is killed (`killed_by: output`).
+    pub output_kill_bytes: u64,
     /// Set to end the run early (the caller got SIGINT, say).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -59,6 +61,7 @@ impl OneShot {
             timeout: ONE_SHOT_TIMEOUT,
             limits: LimitsRequest::default(),
             output_cap: OUTPUT_CAP_BYTES,
+            output_kill_bytes: RunOptions::default().output_kill_bytes,
             cancel: None,
         }
     }
@@ -112,8 +115,8 @@ impl Engine {
             stdin: req.stdin.clone(),
             timeout: req.timeout,
             output_cap: req.output_cap,
+            output_kill_bytes: req.output_kill_bytes,
             cancel: req.cancel.clone(),
-            ..RunOptions::default()
         };
         // As for sessions (core.rs, `start_kernel`): the zygote's BLAS runs one thread, so a
         // run granted more CPU starts cold, and so does one that asks to.
