@@ -116,10 +116,10 @@ fn a_mixed_batch_gets_the_reference_verdicts() {
     let got = Mutex::new(Vec::new());
     let gate = Gate::new(2);
     engine.run_batch(runs, 4, Some(&gate), &|index, result| {
-        got.lock().unwrap().push((index, result));
+        got.lock().expect("lock").push((index, result));
         true
     });
-    let mut got = got.into_inner().unwrap();
+    let mut got = got.into_inner().expect("lock");
     assert_eq!(got.len(), n);
     got.sort_by_key(|(i, _)| *i);
     let mut ids = std::collections::HashSet::new();
@@ -160,9 +160,9 @@ fn a_caller_that_goes_away_stops_the_batch() {
     let calls = Mutex::new(0);
     engine.run_batch(runs, 1, None, &|_, result| {
         assert!(result.is_ok());
-        *calls.lock().unwrap() += 1;
+        *calls.lock().expect("lock") += 1;
         false
     });
     // One worker: it handed over its first run, was told the caller is gone, and stopped.
-    assert_eq!(*calls.lock().unwrap(), 1);
+    assert_eq!(*calls.lock().expect("lock"), 1);
 }
