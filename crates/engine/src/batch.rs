@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::error::Invalid;
 use crate::oneshot::OneShot;
 use crate::verdict::{Check, Judged, TestCase};
 use crate::{Engine, EngineError};
@@ -82,6 +83,28 @@ impl Drop for GatePass<'_> {
 }
 
 impl Engine {
+    /// Everything about a batch that can be refused before any of it runs: its size, and each
+    /// run as [`Engine::check_one_shot`] and [`Engine::check_tests`] see it.
+    pub fn check_batch(&self, runs: &[BatchRun]) -> Result<(), EngineError> {
+        if runs.is_empty() || runs.len() > MAX_BATCH_RUNS {
+            return Err(EngineError::InvalidRequest(Invalid::Run(format!(
+                "a batch holds 1 to {MAX_BATCH_RUNS} runs, not {}",
+                runs.len()
+            ))));
+        }
+        for (i, run) in runs.iter().enumerate() {
+            self.check_one_shot(&run.run)
+                .and_then(|()| self.check_tests(&run.tests, &run.check))
+                .map_err(|e| match e {
+                    EngineError::InvalidRequest(why) => {
+                        EngineError::InvalidRequest(Invalid::Run(format!("runs[{i}]: {why}")))
+                    }
+                    other => other,
+                })?;
+        }
+        Ok(())
+    }
+
     /// Runs `runs` with at most `concurrency` at once (and, with a `gate`, at most its share),
     /// calling `on_done(index, result)` as each finishes, from the worker that ran it. When
     /// `on_done` returns `false` (the caller is gone) no further run starts and the ones under

@@ -47,7 +47,7 @@ pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Truncated, UsageInfo,
 };
-pub use oneshot::{InputFile, OneShot, OneShotOutcome};
+pub use oneshot::{InputFile, OneShot, OneShotOutcome, MAX_ARGS, MAX_ARG_CHARS};
 pub use records::ExecutionPage;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{

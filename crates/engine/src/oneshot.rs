@@ -11,6 +11,7 @@ use runcell_sandbox::{
 };
 
 use crate::core::Engine;
+use crate::error::Invalid;
 use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};
 use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};
@@ -67,7 +68,45 @@ impl OneShot {
     }
 }
 
+/// Arguments one run may pass after its program file, and the characters of each.
+pub const MAX_ARGS: usize = 64;
+pub const MAX_ARG_CHARS: usize = 4096;
+
+/// Checks the arguments of a run (or of one of its tests): bounded, and each one something
+/// `execve` can pass.
+pub(crate) fn check_args(args: &[String]) -> Result<(), EngineError> {
+    let invalid = |m: String| Err(EngineError::InvalidRequest(Invalid::Run(m)));
+    if args.len() > MAX_ARGS {
+        return invalid(format!("{} arguments; at most {MAX_ARGS}", args.len()));
+    }
+    for a in args {
+        if a.chars().count() > MAX_ARG_CHARS {
+            return invalid(format!("an argument is over {MAX_ARG_CHARS} characters"));
+        }
+        if a.contains('\0') {
+            return invalid(
+                "an argument contains a NUL byte, which no program argument can hold".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 impl Engine {
+    /// Everything about `req` that can be refused before it runs (code size, limits, time
+    /// limit, file paths, arguments), so that a batch is refused whole rather than run in part.
+    pub fn check_one_shot(&self, req: &OneShot) -> Result<(), EngineError> {
+        crate::bounds::check_code(&req.code)?;
+        let policy = &self.core.config.limits;
+        policy.resolve(&req.limits)?;
+        policy.check_timeout(req.timeout)?;
+        for f in &req.files {
+            runcell_sandbox::validate_relative(&f.path)
+                .map_err(crate::files::map_err(crate::files::Op::Write))?;
+        }
+        check_args(&req.args)
+    }
+
     /// Runs `req` in a fresh sandbox. Output is streamed to `on_output` as it is produced (the
     /// head of each stream; the Execution holds head and tail).
     pub fn run_once(
@@ -76,6 +115,7 @@ impl Engine {
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
+        check_args(&req.args)?;
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Invalid;
 use crate::model::{Execution, ExecutionStatus, KilledBy, UsageInfo};
 use crate::oneshot::{OneShot, OneShotOutcome};
 use crate::{Engine, EngineError};
@@ -170,6 +171,25 @@ pub struct Judged {
 }
 
 impl Engine {
+    /// Whether `tests` and `check` can be run: at most [`MAX_TESTS_PER_RUN`], arguments as
+    /// for a run, a tolerance that is a number, zero or more.
+    pub fn check_tests(&self, tests: &[TestCase], check: &Check) -> Result<(), EngineError> {
+        let invalid = |m: String| Err(EngineError::InvalidRequest(Invalid::Run(m)));
+        if tests.len() > MAX_TESTS_PER_RUN {
+            return invalid(format!(
+                "{} tests; a run carries at most {MAX_TESTS_PER_RUN}",
+                tests.len()
+            ));
+        }
+        if !(check.tolerance.is_finite() && check.tolerance >= 0.0) {
+            return invalid("tolerance must be a number, zero or more".into());
+        }
+        for (i, t) in tests.iter().enumerate() {
+            crate::oneshot::check_args(&t.args).or_else(|e| invalid(format!("tests[{i}]: {e}")))?;
+        }
+        Ok(())
+    }
+
     /// Runs `req` once, or once per test (each in its own sandbox, with the test's stdin and
     /// arguments), and judges each test's output with `check`.
     pub fn judge(

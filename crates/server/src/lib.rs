@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod batch;
 mod chat;
 mod connections;
 mod error;
@@ -81,6 +82,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(sessions::run_command))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
+        .routes(routes!(batch::batch))
         .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::verify))
@@ -256,5 +258,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,
+        batch_gates: Arc::default(),
     }
 }

@@ -43,6 +43,8 @@ pub struct AppState {
     pub metrics_elsewhere: bool,
     /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
     pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
+    /// Each tenant's cap on batch runs in flight (`POST /v1/batch`).
+    pub batch_gates: Arc<crate::batch::TenantGates>,
 }
 
 impl AppState {
