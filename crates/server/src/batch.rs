@@ -38,14 +38,20 @@ pub struct BatchRequest {
 /// One line of the reply: a finished run (its Execution, with `tests` and `summary` when it
 /// carried tests) or, for a run the server could not start, its error.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct BatchLine {
-    /// The run's position in `runs`.
-    pub index: usize,
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub run: Option<ExecuteOnceReply>,
-    /// Why this run did not run (`unavailable`, `internal`, ...).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorDetail>,
+#[serde(untagged)]
+pub enum BatchLine {
+    Finished {
+        /// The run's position in `runs`.
+        index: usize,
+        #[serde(flatten)]
+        run: Box<ExecuteOnceReply>,
+    },
+    Failed {
+        /// The run's position in `runs`.
+        index: usize,
+        /// Why this run did not run (`unavailable`, `internal`, ...).
+        error: ErrorDetail,
+    },
 }
 
 /// Each tenant's gate: its batch runs in flight, across all of its batches.
@@ -136,15 +142,13 @@ pub async fn batch(
 /// The NDJSON line (newline included) of a finished run of a batch.
 pub fn line(index: usize, result: Result<Judged, EngineError>) -> Vec<u8> {
     let line = match result {
-        Ok(judged) => BatchLine {
+        Ok(judged) => BatchLine::Finished {
             index,
-            run: Some(judged.into()),
-            error: None,
+            run: Box::new(judged.into()),
         },
-        Err(e) => BatchLine {
+        Err(e) => BatchLine::Failed {
             index,
-            run: None,
-            error: Some(ApiError::from(e).parts().1.error),
+            error: ApiError::from(e).parts().1.error,
         },
     };
     let mut bytes = serde_json::to_vec(&line).unwrap_or_default();

@@ -37,43 +37,44 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
     }
 }
 
-/// `start: "zygote"` is for Python sessions: a session of another language starts `cold`
-/// (or says nothing). The rule joins the request's schema as an `anyOf` of the two cases, so a
-/// client (or a fuzzer) sees which combinations are refused.
+/// `start: "zygote"` is for Python sessions and one-shot runs: one of another language starts
+/// `cold` (or says nothing). The rule joins each request's schema as an `anyOf` of the two
+/// cases, so a client (or a fuzzer) sees which combinations are refused.
 fn document_start(api: &mut OpenApi) {
     use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, SchemaType};
     let Some(components) = api.components.as_mut() else {
         return;
     };
     document_labels(components);
-    let Some(request) = components.schemas.remove("CreateSessionRequest") else {
-        return;
-    };
-    let only = |field: &str, value: &str| {
-        let choice = ObjectBuilder::new()
-            .schema_type(SchemaType::AnyValue)
-            .enum_values(Some([serde_json::json!(value), serde_json::Value::Null]))
+    for name in ["CreateSessionRequest", "ExecuteOnceRequest"] {
+        let Some(request) = components.schemas.remove(name) else {
+            continue;
+        };
+        let only = |field: &str, value: &str| {
+            let choice = ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .enum_values(Some([serde_json::json!(value), serde_json::Value::Null]))
+                .build();
+            ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .property(field, choice)
+                .build()
+        };
+        let python_or_cold = AnyOfBuilder::new()
+            .item(only("language", "python"))
+            .item(only("start", "cold"))
+            .description(Some(
+                "`start: \"zygote\"` only for Python (the default language)",
+            ))
             .build();
-        ObjectBuilder::new()
-            .schema_type(SchemaType::AnyValue)
-            .property(field, choice)
-            .build()
-    };
-    let python_or_cold = AnyOfBuilder::new()
-        .item(only("language", "python"))
-        .item(only("start", "cold"))
-        .description(Some(
-            "`start: \"zygote\"` only for Python (the default language)",
-        ))
-        .build();
-    let all = AllOfBuilder::new()
-        .item(request)
-        .item(Schema::AnyOf(python_or_cold))
-        .build();
-    components.schemas.insert(
-        "CreateSessionRequest".to_owned(),
-        RefOr::T(Schema::AllOf(all)),
-    );
+        let all = AllOfBuilder::new()
+            .item(request)
+            .item(Schema::AnyOf(python_or_cold))
+            .build();
+        components
+            .schemas
+            .insert(name.to_owned(), RefOr::T(Schema::AllOf(all)));
+    }
 }
 
 /// A name in a workspace path: not `.` or `..`, no `/` or NUL, at most 255 characters (the
