@@ -144,20 +144,27 @@ impl Engine {
         });
     }
 
-    /// One run under the server's sandbox cap (waiting for a place while it is full).
+    /// One run under the server's sandbox cap and memory budget, each of its sandboxes
+    /// waiting (a while) for a place while either is full: other work ends and frees it, and
+    /// a batch should slow down rather than fail.
     fn run_in_slot(&self, run: &BatchRun, stop: &AtomicBool) -> Result<Judged, EngineError> {
-        let until = Instant::now() + SLOT_WAIT;
-        let _slot = loop {
-            match self.sessions().reserve_sandbox() {
-                Ok(slot) => break slot,
-                Err(EngineError::AtCapacity(_))
-                    if Instant::now() < until && !stop.load(Ordering::Relaxed) =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
+        let patiently = |req: &OneShot| {
+            let until = Instant::now() + SLOT_WAIT;
+            loop {
+                let result = self
+                    .sessions()
+                    .reserve_sandbox()
+                    .and_then(|_slot| self.run_once(req, &mut |_, _| {}));
+                match result {
+                    Err(EngineError::AtCapacity(_) | EngineError::OverCommitted(_))
+                        if Instant::now() < until && !stop.load(Ordering::Relaxed) =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    other => return other,
                 }
-                Err(e) => return Err(e),
             }
         };
-        self.judge(&run.run, &run.tests, &run.check)
+        self.judge_with(&run.run, &run.tests, &run.check, &patiently)
     }
 }

@@ -198,8 +198,19 @@ impl Engine {
         tests: &[TestCase],
         check: &Check,
     ) -> Result<Judged, EngineError> {
+        self.judge_with(req, tests, check, &|r| self.run_once(r, &mut |_, _| {}))
+    }
+
+    /// [`Engine::judge`], each sandbox run by `run_once` (a batch's waits for a place).
+    pub(crate) fn judge_with(
+        &self,
+        req: &OneShot,
+        tests: &[TestCase],
+        check: &Check,
+        run_once: &dyn Fn(&OneShot) -> Result<OneShotOutcome, EngineError>,
+    ) -> Result<Judged, EngineError> {
         if tests.is_empty() {
-            let outcome = self.run_once(req, &mut |_, _| {})?;
+            let outcome = run_once(req)?;
             return Ok(Judged {
                 outcome,
                 tests: None,
@@ -224,7 +235,7 @@ impl Engine {
             if !test.args.is_empty() {
                 run.args = test.args.clone();
             }
-            let outcome = self.run_once(&run, &mut |_, _| {})?;
+            let outcome = run_once(&run)?;
             let e = &outcome.execution;
             let verdict = Verdict::of(e, &test.expected_stdout, check);
             summary.wall_ms += e.usage.wall_ms;
@@ -253,7 +264,7 @@ impl Engine {
         let outcome = match shown {
             Some(o) => o,
             // Not reached: `tests` is not empty, so one was kept.
-            None => self.run_once(req, &mut |_, _| {})?,
+            None => run_once(req)?,
         };
         Ok(Judged {
             outcome,

@@ -14,7 +14,10 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use runcell_engine::{BatchRun, Engine, EngineError, Gate, Judged, MAX_BATCH_CONCURRENCY};
+use runcell_engine::{
+    BatchRun, Engine, EngineError, Gate, Judged, MAX_BATCH_CONCURRENCY, MAX_BATCH_RUNS,
+    MAX_TESTS_PER_RUN,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -26,7 +29,8 @@ use crate::state::{AppState, Tenant};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
-    /// The runs, each as `POST /v1/execute` takes it (1 to 1000).
+    /// The runs, each as `POST /v1/execute` takes it (1 to 1000, or the server's
+    /// `--max-batch-runs`).
     #[schema(min_items = 1, max_items = 1000)]
     pub runs: Vec<ExecuteOnceRequest>,
     /// Runs at once (default: the server's CPUs); a tenant's runs in flight, all of its
@@ -54,34 +58,68 @@ pub enum BatchLine {
     },
 }
 
-/// Each tenant's gate: its batch runs in flight, across all of its batches.
+/// This server's batch policy: how many runs a batch and how many tests a run may hold (the
+/// OpenAPI document says the same), and each tenant's gate on its batch runs in flight,
+/// across all of its batches.
 #[derive(Debug)]
-pub struct TenantGates {
+pub struct Batches {
+    pub max_runs: usize,
+    pub max_tests_per_run: usize,
     per_tenant: usize,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
 }
 
-impl TenantGates {
-    pub fn new(per_tenant: usize) -> TenantGates {
-        TenantGates {
-            per_tenant,
+impl Batches {
+    /// At most `max_runs` runs a batch (1 to 1000) and `max_tests_per_run` tests a run
+    /// (0 to 100); each tenant's runs in flight under twice the CPUs (a sandbox's start-up is
+    /// partly waiting, so two runs per CPU keep it busy).
+    pub fn new(max_runs: usize, max_tests_per_run: usize) -> Batches {
+        Batches {
+            max_runs: max_runs.clamp(1, MAX_BATCH_RUNS),
+            max_tests_per_run: max_tests_per_run.min(MAX_TESTS_PER_RUN),
+            per_tenant: 2 * cpus(),
             gates: Mutex::default(),
         }
     }
 
-    fn of(&self, tenant: &str) -> Arc<Gate> {
+    fn gate(&self, tenant: &str) -> Arc<Gate> {
         let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
         gates
             .entry(tenant.to_owned())
             .or_insert_with(|| Arc::new(Gate::new(self.per_tenant)))
             .clone()
     }
+
+    /// Whether a batch of `runs` (each with its tests) is within this server's bounds.
+    pub(crate) fn check(&self, runs: &[BatchRun]) -> ApiResult<()> {
+        if runs.is_empty() || runs.len() > self.max_runs {
+            return Err(ApiError::invalid(format!(
+                "a batch holds 1 to {} runs, not {}",
+                self.max_runs,
+                runs.len()
+            )));
+        }
+        for (i, r) in runs.iter().enumerate() {
+            self.check_tests(r.tests.len())
+                .map_err(|e| e.with_prefix(&format!("runs[{i}]: ")))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_tests(&self, n: usize) -> ApiResult<()> {
+        if n > self.max_tests_per_run {
+            return Err(ApiError::invalid(format!(
+                "{n} tests; a run carries at most {} here",
+                self.max_tests_per_run
+            )));
+        }
+        Ok(())
+    }
 }
 
-impl Default for TenantGates {
-    /// Twice the CPUs: a sandbox's start-up is partly waiting, so two runs per CPU keep it busy.
+impl Default for Batches {
     fn default() -> Self {
-        TenantGates::new(2 * cpus())
+        Batches::new(MAX_BATCH_RUNS, MAX_TESTS_PER_RUN)
     }
 }
 
@@ -115,8 +153,9 @@ pub async fn batch(
                 .map_err(|e| e.with_prefix(&format!("runs[{i}]: ")))?,
         );
     }
+    state.batches.check(&runs)?;
     state.engine.check_batch(&runs)?;
-    let gate = state.batch_gates.of(&tenant.0);
+    let gate = state.batches.gate(&tenant.0);
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(concurrency);
     let engine = state.engine.clone();
     let metrics = state.metrics.clone();

@@ -95,7 +95,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let mut api = api;
     document_forbidden(&mut api);
     document_no_space(&mut api);
-    openapi::document(&mut api, &state.engine.config().limits);
+    openapi::document(&mut api, &state.engine.config().limits, &state.batches);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
@@ -258,6 +258,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,
-        batch_gates: Arc::default(),
+        batches: Arc::default(),
     }
 }

@@ -40,6 +40,7 @@ pub struct ExecuteOnceRequest {
     /// Test cases, Judge0 style: the program runs once per test, each time in its own fresh
     /// sandbox with the test's stdin and arguments, and each test gets a verdict. The reply's
     /// execution is then that of the first test not accepted (of the last test when all were).
+    /// At most 100 (or the server's `--max-tests-per-run`).
     #[serde(default, deserialize_with = "crate::extract::objects")]
     #[schema(max_items = 100)]
     pub tests: Option<Vec<TestBody>>,
@@ -178,6 +179,7 @@ pub async fn execute_once(
     ApiJson(req): ApiJson<ExecuteOnceRequest>,
 ) -> ApiResult<Json<ExecuteOnceReply>> {
     let run = batch_run(&state.engine, &tenant.0, req)?;
+    state.batches.check_tests(run.tests.len())?;
     state.engine.check_tests(&run.tests, &run.check)?;
     // A one-shot sandbox holds as many descriptors as a session: it takes a place under the
     // session cap while it runs.

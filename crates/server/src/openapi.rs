@@ -9,7 +9,7 @@ use utoipa::openapi::security::SecurityRequirement;
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
 
 /// Completes the document for a server with `limits`.
-pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
+pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy, batches: &crate::batch::Batches) {
     // Security is per operation: `/healthz` answers every probe.
     api.security = None;
     for (path, op) in operations(api) {
@@ -27,6 +27,7 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
         }
     }
     document_ranges(api, limits);
+    document_batches(api, batches);
     document_paths(api);
     document_start(api);
     for (path, op) in operations(api) {
@@ -304,6 +305,24 @@ fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
             p.minimum = None;
             p.exclusive_minimum = Some(Number::UInt(0));
             p.maximum = Some(number(max_timeout));
+        }
+    }
+}
+
+/// This server's batch bounds: runs a batch, tests a run.
+fn document_batches(api: &mut OpenApi, batches: &crate::batch::Batches) {
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    for (schema, field, max) in [
+        ("BatchRequest", "runs", batches.max_runs),
+        ("ExecuteOnceRequest", "tests", batches.max_tests_per_run),
+    ] {
+        let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut(schema) else {
+            continue;
+        };
+        if let Some(RefOr::T(Schema::Array(a))) = o.properties.get_mut(field) {
+            a.max_items = Some(max);
         }
     }
 }
