@@ -34,7 +34,7 @@ pub fn run_batch(
         .iter()
         .map(|m| m.to_string())
         .collect();
-    let config = crate::config_with_runtime(data_dir, Some(preload), Default::default())?;
+    let config = crate::engines::config_with_runtime(data_dir, Some(preload), Default::default())?;
     let engine = runcell_engine::Engine::audited(config, store.domain())?;
 
     let mut runs = Vec::new();

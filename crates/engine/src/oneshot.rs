@@ -10,7 +10,7 @@ use runcell_sandbox::{
     CappedOutput, ExitStatus, KillReason, RunOptions, SandboxError, Stream, UidLease, Workspace,
 };
 
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::error::Invalid;
 use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};

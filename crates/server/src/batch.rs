@@ -7,17 +7,11 @@
 //! batch holds at most `concurrency` finished lines. A client that goes away ends the batch
 //! (the runs under way are stopped; every run that started is in the audit log).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use runcell_engine::{
-    BatchRun, Engine, EngineError, Gate, Judged, MAX_BATCH_CONCURRENCY, MAX_BATCH_RUNS,
-    MAX_TESTS_PER_RUN,
-};
+use runcell_engine::{BatchRun, Engine, EngineError, Judged, MAX_BATCH_CONCURRENCY};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -58,75 +52,6 @@ pub enum BatchLine {
     },
 }
 
-/// This server's batch policy: how many runs a batch and how many tests a run may hold (the
-/// OpenAPI document says the same), and each tenant's gate on its batch runs in flight,
-/// across all of its batches.
-#[derive(Debug)]
-pub struct Batches {
-    pub max_runs: usize,
-    pub max_tests_per_run: usize,
-    per_tenant: usize,
-    gates: Mutex<HashMap<String, Arc<Gate>>>,
-}
-
-impl Batches {
-    /// At most `max_runs` runs a batch (1 to 1000) and `max_tests_per_run` tests a run
-    /// (0 to 100); each tenant's runs in flight under twice the CPUs (a sandbox's start-up is
-    /// partly waiting, so two runs per CPU keep it busy).
-    pub fn new(max_runs: usize, max_tests_per_run: usize) -> Batches {
-        Batches {
-            max_runs: max_runs.clamp(1, MAX_BATCH_RUNS),
-            max_tests_per_run: max_tests_per_run.min(MAX_TESTS_PER_RUN),
-            per_tenant: 2 * cpus(),
-            gates: Mutex::default(),
-        }
-    }
-
-    fn gate(&self, tenant: &str) -> Arc<Gate> {
-        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
-        gates
-            .entry(tenant.to_owned())
-            .or_insert_with(|| Arc::new(Gate::new(self.per_tenant)))
-            .clone()
-    }
-
-    /// Whether a batch of `runs` (each with its tests) is within this server's bounds.
-    pub(crate) fn check(&self, runs: &[BatchRun]) -> ApiResult<()> {
-        if runs.is_empty() || runs.len() > self.max_runs {
-            return Err(ApiError::invalid(format!(
-                "a batch holds 1 to {} runs, not {}",
-                self.max_runs,
-                runs.len()
-            )));
-        }
-        for (i, r) in runs.iter().enumerate() {
-            self.check_tests(r.tests.len())
-                .map_err(|e| e.with_prefix(&format!("runs[{i}]: ")))?;
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_tests(&self, n: usize) -> ApiResult<()> {
-        if n > self.max_tests_per_run {
-            return Err(ApiError::invalid(format!(
-                "{n} tests; a run carries at most {} here",
-                self.max_tests_per_run
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl Default for Batches {
-    fn default() -> Self {
-        Batches::new(MAX_BATCH_RUNS, MAX_TESTS_PER_RUN)
-    }
-}
-
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 #[utoipa::path(post, path = "/v1/batch", tag = "execute",
     request_body = BatchRequest,
     responses((status = 200, content_type = "application/x-ndjson", body = BatchLine, description = "one line per run, in completion order, each a finished execution (whatever its status) with its `index`, or a run's `error`; with `tests`, each test's verdict and the run's summary"),
@@ -138,7 +63,7 @@ pub async fn batch(
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> ApiResult<Response> {
     let concurrency = match req.concurrency {
-        None => cpus().min(MAX_BATCH_CONCURRENCY),
+        None => crate::batches::cpus().min(MAX_BATCH_CONCURRENCY),
         Some(n) if (1..=MAX_BATCH_CONCURRENCY as u64).contains(&n) => n as usize,
         Some(n) => {
             return Err(ApiError::invalid(format!(

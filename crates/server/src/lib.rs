@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod batch;
+mod batches;
 mod chat;
 mod connections;
 mod error;

@@ -9,7 +9,7 @@ use utoipa::openapi::security::SecurityRequirement;
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
 
 /// Completes the document for a server with `limits`.
-pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy, batches: &crate::batch::Batches) {
+pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy, batches: &crate::batches::Batches) {
     // Security is per operation: `/healthz` answers every probe.
     api.security = None;
     for (path, op) in operations(api) {
@@ -310,7 +310,7 @@ fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
 }
 
 /// This server's batch bounds: runs a batch, tests a run.
-fn document_batches(api: &mut OpenApi, batches: &crate::batch::Batches) {
+fn document_batches(api: &mut OpenApi, batches: &crate::batches::Batches) {
     let Some(components) = api.components.as_mut() else {
         return;
     };

@@ -44,13 +44,13 @@ pub struct AppState {
     /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
     pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
     /// Batch bounds and each tenant's cap on batch runs in flight (`POST /v1/batch`).
-    pub batches: Arc<crate::batch::Batches>,
+    pub batches: Arc<crate::batches::Batches>,
 }
 
 impl AppState {
     /// At most `max_runs` runs a batch and `max_tests_per_run` tests a one-shot run.
     pub fn with_batch_limits(mut self, max_runs: usize, max_tests_per_run: usize) -> Self {
-        self.batches = Arc::new(crate::batch::Batches::new(max_runs, max_tests_per_run));
+        self.batches = Arc::new(crate::batches::Batches::new(max_runs, max_tests_per_run));
         self
     }
 
