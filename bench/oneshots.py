@@ -48,6 +48,9 @@ class Client:
         return ms, json.loads(raw)
 
     def audited(self):
+        # A fresh connection: the kept one may have been idle past the server's timeout.
+        self.conn.close()
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=600)
         return self.call("GET", "/v1/audit/verify")[1]["checked"]
 
 
