@@ -15,6 +15,7 @@ mod run;
 mod runtime;
 mod serve;
 mod tools;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +50,11 @@ struct Cli {
         value_name = "FILE"
     )]
     audit_signing_key_file: Option<PathBuf>,
+    /// The database: a PostgreSQL URL (`postgres://USER:PASSWORD@HOST:PORT/DB`) shared by
+    /// several `runcell serve` nodes, their `keys` and `audit` commands [default: SQLite in the
+    /// data dir]. Every node needs the same audit key files (docs/scale.md).
+    #[arg(long, global = true, env = "RUNCELL_DATABASE_URL", value_name = "URL")]
+    database: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +84,9 @@ enum Command {
     /// Read and verify the tamper-evident audit log of executions.
     #[command(subcommand)]
     Audit(keys::AuditCommand),
+    /// Check a file an execution produced against its signed provenance statement; non-zero
+    /// exit, with the reason, when the file or the statement was changed.
+    Verify(verify::VerifyArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,6 +117,7 @@ fn main() -> ExitCode {
     audit::set_key_files(audit::KeyFiles {
         chain: cli.audit_key_file,
         signing: cli.audit_signing_key_file,
+        database: cli.database,
     });
     let result = match cli.command {
         Command::Serve(args) => serve::serve(explicit_data_dir.as_deref(), data_dir, *args),
@@ -121,6 +131,7 @@ fn main() -> ExitCode {
         Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
         Command::Keys(cmd) => keys::keys(&data_dir, cmd),
         Command::Audit(cmd) => keys::audit(&data_dir, cmd),
+        Command::Verify(args) => verify::verify(&data_dir, args),
     };
     match result {
         Ok(code) => code,

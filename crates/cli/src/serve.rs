@@ -42,9 +42,10 @@ pub struct ServeArgs {
     /// Test cases one one-shot run may carry (0-100) [default: 100].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=100))]
     max_tests_per_run: Option<u16>,
-    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
-    /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
-    /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1, /gemini,
+    /// /mistral) on: the model API the agent loop talks to (openai: any Chat Completions
+    /// endpoint; anthropic: Messages; gemini: generateContent). The key comes from
+    /// OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",
@@ -68,6 +69,16 @@ pub struct ServeArgs {
     /// listener's port, is refused (403: DNS rebinding).
     #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
     allowed_hosts: Vec<runcell_server::AllowedHost>,
+    /// Domains a session's network allowlist may name (comma-separated, repeatable):
+    /// `pypi.org`, `*.example.com` (any name below it), `*` (any); beyond them a session is
+    /// refused (400 `limit_exceeded`). Without it no session gets a network (docs/sandbox.md).
+    #[arg(long, value_delimiter = ',', value_name = "DOMAIN")]
+    egress_allow: Vec<String>,
+    /// An address range the egress proxy may connect to although it is loopback, private,
+    /// link-local (cloud metadata) or this host's own, e.g. 10.1.0.0/16 for an internal
+    /// mirror (comma-separated, repeatable) [default: none].
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    egress_allow_cidr: Vec<String>,
     /// Serves /metrics on this address, without a key, and not on --listen (where, once keys
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
@@ -103,6 +114,12 @@ pub struct ServeArgs {
     /// 1/RATE s more): slower uploads are cut with 408 [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     body_min_rate: Option<u64>,
+    /// This node's URL as the other nodes on the same `--database` reach it (e.g.
+    /// http://runcell-0.runcell-nodes:8080): its id in the database, where it registers and
+    /// beats every 2 s; its sessions read as `dead` on every node 10 s after it stops
+    /// [default: the host name and data dir].
+    #[arg(long, value_name = "URL", env = "RUNCELL_NODE_URL")]
+    node_url: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -307,6 +324,19 @@ pub fn serve(
                 .map_err(|e| invalid(format!("allowed_hosts {name:?}: {e}")))?,
         );
     }
+    // The other nodes forward requests to this one under its node URL's name.
+    if let Some(node) = &args.node_url {
+        let authority = node
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split('/').next())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("--node-url must be http://HOST:PORT"))?;
+        allowed_hosts.push(
+            authority
+                .parse()
+                .map_err(|e| invalid(format!("--node-url {node:?}: {e}")))?,
+        );
+    }
     // Before any thread exists: every thread and process started from here on inherits it.
     if let Err(e) = runcell_sandbox::set_batch_scheduling(scheduling == Scheduling::Batch) {
         tracing::warn!(error = %e, policy = ?scheduling, "cannot set the scheduling policy");
@@ -370,7 +400,7 @@ pub fn serve(
             ),
         }
     }
-    let store = crate::audit::open_store(data_dir)?;
+    let store = crate::audit::open_serving_store(data_dir, args.node_url.as_deref())?;
     if store.is_exclusive() {
         tracing::warn!(
             data_dir = %data_dir.display(),
@@ -445,6 +475,18 @@ pub fn serve(
         preload,
         limits,
         !args.workspaces_in_memory,
+        runcell_engine::NetworkConfig {
+            allow_domains: [
+                args.egress_allow,
+                file.egress_allow.clone().unwrap_or_default(),
+            ]
+            .concat(),
+            allow_cidrs: [
+                args.egress_allow_cidr,
+                file.egress_allow_cidr.clone().unwrap_or_default(),
+            ]
+            .concat(),
+        },
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);

@@ -46,14 +46,28 @@ impl Engine {
             self.core.config.limits.committed_memory_mb,
             crate::limits::Admit::Checked,
         )?;
-        let launch = self
-            .core
-            .launch(Program::Command(command), &workspace, &info.limits, &[])?;
+        // The session's policy, with records of its own: the command's connections are its own.
+        let egress = self.sessions().egress(session)?.map(|e| e.sibling());
+        let launch = self.core.launch(
+            Program::Command(command),
+            &workspace,
+            &info.limits,
+            &[],
+            egress.is_some(),
+        )?;
+        let mut serving = None;
+        let mut on_start = |running: &runcell_sandbox::Running| {
+            if let Some(e) = &egress {
+                let listener = running.egress_listener(Duration::from_secs(5))?;
+                serving = Some(e.serve(listener)?);
+            }
+            Ok(())
+        };
         let began = Began::now(new_ordered_id("ex"), Some(session.to_owned()), &workspace);
         let out = self
             .core
             .sandbox
-            .run(
+            .run_with(
                 &launch,
                 &RunOptions {
                     timeout,
@@ -61,10 +75,15 @@ impl Engine {
                     ..RunOptions::default()
                 },
                 &mut |_, _| {},
+                &mut on_start,
             )
             .map_err(EngineError::sandbox)?;
+        drop(serving);
         // Commands are code too: they go into the audit log like cells.
-        let record = command_execution(began.end(&workspace), &out);
+        let mut record = command_execution(began.end(&workspace), &out);
+        if let Some(e) = &egress {
+            record.network = crate::network::connections(e.take_records());
+        }
         self.core.audit(&info.owner, &record, command)?;
         Ok(CommandOutput {
             stdout: record.stdout,

@@ -47,6 +47,8 @@ pub struct OneShot {
     pub output_kill_bytes: u64,
     /// Set to end the run early (the caller got SIGINT, say).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Disabled by default; an allowlist must stay within the server's bound.
+    pub network: crate::network::NetworkPolicy,
 }
 
 impl OneShot {
@@ -64,6 +66,7 @@ impl OneShot {
             output_cap: OUTPUT_CAP_BYTES,
             output_kill_bytes: RunOptions::default().output_kill_bytes,
             cancel: None,
+            network: Default::default(),
         }
     }
 }
@@ -116,6 +119,7 @@ impl Engine {
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
         check_args(&req.args)?;
+        let egress = self.core.network.session(&req.network)?;
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
@@ -149,7 +153,9 @@ impl Engine {
             dir: &input.path,
             args: &req.args,
         };
-        let launch = self.core.launch(program, &workspace, &limits, &[])?;
+        let launch = self
+            .core
+            .launch(program, &workspace, &limits, &[], egress.is_some())?;
         let began = Began::now(id, None, &workspace);
         let opts = RunOptions {
             stdin: req.stdin.clone(),
@@ -159,25 +165,37 @@ impl Engine {
             cancel: req.cancel.clone(),
         };
         // As for sessions (core.rs, `start_kernel`): the zygote's BLAS runs one thread, so a
-        // run granted more CPU starts cold, and so does one that asks to.
+        // run granted more CPU starts cold, and so does one that asks to. A run with network
+        // egress starts cold too: its proxy is served from the sandbox's start (`run_with`).
         let zygote = (req.language == Language::Python
             && req.start == Start::Zygote
+            && egress.is_none()
             && launch.limits.cpu_millis <= 1000)
             .then(|| self.core.zygote())
             .flatten();
+        // The proxy serves the sandbox's egress socket from its start to the end of the run.
+        let mut serving = None;
+        let mut on_start = |running: &runcell_sandbox::Running| {
+            if let Some(e) = &egress {
+                let listener = running.egress_listener(Duration::from_secs(5))?;
+                serving = Some(e.serve(listener)?);
+            }
+            Ok(())
+        };
         let sandbox = &self.core.sandbox;
         let outcome = match zygote {
             Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
                 // Nothing started: slower, never broken; the zygote is restarted.
                 Err(SandboxError::Zygote(e)) => {
                     self.core.zygote_failed(e);
-                    sandbox.run(&launch, &opts, on_output)
+                    sandbox.run_with(&launch, &opts, on_output, &mut on_start)
                 }
                 other => other,
             },
-            None => sandbox.run(&launch, &opts, on_output),
+            None => sandbox.run_with(&launch, &opts, on_output, &mut on_start),
         }
         .map_err(EngineError::sandbox)?;
+        drop(serving);
         let ended = began.end(&workspace);
         drop(input);
         drop(workspace);
@@ -189,7 +207,7 @@ impl Engine {
             outcome.killed_by,
             &outcome.stderr,
         );
-        let execution = ended.execution(Produced {
+        let mut execution = ended.execution(Produced {
             language: req.language,
             execution_count: 1,
             status,
@@ -201,6 +219,9 @@ impl Engine {
             usage: outcome.usage,
             killed_by: outcome.killed_by,
         });
+        if let Some(e) = &egress {
+            execution.network = crate::network::connections(e.take_records());
+        }
         self.core.audit(&req.owner, &execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,

@@ -149,7 +149,7 @@ impl std::str::FromStr for ToolFormat {
 
 /// Gemini takes an OpenAPI subset: no `additionalProperties`, no `minItems`/`maxItems` bounds
 /// on every version; keep the rest.
-fn gemini_schema(v: &Value) -> Value {
+pub fn gemini_schema(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
@@ -326,26 +326,7 @@ impl ToolOutput {
     }
 }
 
-/// `text` cut to about `cap` characters: its head and tail around an explicit
-/// `[… N bytes truncated …]` line (the marker the engine uses for capped output).
-pub fn truncate_section(text: &str, cap: usize) -> String {
-    if text.chars().count() <= cap {
-        return text.to_owned();
-    }
-    let half = cap / 2;
-    let head_end = text.char_indices().nth(half).map_or(text.len(), |(i, _)| i);
-    let tail_start = text
-        .char_indices()
-        .rev()
-        .nth(half.saturating_sub(1))
-        .map_or(head_end, |(i, _)| i.max(head_end));
-    format!(
-        "{}\n[… {} bytes truncated …]\n{}",
-        &text[..head_end],
-        tail_start - head_end,
-        &text[tail_start..]
-    )
-}
+pub use crate::rich::truncate_section;
 
 /// `label:` then the body on the lines below (capped); a one-line body stays on the label's
 /// line when it is short.
@@ -376,32 +357,37 @@ pub fn execution_output(e: &Execution) -> ToolOutput {
         section(&mut text, "stderr", &e.stderr);
     }
     for r in &e.results {
-        if let Some(png) = r.data.get("image/png") {
-            images.push(ToolImage {
-                mime: "image/png".into(),
-                data_base64: png.clone(),
-            });
-            continue;
-        }
-        let Some(plain) = r.data.get("text/plain") else {
-            continue;
+        let label = if r.is_main_result {
+            "result"
+        } else {
+            "display"
         };
-        section(
-            &mut text,
-            if r.is_main_result {
-                "result"
-            } else {
-                "display"
-            },
-            plain,
-        );
+        let view = crate::rich::model_view(r, label);
+        if let Some((mime, data_base64)) = view.image {
+            images.push(ToolImage {
+                mime: mime.into(),
+                data_base64,
+            });
+        }
+        for (label, body) in &view.sections {
+            section(&mut text, label, body);
+        }
     }
     if !images.is_empty() {
+        let kinds: std::collections::BTreeSet<&str> = images
+            .iter()
+            .map(|i| i.mime.trim_start_matches("image/"))
+            .collect();
+        let kinds = kinds
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("/")
+            .to_uppercase();
         line(
             &mut text,
             "images",
             &format!(
-                "{} PNG image{} attached",
+                "{} {kinds} image{} attached",
                 images.len(),
                 if images.len() == 1 { "" } else { "s" }
             ),
@@ -435,6 +421,29 @@ pub fn execution_output(e: &Execution) -> ToolOutput {
             .collect::<Vec<_>>()
             .join("\n");
         section(&mut text, "files", &list);
+    }
+    if !e.network.is_empty() {
+        // What went out through the egress proxy: the model sees what it reached and what
+        // the session's allowlist refused.
+        let list = e
+            .network
+            .iter()
+            .map(|c| {
+                if c.allowed {
+                    format!(
+                        "- {}:{} allowed ({} bytes out, {} bytes in)",
+                        c.domain, c.port, c.bytes_out, c.bytes_in
+                    )
+                } else {
+                    format!(
+                        "- {}:{} refused by the session's network policy",
+                        c.domain, c.port
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        section(&mut text, "network", &list);
     }
     if e.status != ExecutionStatus::Ok {
         let status = serde_json::to_value(e.status)
@@ -778,6 +787,27 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_network_section_says_what_was_reached_and_what_was_refused() {
+        let e: Execution = serde_json::from_value(serde_json::json!({
+            "id": "ex_1", "session_id": null, "language": "python", "execution_count": 1,
+            "status": "ok", "stdout": "", "stderr": "",
+            "truncated": {"stdout": false, "stderr": false}, "results": [], "error": null,
+            "files": [], "usage": {"wall_ms": 1, "cpu_ms": 1, "peak_memory_bytes": 1, "killed_by": null},
+            "network": [
+                {"domain": "pypi.org", "port": 443, "allowed": true, "bytes_out": 10, "bytes_in": 20},
+                {"domain": "github.com", "port": 443, "allowed": false, "bytes_out": 0, "bytes_in": 0}
+            ],
+            "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:00Z"
+        }))
+        .expect("execution");
+        let text = execution_output(&e).text;
+        assert!(
+            text.contains("network:\n- pypi.org:443 allowed (10 bytes out, 20 bytes in)\n- github.com:443 refused by the session's network policy"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn paths_are_confined_to_the_workspace() {

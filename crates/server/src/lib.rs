@@ -11,6 +11,7 @@ mod error;
 mod executions;
 mod extract;
 mod files;
+mod forward;
 mod hosts;
 pub mod mcp;
 mod metrics;
@@ -97,11 +98,14 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     document_forbidden(&mut api);
     document_no_space(&mut api);
     openapi::document(&mut api, &state.engine.config().limits, &state.batches);
+    openapi::document_network(&mut api, &state.engine.config().network.allow_domains);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
+        .nest("/gemini", vendor::gemini::router())
+        .nest("/mistral", vendor::mistral::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)
@@ -122,6 +126,11 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
             ApiError::method_not_allowed(&method)
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // A session another node holds is served there (several nodes on one database).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
+        ))
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
         .layer(axum::middleware::from_fn_with_state(

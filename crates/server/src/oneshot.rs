@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
 use runcell_engine::{
-    BatchRun, Check, Comparison, Execution, InputFile, Judged, Language, LimitsRequest, OneShot,
-    Start, TestCase, TestResult, TestSummary,
+    BatchRun, Check, Comparison, Execution, InputFile, Judged, Language, LimitsRequest,
+    NetworkPolicy, OneShot, Start, TestCase, TestResult, TestSummary,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -50,6 +50,9 @@ pub struct ExecuteOnceRequest {
     /// value when that is above 1 (default 1e-6).
     #[schema(minimum = 0)]
     pub tolerance: Option<f64>,
+    /// As a session's (`{"type":"disabled"}` by default).
+    #[serde(default, deserialize_with = "crate::extract::object")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// A program argument: at most 4096 characters, no NUL.
@@ -113,6 +116,7 @@ pub(crate) fn batch_run(
     one.timeout = crate::sessions::timeout(req.timeout_s)?
         .unwrap_or_else(|| engine.config().limits.one_shot_timeout());
     one.limits = req.limits.unwrap_or_default();
+    one.network = req.network.unwrap_or_default();
     one.stdin = req.stdin.unwrap_or_default().into_bytes();
     one.args = req
         .args
