@@ -4,6 +4,7 @@
 mod args;
 mod ask;
 mod audit;
+mod batch;
 mod config;
 mod doctor;
 mod engines;

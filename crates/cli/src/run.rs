@@ -25,20 +25,32 @@ pub struct RunArgs {
     #[arg(long, default_value_t = runcell_engine::ONE_SHOT_TIMEOUT.as_secs_f64(), value_name = "S")]
     timeout: f64,
     /// The program file, or `-` to read it from stdin.
-    #[arg(value_name = "FILE|-")]
-    program: String,
+    #[arg(value_name = "FILE|-", required_unless_present = "batch")]
+    program: Option<String>,
+    /// Run a batch instead: one run per line of FILE (`-`: stdin), each a JSON object as
+    /// `POST /v1/execute` takes it (`language`, `code`, `files`, `stdin`, `timeout_s`, `args`,
+    /// `tests`, ...); one finished run per line on stdout, as `POST /v1/batch` streams them.
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with = "program")]
+    batch: Option<std::path::PathBuf>,
+    /// With `--batch`: runs at once (default: the CPUs).
+    #[arg(long, value_name = "N", requires = "batch")]
+    concurrency: Option<usize>,
 }
 
 pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let code = if args.program == "-" {
+    if let Some(file) = &args.batch {
+        return crate::batch::run_batch(data_dir, file, args.concurrency);
+    }
+    let program = args.program.clone().unwrap_or_default();
+    let code = if program == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
             .context("cannot read the program from stdin")?;
         s
     } else {
-        std::fs::read_to_string(&args.program)
-            .with_context(|| format!("cannot read the program file {}", args.program))?
+        std::fs::read_to_string(&program)
+            .with_context(|| format!("cannot read the program file {program}"))?
     };
     let json = args.sandbox.json;
     let mut req = OneShot::new(args.sandbox.lang, code);

@@ -36,6 +36,12 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
+    /// Runs one `POST /v1/batch` may hold (1-1000) [default: 1000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_batch_runs: Option<u16>,
+    /// Test cases one one-shot run may carry (0-100) [default: 100].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=100))]
+    max_tests_per_run: Option<u16>,
     /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1, /gemini,
     /// /mistral) on: the model API the agent loop talks to (openai: any Chat Completions
     /// endpoint; anthropic: Messages; gemini: generateContent). The key comes from
@@ -304,6 +310,17 @@ pub fn serve(
     if warm_sessions > 64 {
         return Err(invalid("warm_sessions must be at most 64"));
     }
+    let max_batch_runs = args.max_batch_runs.or(file.max_batch_runs).unwrap_or(1000);
+    if !(1..=1000).contains(&max_batch_runs) {
+        return Err(invalid("max_batch_runs must be 1 to 1000"));
+    }
+    let max_tests_per_run = args
+        .max_tests_per_run
+        .or(file.max_tests_per_run)
+        .unwrap_or(100);
+    if max_tests_per_run > 100 {
+        return Err(invalid("max_tests_per_run must be at most 100"));
+    }
     let agent_provider = match (args.agent_provider, &file.agent_provider) {
         (Some(k), _) => Some(k),
         (None, Some(name)) => Some(
@@ -541,6 +558,7 @@ pub fn serve(
         eprintln!("runcell serving on http://{addr}");
         runcell_server::audit::spawn_checkpoints(store.clone(), signer.clone(), checkpoints);
         let mut state = runcell_server::state(engine.clone(), store, addr)
+            .with_batch_limits(max_batch_runs.into(), max_tests_per_run.into())
             .with_allowed_hosts(allowed_hosts)
             .with_audit_signer(signer);
         if let Some((chat, vendor)) = chat {

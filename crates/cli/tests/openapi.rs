@@ -122,6 +122,9 @@ fn serve(data: &Path, port: u16) -> Serve {
     let mut child = runcell(data)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--no-zygote", "--warm-sessions", "0"])
+        // Each run of a batch and each test is a sandbox: a fuzzed batch at its bounds stays
+        // a few dozen of them.
+        .args(["--max-batch-runs", "4", "--max-tests-per-run", "4"])
         .args(["--max-memory-mb", "64", "--default-memory-mb", "64"])
         .args(["--max-disk-mb", "64", "--default-disk-mb", "64"])
         .args(["--max-pids", "64", "--default-pids", "64"])

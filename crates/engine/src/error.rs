@@ -140,6 +140,9 @@ pub enum Invalid {
     /// Input the store refuses (a value over its bounds), in the store's words.
     #[error("{0}")]
     Store(String),
+    /// A one-shot run (or a batch of them) the engine cannot run as asked; the text says why.
+    #[error("{0}")]
+    Run(String),
     /// A shell command with a NUL byte.
     #[error("the command contains a NUL byte, which no program argument can hold")]
     NulInCommand,

@@ -26,8 +26,13 @@ pub(crate) enum Program<'a> {
     Kernel(Language),
     /// A shell command beside a session's kernel.
     Command(&'a str),
-    /// A one-shot program: `dir` holds its file, named [`program_file`].
-    OneShot { language: Language, dir: &'a Path },
+    /// A one-shot program: `dir` holds its file, named [`program_file`]; `args` follow it on
+    /// the command line.
+    OneShot {
+        language: Language,
+        dir: &'a Path,
+        args: &'a [String],
+    },
 }
 
 impl Language {
@@ -79,7 +84,11 @@ pub(crate) fn launch<'w>(
             Language::Python,
             false,
         ),
-        Program::OneShot { language, dir } => {
+        Program::OneShot {
+            language,
+            dir,
+            args,
+        } => {
             ro_binds.push(Bind {
                 source: dir.to_owned(),
                 target: INPUT_DIR.into(),
@@ -90,7 +99,11 @@ pub(crate) fn launch<'w>(
                 Language::Bash => BASH.into(),
                 Language::Javascript => runcell_kernel::NODE.into(),
             };
-            (vec![interpreter, program], language, false)
+            let argv = [interpreter, program]
+                .into_iter()
+                .chain(args.iter().cloned())
+                .collect();
+            (argv, language, false)
         }
     };
     let mut env = base_env(

@@ -4,6 +4,7 @@
 
 mod approval;
 mod audit;
+mod batch;
 mod bounds;
 mod commands;
 mod core;
@@ -22,14 +23,15 @@ mod paused;
 mod pool;
 mod provenance;
 mod records;
+mod replay;
 mod restored;
 mod rich;
-mod replay;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
+mod verdict;
 mod zygote;
 
 pub use crate::approval::{ApprovalRecord, Decision};
@@ -45,6 +47,7 @@ pub use crate::limits::{
     MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
 pub use crate::records::APPROVAL_PREFIX;
+pub use batch::{BatchRun, Gate, MAX_BATCH_CONCURRENCY, MAX_BATCH_RUNS};
 pub use bounds::{
     check_code, check_env, check_metadata, Bound, BOUNDS, MAX_CODE_BYTES, MAX_COMMAND_BYTES,
     MAX_ENV_BYTES, MAX_ENV_VARS, MAX_ENV_VAR_BYTES, MAX_FILE_BYTES, MAX_FILE_CHANGES,
@@ -61,16 +64,20 @@ pub use model::{
 pub use network::{
     DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
-pub use oneshot::{InputFile, OneShot, OneShotOutcome};
+pub use oneshot::{InputFile, OneShot, OneShotOutcome, MAX_ARGS, MAX_ARG_CHARS};
 pub use provenance::producer;
 pub use records::ExecutionPage;
+pub use replay::{sources_of_difference, CellReplay, Check, ReplayReport, UploadRestore};
 pub use restored::{Restored, Skipped};
 pub use rich::chart_summary;
-pub use replay::{sources_of_difference, CellReplay, Check, ReplayReport, UploadRestore};
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
+};
+pub use verdict::{
+    Check, Comparison, Judged, TestCase, TestResult, TestSummary, Verdict, DEFAULT_TOLERANCE,
+    MAX_TESTS_PER_RUN,
 };
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 

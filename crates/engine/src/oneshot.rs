@@ -7,15 +7,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use runcell_sandbox::{
-    CappedOutput, ExitStatus, KillReason, RunOptions, Stream, UidLease, Workspace,
+    CappedOutput, ExitStatus, KillReason, RunOptions, SandboxError, Stream, UidLease, Workspace,
 };
 
 use crate::engine::Engine;
+use crate::error::Invalid;
 use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};
 use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};
 use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language};
-use crate::EngineError;
+use crate::{EngineError, Start};
 
 /// A file placed in /workspace before the program starts.
 #[derive(Debug, Clone)]
@@ -33,10 +34,17 @@ pub struct OneShot {
     pub code: String,
     pub files: Vec<InputFile>,
     pub stdin: Vec<u8>,
+    /// Arguments after the program file (`sys.argv[1:]`, `$1...`, `process.argv.slice(2)`).
+    pub args: Vec<String>,
+    /// Python only: fork the preloaded zygote (the default, when it is ready) or start a fresh
+    /// interpreter (its own hash secret and address-space layout).
+    pub start: Start,
     pub timeout: Duration,
     pub limits: LimitsRequest,
     /// Bytes kept per stream.
     pub output_cap: usize,
+    /// Past this much output (both streams) the run is killed (`killed_by: output`).
+    pub output_kill_bytes: u64,
     /// Set to end the run early (the caller got SIGINT, say).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Disabled by default; an allowlist must stay within the server's bound.
@@ -51,16 +59,57 @@ impl OneShot {
             code: code.into(),
             files: Vec::new(),
             stdin: Vec::new(),
+            args: Vec::new(),
+            start: Start::Zygote,
             timeout: ONE_SHOT_TIMEOUT,
             limits: LimitsRequest::default(),
             output_cap: OUTPUT_CAP_BYTES,
+            output_kill_bytes: RunOptions::default().output_kill_bytes,
             cancel: None,
             network: Default::default(),
         }
     }
 }
 
+/// Arguments one run may pass after its program file, and the characters of each.
+pub const MAX_ARGS: usize = 64;
+pub const MAX_ARG_CHARS: usize = 4096;
+
+/// Checks the arguments of a run (or of one of its tests): bounded, and each one something
+/// `execve` can pass.
+pub(crate) fn check_args(args: &[String]) -> Result<(), EngineError> {
+    let invalid = |m: String| Err(EngineError::InvalidRequest(Invalid::Run(m)));
+    if args.len() > MAX_ARGS {
+        return invalid(format!("{} arguments; at most {MAX_ARGS}", args.len()));
+    }
+    for a in args {
+        if a.chars().count() > MAX_ARG_CHARS {
+            return invalid(format!("an argument is over {MAX_ARG_CHARS} characters"));
+        }
+        if a.contains('\0') {
+            return invalid(
+                "an argument contains a NUL byte, which no program argument can hold".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 impl Engine {
+    /// Everything about `req` that can be refused before it runs (code size, limits, time
+    /// limit, file paths, arguments), so that a batch is refused whole rather than run in part.
+    pub fn check_one_shot(&self, req: &OneShot) -> Result<(), EngineError> {
+        crate::bounds::check_code(&req.code)?;
+        let policy = &self.core.config.limits;
+        policy.resolve(&req.limits)?;
+        policy.check_timeout(req.timeout)?;
+        for f in &req.files {
+            runcell_sandbox::validate_relative(&f.path)
+                .map_err(crate::files::map_err(crate::files::Op::Write))?;
+        }
+        check_args(&req.args)
+    }
+
     /// Runs `req` in a fresh sandbox. Output is streamed to `on_output` as it is produced (the
     /// head of each stream; the Execution holds head and tail).
     pub fn run_once(
@@ -69,6 +118,7 @@ impl Engine {
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
+        check_args(&req.args)?;
         let egress = self.core.network.session(&req.network)?;
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
@@ -101,11 +151,28 @@ impl Engine {
         let program = Program::OneShot {
             language: req.language,
             dir: &input.path,
+            args: &req.args,
         };
         let launch = self
             .core
             .launch(program, &workspace, &limits, &[], egress.is_some())?;
         let began = Began::now(id, None, &workspace);
+        let opts = RunOptions {
+            stdin: req.stdin.clone(),
+            timeout: req.timeout,
+            output_cap: req.output_cap,
+            output_kill_bytes: req.output_kill_bytes,
+            cancel: req.cancel.clone(),
+        };
+        // As for sessions (core.rs, `start_kernel`): the zygote's BLAS runs one thread, so a
+        // run granted more CPU starts cold, and so does one that asks to. A run with network
+        // egress starts cold too: its proxy is served from the sandbox's start (`run_with`).
+        let zygote = (req.language == Language::Python
+            && req.start == Start::Zygote
+            && egress.is_none()
+            && launch.limits.cpu_millis <= 1000)
+            .then(|| self.core.zygote())
+            .flatten();
         // The proxy serves the sandbox's egress socket from its start to the end of the run.
         let mut serving = None;
         let mut on_start = |running: &runcell_sandbox::Running| {
@@ -115,22 +182,19 @@ impl Engine {
             }
             Ok(())
         };
-        let outcome = self
-            .core
-            .sandbox
-            .run_with(
-                &launch,
-                &RunOptions {
-                    stdin: req.stdin.clone(),
-                    timeout: req.timeout,
-                    output_cap: req.output_cap,
-                    cancel: req.cancel.clone(),
-                    ..RunOptions::default()
-                },
-                on_output,
-                &mut on_start,
-            )
-            .map_err(EngineError::sandbox)?;
+        let sandbox = &self.core.sandbox;
+        let outcome = match zygote {
+            Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
+                // Nothing started: slower, never broken; the zygote is restarted.
+                Err(SandboxError::Zygote(e)) => {
+                    self.core.zygote_failed(e);
+                    sandbox.run_with(&launch, &opts, on_output, &mut on_start)
+                }
+                other => other,
+            },
+            None => sandbox.run_with(&launch, &opts, on_output, &mut on_start),
+        }
+        .map_err(EngineError::sandbox)?;
         drop(serving);
         let ended = began.end(&workspace);
         drop(input);

@@ -23,6 +23,20 @@ pub(crate) struct ForkRequest {
     /// The host uid the sandbox user maps to.
     pub host_uid: u32,
     pub cgroup: CgroupEntry,
+    /// What a zygote's fork runs once confined (a cold pid 1 execs the spec's argv instead).
+    #[serde(default)]
+    pub program: ForkedProgram,
+}
+
+/// What the zygote's preloaded Python does in a sandbox it forked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) enum ForkedProgram {
+    /// Serve a session's kernel protocol.
+    #[default]
+    Kernel,
+    /// Run the spec's `argv[1]` as `__main__`, with `argv[1..]` as `sys.argv`: what
+    /// `python3 FILE ARGS...` (`argv`) would do, for one-shot runs.
+    Main,
 }
 
 impl ForkRequest {
@@ -41,7 +55,11 @@ impl ForkRequest {
                     .collect(),
             ),
         };
-        ForkRequest { host_uid, cgroup }
+        ForkRequest {
+            host_uid,
+            cgroup,
+            program: ForkedProgram::Kernel,
+        }
     }
 }
 
@@ -55,6 +73,14 @@ pub(crate) enum CgroupEntry {
     /// v2: `clone3(CLONE_INTO_CGROUP)` into this directory; pid 1 then makes its own cgroup
     /// namespace there (the clone's would be rooted at the caller's cgroup).
     V2(PathBuf),
+}
+
+/// Where [`start_pid1`] returns.
+pub(crate) enum Started {
+    /// In the caller: pid 1's pid and a pidfd of it.
+    Caller(libc::pid_t, OwnedFd),
+    /// In a [`Pid1Program::Continue`] program's process, confined: the spec's argv.
+    Program(Vec<String>),
 }
 
 /// Why [`start_pid1`] failed.
@@ -91,15 +117,15 @@ const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
 
 /// Starts pid 1 of a sandbox for `spec`, with `fds` (stdin, stdout, stderr, control socket,
 /// channel) as its 0-4. In the caller, returns pid 1's pid and a pidfd of it; pid 1 is the
-/// caller's child. With [`Pid1Program::Continue`], returns `Ok(None)` in the program's process,
-/// confined; with [`Pid1Program::Exec`] only the caller returns.
+/// caller's child. With [`Pid1Program::Continue`], returns [`Started::Program`] in the program's
+/// process, confined; with [`Pid1Program::Exec`] only the caller returns.
 pub(crate) fn start_pid1(
     request: &ForkRequest,
     spec: &[u8],
     fds: [RawFd; 5],
     program: Pid1Program<'_>,
     hooks: Option<ForkHooks<'_>>,
-) -> Result<Option<(libc::pid_t, OwnedFd)>, StartError> {
+) -> Result<Started, StartError> {
     let failed = StartError::Failed;
     let (sync_r, sync_w) = pipe_cloexec().map_err(|e| failed(format!("pipe: {e}")))?;
     let v2_dir = match &request.cgroup {
@@ -126,8 +152,7 @@ pub(crate) fn start_pid1(
         // Closed already (pid 1 closes everything above 4 but its copy of sync_r): dropping
         // them here would close whatever took their numbers since.
         std::mem::forget((sync_w, v2_dir));
-        place_fds(fds, spec, sync_r, v2, program);
-        return Ok(None);
+        return Ok(Started::Program(place_fds(fds, spec, sync_r, v2, program)));
     }
     if let Some(h) = &hooks {
         (h.after_in_parent)();
@@ -161,7 +186,7 @@ pub(crate) fn start_pid1(
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
     // Release pid 1; the closing tells it nobody else will write.
     write_all_fd(sync_w.as_raw_fd(), b"1").map_err(|e| failed(kill(format!("sync: {e}"))))?;
-    Ok(Some((pid, pidfd)))
+    Ok(Started::Caller(pid, pidfd))
 }
 
 /// Back into the caller's own cgroups. Failing that, the caller would count in the sandbox's
@@ -237,7 +262,13 @@ struct CloneArgs {
 
 /// In the fresh clone: `fds` onto 0-4, then pid 1. Returns only in a
 /// [`Pid1Program::Continue`] program's process.
-fn place_fds(fds: [RawFd; 5], spec: &[u8], sync_r: OwnedFd, v2: bool, program: Pid1Program<'_>) {
+fn place_fds(
+    fds: [RawFd; 5],
+    spec: &[u8],
+    sync_r: OwnedFd,
+    v2: bool,
+    program: Pid1Program<'_>,
+) -> Vec<String> {
     // Move them and the sync pipe above 10 first: any may sit on a target number.
     let mut high = [0; 6];
     for (h, fd) in high
@@ -259,7 +290,7 @@ fn place_fds(fds: [RawFd; 5], spec: &[u8], sync_r: OwnedFd, v2: bool, program: P
     let _ = sync_r.into_raw_fd();
     // SAFETY: our duplicate.
     let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
-    crate::pid1::direct_pid1(spec, sync_r, v2, program);
+    crate::pid1::direct_pid1(spec, sync_r, v2, program)
 }
 
 #[cfg(test)]

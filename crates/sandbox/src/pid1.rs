@@ -88,13 +88,14 @@ pub(crate) enum Pid1Program<'a> {
 /// single-threaded supervisor, see [`crate::direct`]), which joined the cgroup, cloned this
 /// process, wrote the id maps and then releases `sync_r`. The same steps as a cold pid 1 follow;
 /// pid 1 reports to the control socket itself. Descriptors 0-4 are in place as for the exec'd
-/// helper. Returns only in a [`Pid1Program::Continue`] program's process, confined.
+/// helper. Returns only in a [`Pid1Program::Continue`] program's process, confined, with the
+/// spec's argv (what the continuing program is to run).
 pub(crate) fn direct_pid1(
     spec_bytes: &[u8],
     sync_r: OwnedFd,
     new_cgroup_ns: bool,
     program: Pid1Program<'_>,
-) {
+) -> Vec<String> {
     // SAFETY: setsid has no arguments; it fails harmlessly if already a leader.
     unsafe { libc::setsid() };
     // A clone of the zygote or of `runcell run ...`: its command line names host paths.
@@ -137,6 +138,7 @@ pub(crate) fn direct_pid1(
             }
             // SAFETY: pid 1's message pipe: the program must not keep it.
             unsafe { libc::close(msg_fd) };
+            spec.argv
         }
         -1 => report_and_exit(&error_line(&StepError::at(Step::Exec)(
             io::Error::last_os_error(),

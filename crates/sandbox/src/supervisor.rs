@@ -14,7 +14,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
-use crate::direct::{start_pid1, ForkRequest};
+use crate::direct::{start_pid1, ForkRequest, ForkedProgram, Started};
 use crate::output::CappedOutput;
 use crate::pid1::Pid1Program;
 use crate::pid1::{CHANNEL_FD, CONTROL_FD};
@@ -187,9 +187,9 @@ impl Sandbox {
             let request = ForkRequest::new(&cgroup, launch.workspace.host_uid());
             let fds = [&in_r, &out_w, &err_w, &helper_end, &program_end].map(|f| f.as_raw_fd());
             let pid = match start_pid1(&request, &spec_bytes, fds, Pid1Program::Exec, None) {
-                Ok(Some((pid, _pidfd))) => pid,
+                Ok(Started::Caller(pid, _pidfd)) => pid,
                 // SAFETY: unreachable (an exec'd program never returns here); leave quietly.
-                Ok(None) => unsafe { libc::_exit(127) },
+                Ok(Started::Program(_)) => unsafe { libc::_exit(127) },
                 Err(e) => return Err(SandboxError::Setup(e.to_string())),
             };
             let control = File::from(control);
@@ -238,13 +238,26 @@ impl Sandbox {
         zygote: &crate::zygote::Zygote,
         launch: &Launch<'_>,
     ) -> Result<Running, SandboxError> {
+        self.fork_from(zygote, launch, ForkedProgram::Kernel)
+    }
+
+    /// A fork of `zygote` for `launch`, which becomes `program` once confined.
+    fn fork_from(
+        &self,
+        zygote: &crate::zygote::Zygote,
+        launch: &Launch<'_>,
+        program: ForkedProgram,
+    ) -> Result<Running, SandboxError> {
         let (cgroup, spec_bytes) = self.prepare(launch)?;
         let (control, helper_end) = socketpair_cloexec()?;
         let (channel, program_end) = socketpair_cloexec()?;
         let (in_r, in_w) = pipe_cloexec()?;
         let (out_r, out_w) = pipe_cloexec()?;
         let (err_r, err_w) = pipe_cloexec()?;
-        let request = ForkRequest::new(&cgroup, launch.workspace.host_uid());
+        let request = ForkRequest {
+            program,
+            ..ForkRequest::new(&cgroup, launch.workspace.host_uid())
+        };
         let pidfd = zygote
             .fork_sandbox(
                 &request,
@@ -364,7 +377,31 @@ impl Sandbox {
         on_output: &mut dyn FnMut(Stream, &[u8]),
         on_start: &mut dyn FnMut(&Running) -> Result<(), SandboxError>,
     ) -> Result<RunOutcome, SandboxError> {
-        let mut running = self.spawn(launch)?;
+        let running = self.spawn(launch)?;
+        Self::run_to_end(running, opts, on_output, on_start)
+    }
+
+    /// [`Sandbox::run`] of a Python program (`launch.argv` is `[python, FILE, ARGS...]`) in a
+    /// fork of `zygote`: the same sandbox, the program run as `__main__` by the preloaded
+    /// interpreter instead of a fresh one. On [`SandboxError::Zygote`] nothing was started and
+    /// a cold [`Sandbox::run`] can follow.
+    pub fn run_in(
+        &self,
+        zygote: &crate::zygote::Zygote,
+        launch: &Launch<'_>,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<RunOutcome, SandboxError> {
+        let running = self.fork_from(zygote, launch, ForkedProgram::Main)?;
+        Self::run_to_end(running, opts, on_output, &mut |_| Ok(()))
+    }
+
+    fn run_to_end(
+        mut running: Running,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+        on_start: &mut dyn FnMut(&Running) -> Result<(), SandboxError>,
+    ) -> Result<RunOutcome, SandboxError> {
         if let Err(e) = on_start(&running) {
             running.kill(KillReason::Signal);
             let _ = running.finish();

@@ -37,7 +37,7 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::direct::{start_pid1, ForkHooks, ForkRequest, StartError};
+use crate::direct::{start_pid1, ForkHooks, ForkRequest, ForkedProgram, StartError, Started};
 use crate::pid1::Pid1Program;
 use crate::sys::{cstr, cvt, pipe_cloexec};
 
@@ -699,8 +699,11 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                     Some(hooks),
                 );
                 match started {
-                    Ok(Some((_, pidfd))) => Ok(pidfd),
-                    Ok(None) => run_kernel(py, config),
+                    Ok(Started::Caller(_, pidfd)) => Ok(pidfd),
+                    Ok(Started::Program(argv)) => match request.program {
+                        ForkedProgram::Kernel => run_kernel(py, config),
+                        ForkedProgram::Main => run_main(py, config, &argv),
+                    },
                     // Not our cgroup any more: the next session's kill_all would end us anyway.
                     Err(StartError::StuckInCgroup(e)) => exit_with(sock, &e),
                     Err(StartError::Failed(e)) => Err(e),
@@ -771,6 +774,120 @@ _sys.exit(_runcell_kernel.main())
     let rc = unsafe { (py.run)(code.as_ptr()) };
     // PyRun_SimpleString handles SystemExit by exiting the process; getting here means an
     // uncaught exception (already printed to stderr).
+    // SAFETY: leaving.
+    unsafe { libc::_exit(if rc == 0 { 0 } else { 1 }) }
+}
+
+/// Hex of the JSON of `value`: a literal that Python code can carry whatever the bytes.
+fn json_hex<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_vec(value)
+        .unwrap_or_default()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// In the program's process of a one-shot run: the preloaded Python runs `argv[1]` as
+/// `python3 argv[1] argv[2..]` would, as `__main__`. Never returns.
+///
+/// What `python3 FILE` does and this mirrors: `sys.argv` is `[FILE, ARGS...]`, `sys.path[0]`
+/// the file's directory, `__main__` a fresh module with `__file__`, a `SourceFileLoader` and no
+/// spec; an uncaught exception prints its traceback through `sys.excepthook` (without this
+/// runner's frame) and exits 1; `SystemExit` exits with its code (`None` 0, an int itself,
+/// anything else printed to stderr and 1); `KeyboardInterrupt` ends the process by SIGINT; at
+/// the end non-daemon threads are joined, `atexit` runs and the standard streams are flushed
+/// (a failed stdout flush exits 120). The interpreter is not finalised: the process ends with
+/// `_exit` once the program's own objects are released (which closes the files it left open),
+/// so it never touches the preloaded modules' pages.
+fn run_main(py: &Python, config: &ZygoteConfig, argv: &[String]) -> ! {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let code = format!(
+        r#"
+def _runcell_main(argv, env):
+    import atexit, gc, os, sys, types
+    from importlib.machinery import SourceFileLoader
+    os.environ.clear()
+    os.environ.update(env)
+    sys.modules[{kmod:?}].reseed()
+    while {kdir:?} in sys.path:
+        sys.path.remove({kdir:?})
+    path = argv[1]
+    sys.argv = list(argv[1:])
+    sys.orig_argv = list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    main.__annotations__ = {{}}
+    sys.modules["__main__"] = main
+    status = 0
+    interrupted = False
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+    except SystemExit as e:
+        status = _runcell_exit_status(e.code)
+    except BaseException as e:
+        # Without this runner's frame, which `python3 FILE` does not have.
+        e.with_traceback(e.__traceback__.tb_next)
+        sys.excepthook(type(e), e, e.__traceback__)
+        interrupted = isinstance(e, KeyboardInterrupt)
+        status = 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        status = _runcell_exit_status(e.code)
+    main.__dict__.clear()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            if stream is sys.stdout and status == 0:
+                status = 120
+    if interrupted:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status & 0xFF)
+
+def _runcell_exit_status(code):
+    import sys
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    try:
+        print(code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+import json as _json
+_runcell_main(
+    _json.loads(bytes.fromhex("{argv_hex}")),
+    _json.loads(bytes.fromhex("{env_hex}")),
+)
+"#,
+        kmod = config.kernel_module,
+        kdir = config.kernel_dir.to_string_lossy(),
+        argv_hex = json_hex(&argv),
+        env_hex = json_hex(&env),
+    );
+    let code = CString::new(code).unwrap_or_default();
+    // SAFETY: the interpreter is initialised in this process (inherited) and we hold the GIL.
+    let rc = unsafe { (py.run)(code.as_ptr()) };
+    // Only a failure of the runner itself gets here (the program's end is an `_exit` above).
     // SAFETY: leaving.
     unsafe { libc::_exit(if rc == 0 { 0 } else { 1 }) }
 }

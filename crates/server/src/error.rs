@@ -109,6 +109,12 @@ impl ApiError {
         Self::new(ErrorCode::Unavailable, message).retry_after(1)
     }
 
+    /// The same refusal, its message prefixed (`runs[3]: ` for a run of a batch).
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        self.message.insert_str(0, prefix);
+        self
+    }
+
     /// Asks the client to wait `seconds` before trying again (`Retry-After`).
     pub fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);

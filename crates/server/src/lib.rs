@@ -4,6 +4,8 @@
 
 mod approvals;
 pub mod audit;
+pub mod batch;
+mod batches;
 mod chat;
 mod connections;
 mod error;
@@ -89,6 +91,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(sessions::run_command))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
+        .routes(routes!(batch::batch))
         .routes(routes!(executions::list_executions))
         .routes(routes!(executions::get_execution))
         .routes(routes!(executions::verify))
@@ -104,7 +107,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let mut api = api;
     document_forbidden(&mut api);
     document_no_space(&mut api);
-    openapi::document(&mut api, &state.engine.config().limits);
+    openapi::document(&mut api, &state.engine.config().limits, &state.batches);
     openapi::document_network(&mut api, &state.engine.config().network.allow_domains);
     let doc = api.clone();
     let router = router
@@ -276,5 +279,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         metrics_elsewhere: false,
         audit_signer: None,
         approvals: Arc::default(),
+        batches: Arc::default(),
     }
 }

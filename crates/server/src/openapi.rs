@@ -9,7 +9,7 @@ use utoipa::openapi::security::SecurityRequirement;
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Schema};
 
 /// Completes the document for a server with `limits`.
-pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
+pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy, batches: &crate::batches::Batches) {
     // Security is per operation: `/healthz` answers every probe.
     api.security = None;
     for (path, op) in operations(api) {
@@ -27,6 +27,7 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
         }
     }
     document_ranges(api, limits);
+    document_batches(api, batches);
     document_paths(api);
     document_start(api);
     for (path, op) in operations(api) {
@@ -37,43 +38,44 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy) {
     }
 }
 
-/// `start: "zygote"` is for Python sessions: a session of another language starts `cold`
-/// (or says nothing). The rule joins the request's schema as an `anyOf` of the two cases, so a
-/// client (or a fuzzer) sees which combinations are refused.
+/// `start: "zygote"` is for Python sessions and one-shot runs: one of another language starts
+/// `cold` (or says nothing). The rule joins each request's schema as an `anyOf` of the two
+/// cases, so a client (or a fuzzer) sees which combinations are refused.
 fn document_start(api: &mut OpenApi) {
     use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, SchemaType};
     let Some(components) = api.components.as_mut() else {
         return;
     };
     document_labels(components);
-    let Some(request) = components.schemas.remove("CreateSessionRequest") else {
-        return;
-    };
-    let only = |field: &str, value: &str| {
-        let choice = ObjectBuilder::new()
-            .schema_type(SchemaType::AnyValue)
-            .enum_values(Some([serde_json::json!(value), serde_json::Value::Null]))
+    for name in ["CreateSessionRequest", "ExecuteOnceRequest"] {
+        let Some(request) = components.schemas.remove(name) else {
+            continue;
+        };
+        let only = |field: &str, value: &str| {
+            let choice = ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .enum_values(Some([serde_json::json!(value), serde_json::Value::Null]))
+                .build();
+            ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .property(field, choice)
+                .build()
+        };
+        let python_or_cold = AnyOfBuilder::new()
+            .item(only("language", "python"))
+            .item(only("start", "cold"))
+            .description(Some(
+                "`start: \"zygote\"` only for Python (the default language)",
+            ))
             .build();
-        ObjectBuilder::new()
-            .schema_type(SchemaType::AnyValue)
-            .property(field, choice)
-            .build()
-    };
-    let python_or_cold = AnyOfBuilder::new()
-        .item(only("language", "python"))
-        .item(only("start", "cold"))
-        .description(Some(
-            "`start: \"zygote\"` only for Python (the default language)",
-        ))
-        .build();
-    let all = AllOfBuilder::new()
-        .item(request)
-        .item(Schema::AnyOf(python_or_cold))
-        .build();
-    components.schemas.insert(
-        "CreateSessionRequest".to_owned(),
-        RefOr::T(Schema::AllOf(all)),
-    );
+        let all = AllOfBuilder::new()
+            .item(request)
+            .item(Schema::AnyOf(python_or_cold))
+            .build();
+        components
+            .schemas
+            .insert(name.to_owned(), RefOr::T(Schema::AllOf(all)));
+    }
 }
 
 /// A name in a workspace path: not `.` or `..`, no `/` or NUL, at most 255 characters (the
@@ -303,6 +305,24 @@ fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
             p.minimum = None;
             p.exclusive_minimum = Some(Number::UInt(0));
             p.maximum = Some(number(max_timeout));
+        }
+    }
+}
+
+/// This server's batch bounds: runs a batch, tests a run.
+fn document_batches(api: &mut OpenApi, batches: &crate::batches::Batches) {
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    for (schema, field, max) in [
+        ("BatchRequest", "runs", batches.max_runs),
+        ("ExecuteOnceRequest", "tests", batches.max_tests_per_run),
+    ] {
+        let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut(schema) else {
+            continue;
+        };
+        if let Some(RefOr::T(Schema::Array(a))) = o.properties.get_mut(field) {
+            a.max_items = Some(max);
         }
     }
 }

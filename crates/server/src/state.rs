@@ -45,9 +45,17 @@ pub struct AppState {
     pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
     /// Agent loops' cells waiting for a person (`/v1/approvals`).
     pub approvals: Arc<crate::pending::Approvals>,
+    /// Batch bounds and each tenant's cap on batch runs in flight (`POST /v1/batch`).
+    pub batches: Arc<crate::batches::Batches>,
 }
 
 impl AppState {
+    /// At most `max_runs` runs a batch and `max_tests_per_run` tests a one-shot run.
+    pub fn with_batch_limits(mut self, max_runs: usize, max_tests_per_run: usize) -> Self {
+        self.batches = Arc::new(crate::batches::Batches::new(max_runs, max_tests_per_run));
+        self
+    }
+
     /// Turns the chat on, against `config`'s model.
     pub fn with_chat(mut self, config: ChatConfig) -> Self {
         self.chat = Some(Arc::new(config));

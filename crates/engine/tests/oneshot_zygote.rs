@@ -1,0 +1,334 @@
+//! One-shot Python runs forked from the zygote: the program behaves as under `python3 FILE`
+//! (compared with a cold one-shot, which is a fresh `python3 FILE` in the same sandbox), and the
+//! hostile probes meet exactly the walls a cold one-shot meets, each with a positive control on
+//! the host.
+
+use std::path::Path;
+use std::process::Command;
+
+use runcell_engine::{Engine, Language, LimitsRequest, OneShot, Start};
+use serde_json::Value;
+
+const PROBES: &str = include_str!("../../cli/tests/fixtures/probes.py");
+
+fn zygote_engine() -> runcell_engine::testing::TestEngine {
+    runcell_engine::testing::zygote_engine(Path::new(env!("CARGO_TARGET_TMPDIR")))
+}
+
+struct Ran {
+    exec: Value,
+    exit_code: i32,
+}
+
+fn run(engine: &Engine, req: &OneShot) -> Ran {
+    let out = engine.run_once(req, &mut |_, _| {}).expect("run_once");
+    Ran {
+        exec: serde_json::to_value(&out.execution).expect("json"),
+        exit_code: out.exit_code,
+    }
+}
+
+fn python(code: &str, start: Start) -> OneShot {
+    let mut req = OneShot::new(Language::Python, code);
+    req.start = start;
+    req
+}
+
+/// Whether the run's interpreter held pandas before the program imported anything: only a
+/// fork of the zygote does.
+fn forked(engine: &Engine, start: Start) -> bool {
+    let r = run(
+        engine,
+        &python("import sys\nprint('pandas' in sys.modules)", start),
+    );
+    r.exec["stdout"] == "True\n"
+}
+
+/// Programs whose observable behaviour (stdout, stderr, exit code, files) must be that of
+/// `python3 main.py ARGS` with that stdin.
+fn behaviour_cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, &'static str)> {
+    vec![
+        (
+            "argv, path and main module",
+            "import sys, __main__\nprint(sys.argv, sys.path[0], __name__, __file__)\n\
+             print(sorted(k for k in globals()), __package__, __spec__, __cached__)\n\
+             print(type(__loader__).__name__, __main__.__file__, sys.orig_argv[1:])",
+            vec!["a", "b c"],
+            "",
+        ),
+        (
+            "stdin",
+            "import sys\ndata = sys.stdin.read()\nprint(len(data), data.split())\nprint(input.__name__)",
+            vec![],
+            "3 4\nfive\n",
+        ),
+        ("input()", "a = input()\nb = input()\nprint(int(a) + int(b))", vec![], "3\n4\n"),
+        ("exit code", "import sys\nprint('x')\nsys.exit(3)", vec![], ""),
+        ("exit None", "import sys\nsys.exit()", vec![], ""),
+        ("exit message", "import sys\nsys.exit('bad input')", vec![], ""),
+        ("exit float", "raise SystemExit(2.5)", vec![], ""),
+        ("exit big", "import sys\nsys.exit(256 + 7)", vec![], ""),
+        ("exit negative", "import sys\nsys.exit(-1)", vec![], ""),
+        ("os._exit", "import os\nprint('a', flush=True)\nos._exit(4)", vec![], ""),
+        (
+            "uncaught exception",
+            "def f(x):\n    return 1 / x\n\nprint('before')\nf(0)",
+            vec![],
+            "",
+        ),
+        (
+            "chained exception",
+            "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('v') from e",
+            vec![],
+            "",
+        ),
+        ("syntax error", "print('never')\ndef f(:\n    pass", vec![], ""),
+        ("keyboard interrupt", "raise KeyboardInterrupt", vec![], ""),
+        (
+            "atexit and threads",
+            "import atexit, threading, time\natexit.register(lambda: print('atexit'))\n\
+             def late():\n    time.sleep(0.2)\n    print('thread')\n\
+             threading.Thread(target=late).start()\nprint('main')",
+            vec![],
+            "",
+        ),
+        (
+            "atexit after sys.exit",
+            "import atexit, sys\natexit.register(print, 'bye')\natexit.register(print, 'first')\nsys.exit(5)",
+            vec![],
+            "",
+        ),
+        (
+            "unclosed file is flushed",
+            "f = open('/workspace/out.txt', 'w')\nf.write('x' * 100)\n\
+             import atexit\natexit.register(lambda: None)",
+            vec![],
+            "",
+        ),
+        (
+            "pickle of a __main__ class",
+            "import pickle\nclass P:\n    pass\nprint(type(pickle.loads(pickle.dumps(P()))).__name__)",
+            vec![],
+            "",
+        ),
+        (
+            "custom excepthook",
+            "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v)\nraise OSError('o')",
+            vec![],
+            "",
+        ),
+        (
+            "environment",
+            "import os\nprint(sorted(os.environ.items()))\nprint(os.getcwd())",
+            vec![],
+            "",
+        ),
+    ]
+}
+
+#[test]
+fn zygote_one_shots_behave_as_python3_file_py() {
+    let engine = zygote_engine();
+    assert!(forked(&engine, Start::Zygote), "not forked from the zygote");
+    assert!(!forked(&engine, Start::Cold), "a cold run was preloaded");
+    for (what, code, args, stdin) in behaviour_cases() {
+        let mut got = Vec::new();
+        for start in [Start::Cold, Start::Zygote] {
+            let mut req = python(code, start);
+            req.args = args.iter().map(|a| a.to_string()).collect();
+            req.stdin = stdin.as_bytes().to_vec();
+            let r = run(&engine, &req);
+            let files: Vec<(Value, Value)> = r.exec["files"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| (f["path"].clone(), f["size"].clone()))
+                .collect();
+            got.push((
+                r.exit_code,
+                r.exec["status"].clone(),
+                r.exec["stdout"].clone(),
+                r.exec["stderr"].clone(),
+                r.exec["error"]["name"].clone(),
+                files,
+            ));
+        }
+        assert_eq!(
+            got[0], got[1],
+            "{what}: cold (left) and zygote (right) differ"
+        );
+    }
+    // The exact outcomes python3 gives, not merely equal ones.
+    let exit = |code: &str, stdin: &str| {
+        let mut req = python(code, Start::Zygote);
+        req.stdin = stdin.as_bytes().to_vec();
+        run(&engine, &req)
+    };
+    let r = exit("import sys\nsys.exit(3)", "");
+    assert_eq!((r.exit_code, &r.exec["status"]), (3, &"error".into()));
+    let r = exit("1/0", "");
+    assert_eq!(r.exit_code, 1);
+    let stderr = r.exec["stderr"].as_str().unwrap_or_default();
+    assert_eq!(
+        stderr,
+        "Traceback (most recent call last):\n  File \"/opt/runcell/input/main.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n"
+    );
+    assert_eq!(r.exec["error"]["name"], "ZeroDivisionError");
+    let r = exit("import sys\nsys.exit('bad input')", "");
+    assert_eq!(
+        (r.exit_code, r.exec["stderr"].as_str()),
+        (1, Some("bad input\n"))
+    );
+    let r = exit("raise KeyboardInterrupt", "");
+    assert_eq!(r.exit_code, 128 + libc::SIGINT, "{:#}", r.exec);
+    let r = exit("print(sum(map(int, input().split())))", "2 3 4\n");
+    assert_eq!((r.exit_code, r.exec["stdout"].as_str()), (0, Some("9\n")));
+
+    // Every fork reseeds: two runs never share a random stream.
+    let code = "import random, numpy as np\nprint(random.random(), np.random.rand())";
+    let (a, b) = (exit(code, ""), exit(code, ""));
+    assert_ne!(a.exec["stdout"], b.exec["stdout"]);
+}
+
+/// A probe of the fixture inside a zygote one-shot (its arguments on the command line, as
+/// `python3 probes.py NAME ARGS`).
+fn probe_inside(engine: &Engine, name: &str, args: &[&str]) -> (String, Value) {
+    let mut req = python(PROBES, Start::Zygote);
+    req.args = std::iter::once(name)
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    let r = run(engine, &req);
+    let line = r.exec["stdout"].as_str().unwrap_or_default().to_owned();
+    let v: Value = serde_json::from_str(line.trim())
+        .unwrap_or_else(|e| panic!("probe {name} printed {line:?} ({e}): {:#}", r.exec));
+    (
+        v["result"].as_str().unwrap_or_default().to_owned(),
+        v["detail"].clone(),
+    )
+}
+
+/// The same probe on the host (the positive control).
+fn probe_on_host(name: &str, args: &[&str]) -> (String, Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("probes.py");
+    std::fs::write(&script, PROBES).expect("write probes");
+    let out = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(name)
+        .args(args)
+        .current_dir(dir.path())
+        .output()
+        .expect("run control");
+    let v: Value = serde_json::from_slice(out.stdout.trim_ascii()).expect("control line");
+    (
+        v["result"].as_str().unwrap_or_default().to_owned(),
+        v["detail"].clone(),
+    )
+}
+
+#[test]
+fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
+    let engine = zygote_engine();
+    assert!(forked(&engine, Start::Zygote), "not forked from the zygote");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port().to_string();
+
+    // File escapes and the network: (probe, args, inside, what the host control shows).
+    let secret = tempfile::NamedTempFile::new().expect("host file");
+    let secret_path = secret.path().to_str().expect("utf8").to_owned();
+    let table: Vec<(&str, Vec<&str>, &str, &str)> = vec![
+        ("read", vec!["/etc/shadow"], "errno:ENOENT", "ok"),
+        ("read", vec![&secret_path], "errno:ENOENT", "ok"),
+        // No host control for writes: as root it would create /usr/x on the host.
+        ("write", vec!["/usr/x"], "errno:EROFS", "-"),
+        ("write", vec!["/opt/runcell/python/x"], "errno:EROFS", "-"),
+        ("unshare_user", vec![], "errno:EPERM", "ok"),
+        ("mount", vec!["/nonexistent"], "errno:EPERM", "errno:ENOENT"),
+        ("ptrace_parent", vec![], "errno:EPERM", "-"),
+        (
+            "tcp_connect",
+            vec!["127.0.0.1", &port],
+            "errno:ECONNREFUSED",
+            "ok",
+        ),
+        (
+            "tcp_connect",
+            vec!["169.254.169.254", "80"],
+            "errno:ENETUNREACH",
+            "-",
+        ),
+        ("socket", vec!["netlink", "dgram"], "errno:EPERM", "ok"),
+    ];
+    for (name, args, inside, host) in &table {
+        let (got, detail) = probe_inside(&engine, name, args);
+        assert_eq!(&got, inside, "{name} {args:?} inside: {detail}");
+        if *host != "-" {
+            let (got, detail) = probe_on_host(name, args);
+            // Host root is not refused where the sandbox user is: the call got past the wall.
+            assert!(
+                &got == host || (host.starts_with("errno") && got == "ok"),
+                "{name} {args:?} on the host: {got} {detail}"
+            );
+        }
+    }
+    let (_, ifaces) = probe_inside(&engine, "net_interfaces", &[]);
+    assert_eq!(ifaces, serde_json::json!(["lo"]));
+    let (_, host_ifaces) = probe_on_host("net_interfaces", &[]);
+    assert!(host_ifaces.as_array().is_some_and(|a| a.len() > 1));
+    drop(listener);
+
+    // Fork bomb: the pids limit kills the tree; a few forks are fine.
+    let mut bomb = python(
+        "import os, time\nwhile True:\n    try:\n        if os.fork() == 0:\n            time.sleep(100)\n    except OSError:\n        pass\n",
+        Start::Zygote,
+    );
+    bomb.timeout = std::time::Duration::from_secs(20);
+    let r = run(&engine, &bomb);
+    assert_eq!(r.exec["usage"]["killed_by"], "pids", "{:#}", r.exec);
+    assert_eq!(r.exit_code, 137);
+    let r = run(
+        &engine,
+        &python(
+            "import os\nfor _ in range(20):\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)\nprint('forked')",
+            Start::Zygote,
+        ),
+    );
+    assert_eq!(r.exec["stdout"], "forked\n", "{:#}", r.exec);
+
+    // Memory: touching 512 MiB under a 200 MiB limit is an OOM kill; 32 MiB is fine.
+    let bomb = "b = bytearray(512 * 1024 * 1024)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('survived')";
+    for (code, killed) in [(bomb.to_owned(), true), (bomb.replace("512", "32"), false)] {
+        let mut req = python(&code, Start::Zygote);
+        req.limits = LimitsRequest {
+            memory_mb: Some(200),
+            ..LimitsRequest::default()
+        };
+        let r = run(&engine, &req);
+        if killed {
+            assert_eq!(r.exec["usage"]["killed_by"], "oom", "{:#}", r.exec);
+            assert_eq!(r.exec["error"]["name"], "MemoryError");
+        } else {
+            assert_eq!(r.exec["stdout"], "survived\n", "{:#}", r.exec);
+        }
+    }
+
+    // Output flood: 64 MiB against a 64 KiB cap keeps head and tail and says so.
+    let mut flood = python(
+        "import sys\nchunk = 'y' * 65535 + '\\n'\nfor _ in range(1024):\n    sys.stdout.write(chunk)\nprint('end')",
+        Start::Zygote,
+    );
+    flood.output_cap = 64 << 10;
+    let r = run(&engine, &flood);
+    assert_eq!(r.exec["truncated"]["stdout"], true, "{:#}", r.exec["usage"]);
+    let out = r.exec["stdout"].as_str().unwrap_or_default();
+    assert!(out.len() < 80 << 10 && out.ends_with("end\n") && out.contains("truncated"));
+    assert_eq!(r.exit_code, 0);
+
+    // Sleep past the deadline: killed at it.
+    let mut sleeper = python("import time\ntime.sleep(30)", Start::Zygote);
+    sleeper.timeout = std::time::Duration::from_secs(1);
+    let r = run(&engine, &sleeper);
+    assert_eq!(r.exec["status"], "timeout", "{:#}", r.exec);
+    assert_eq!(r.exec["usage"]["killed_by"], "timeout");
+}
