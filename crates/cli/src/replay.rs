@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use runcell_engine::{Check, ReplayReport};
+use runcell_engine::{ReplayCheck, ReplayReport};
 
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
@@ -44,7 +44,7 @@ pub fn replay(data_dir: &Path, args: ReplayArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn mark(c: &Check) -> &'static str {
+fn mark(c: &ReplayCheck) -> &'static str {
     if c.matches {
         "same"
     } else {

@@ -62,10 +62,10 @@ pub struct CellReplay {
     pub code: String,
     /// stdout, the main result, the error and the files all matched.
     pub matches: bool,
-    pub stdout: Check,
-    pub result: Check,
-    pub error: Check,
-    pub files: Check,
+    pub stdout: ReplayCheck,
+    pub result: ReplayCheck,
+    pub error: ReplayCheck,
+    pub files: ReplayCheck,
     /// The SHA-256 of each file the replayed cell created or modified (compared with the
     /// record when it holds `files[].sha256`; otherwise files compare by path, change, size).
     pub replayed_sha256: BTreeMap<String, String>,
@@ -77,16 +77,16 @@ pub struct CellReplay {
 /// One comparison, with a unified diff when it failed.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize)]
-pub struct Check {
+pub struct ReplayCheck {
     pub matches: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<String>,
 }
 
-impl Check {
-    fn of(recorded: &str, replayed: &str) -> Check {
+impl ReplayCheck {
+    fn of(recorded: &str, replayed: &str) -> ReplayCheck {
         if recorded == replayed {
-            return Check {
+            return ReplayCheck {
                 matches: true,
                 diff: None,
             };
@@ -96,7 +96,7 @@ impl Check {
             .context_radius(2)
             .header("recorded", "replayed")
             .to_string();
-        Check {
+        ReplayCheck {
             matches: false,
             diff: Some(diff),
         }
@@ -192,10 +192,10 @@ impl Engine {
             let own = sources_of_difference(&code);
             let now = self.sessions().execute(replay_id, &code, None, None)?;
             let hashes = self.produced_hashes(replay_id, &now);
-            let stdout = Check::of(&was.stdout, &now.stdout);
-            let result = Check::of(&main_result(was), &main_result(&now));
-            let error = Check::of(&error_text(was), &error_text(&now));
-            let files = Check::of(
+            let stdout = ReplayCheck::of(&was.stdout, &now.stdout);
+            let result = ReplayCheck::of(&main_result(was), &main_result(&now));
+            let error = ReplayCheck::of(&error_text(was), &error_text(&now));
+            let files = ReplayCheck::of(
                 &recorded_files(raw),
                 &replayed_files(&now, &hashes, has_hashes(raw)),
             );
@@ -488,8 +488,8 @@ mod tests {
 
     #[test]
     fn a_failed_check_carries_a_unified_diff() {
-        assert!(Check::of("a\n", "a\n").matches);
-        let c = Check::of("a\nb\n", "a\nc\n");
+        assert!(ReplayCheck::of("a\n", "a\n").matches);
+        let c = ReplayCheck::of("a\nb\n", "a\nc\n");
         assert!(!c.matches);
         assert_eq!(
             c.diff.as_deref(),
