@@ -82,7 +82,7 @@ impl Engine {
 
 /// A command's record: language bash, execution_count 0 as it is not a cell of the kernel,
 /// and an `ExitCode` error unless it exited 0.
-fn command_execution(ended: Ended, out: &RunOutcome) -> Execution {
+pub(crate) fn command_execution(ended: Ended, out: &RunOutcome) -> Execution {
     let exit_code = out.exit.shell_code();
     let status = match (out.killed_by, exit_code) {
         (Some(KillReason::Timeout), _) => ExecutionStatus::Timeout,

@@ -20,6 +20,7 @@ mod spares;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
+mod watched;
 mod zygote;
 
 pub use crate::core::{workspaces_dir, Engine, EngineConfig};
@@ -51,6 +52,7 @@ pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, Start, QUEUE_DEPTH,
 };
+pub use watched::WatchedCommand;
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
 /// The tenant of callers without one: a server without API keys (loopback only) serves

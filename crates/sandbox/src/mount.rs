@@ -133,6 +133,9 @@ pub(crate) fn build_root(spec: &Spec, plan: &Plan) -> Result<(), MountError> {
         place(root, p)?;
     }
     symlink(WORKSPACE, root.join("mnt/data")).map_err(err("link", "/mnt/data"))?;
+    // E2B's sandboxes keep the user's files in /home/user: code written for them finds the
+    // workspace there (docs/e2b.md).
+    symlink(WORKSPACE, root.join("home/user")).map_err(err("link", "/home/user"))?;
 
     write_etc(root)?;
     scratch_tmpfs(&root.join("tmp"), spec.limits.tmp_bytes)?;

@@ -5,6 +5,7 @@
 pub mod audit;
 mod chat;
 mod connections;
+mod e2b;
 mod error;
 mod executions;
 mod extract;
@@ -99,6 +100,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
+        .nest("/e2b", e2b::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)
@@ -256,5 +258,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         hosts: Arc::new(HostPolicy::new(listen)),
         metrics_elsewhere: false,
         audit_signer: None,
+        e2b: Arc::default(),
     }
 }

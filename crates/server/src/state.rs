@@ -43,6 +43,8 @@ pub struct AppState {
     pub metrics_elsewhere: bool,
     /// Signs audit checkpoints (`/v1/audit/checkpoint`); none: those endpoints are 404.
     pub audit_signer: Option<Arc<runcell_store::audit::signed::AuditSigner>>,
+    /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
+    pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
 }
 
 impl AppState {
