@@ -17,19 +17,40 @@ fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vendor-clients")
 }
 
-fn sdk_python() -> PathBuf {
-    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
-    clients::requirements_venv("e2b-sdk", &clients_dir().join("e2b-requirements.txt"))
+/// The SDK versions a venv holds: the newest known to work, or the oldest that can be pointed
+/// at runcell by environment variables (E2B_SANDBOX_URL came with e2b 2.7, and the code
+/// interpreter honours it from 2.9).
+#[derive(Debug, Clone, Copy)]
+enum Sdk {
+    Newest,
+    Oldest,
 }
 
-/// Runs a scenario of e2b_client.py as the holder of `key`; its report.
+fn sdk_python(sdk: Sdk) -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    match sdk {
+        Sdk::Newest => {
+            clients::requirements_venv("e2b-sdk", &clients_dir().join("e2b-requirements.txt"))
+        }
+        Sdk::Oldest => clients::requirements_venv(
+            "e2b-sdk-oldest",
+            &clients_dir().join("e2b-oldest-requirements.txt"),
+        ),
+    }
+}
+
+/// Runs a scenario of e2b_client.py with the newest SDK as the holder of `key`; its report.
 async fn scenario(srv: &common::Server, key: &str, args: &[&str]) -> Value {
+    scenario_with(Sdk::Newest, srv, key, args).await
+}
+
+async fn scenario_with(sdk: Sdk, srv: &common::Server, key: &str, args: &[&str]) -> Value {
     let base = srv.base.clone();
     let key = key.to_owned();
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
-        let out = Command::new(sdk_python())
+        let out = Command::new(sdk_python(sdk))
             .arg(clients_dir().join("e2b_client.py"))
             .args(&args)
             .env_clear()
@@ -293,4 +314,33 @@ async fn sandboxes_connect_list_page_and_die_and_other_tenants_never_see_them() 
             .any(|e| e["code"] == "left_by_first_client = 123"),
         "{cells:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_sdk_that_honours_the_variables_works_too() {
+    let srv = common::start().await;
+    // That SDK refuses any key but E2B's shape (`e2b_` and hex digits).
+    let e2b_key = |name, tenant| {
+        srv.store
+            .create_key_in_format(name, tenant, runcell_store::KeyFormat::E2b)
+            .expect("key")
+            .1
+    };
+    let (key, other) = (e2b_key("e2b", "acme"), e2b_key("other", "globex"));
+    assert!(key.starts_with("e2b_"), "{key}");
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["state"]).await;
+    assert_eq!(r["text"], "42", "{r}");
+    assert_eq!(r["js"], "42", "{r}");
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["files"]).await;
+    assert_eq!(r["read"], "hello runcell", "{r}");
+    assert_eq!(r["file_object"], "a,b\n1,2\n", "{r}");
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["commands"]).await;
+    assert_eq!(r["fg"], serde_json::json!(["hi\n", "oops\n", 0]), "{r}");
+    assert_eq!(r["bg_killed"], true, "{r}");
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["contexts"]).await;
+    assert_eq!(r["in_ctx"], "'context'", "{r}");
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["lifecycle", "suite-old", &other]).await;
+    assert_eq!(r["connected_state"], "123", "{r}");
+    assert_eq!(r["other_connect"], "SandboxNotFoundException", "{r}");
+    assert_eq!(r["running_after_kill"], false, "{r}");
 }
