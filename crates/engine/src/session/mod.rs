@@ -8,189 +8,41 @@
 //! kernel on the tokio reactor: no thread hand-over per execution, which under load was two
 //! context switches of the ~5 an execution cost.
 
-use std::collections::{BTreeMap, HashMap};
+mod cell;
+mod entry;
+mod info;
+mod runner;
+mod shared;
+mod worker;
+
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
-use runcell_sandbox::{KillReason, RunningHandle, UidLease, Workspace};
-use serde::Serialize;
+use chrono::Utc;
+use runcell_kernel::Kernel;
+use runcell_sandbox::{UidLease, Workspace};
 
+pub use self::cell::{CancelToken, EventSink, ExecEvent};
+pub(crate) use self::entry::Reply;
+use self::entry::{end, CellRunning, Entry, Job};
+pub(crate) use self::info::RecoverSession;
+pub use self::info::{CreateSession, SessionInfo, SessionStatus, Start};
+use self::runner::Runner;
+use self::shared::{Shared, SharedState};
+use self::worker::Worker;
 use crate::core::Core;
 use crate::error::{Busy, Capacity, Invalid, RecordError, Resource};
-use crate::execution::{Began, Produced};
 use crate::limits::{Admit, Reservation, SessionLimits};
-use crate::model::{
-    new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem,
-};
+use crate::model::{new_id, Execution, Language};
 use crate::pool::{Warm, WarmPool};
 use crate::EngineError;
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
-
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SessionStatus {
-    Starting,
-    Ready,
-    Busy,
-    Dead,
-    Expired,
-}
-
-/// How a Python session's kernel starts (DESIGN.md §11).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Start {
-    /// Forked from the preloaded zygote when it is ready (fast; the default for Python):
-    /// every such session shares the zygote's hash secret and address-space layout.
-    #[default]
-    Zygote,
-    /// A fresh interpreter of its own (its own ASLR layout and hash secret), slower to start.
-    Cold,
-}
-
-impl Start {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Start::Zygote => "zygote",
-            Start::Cold => "cold",
-        }
-    }
-}
-
-impl std::str::FromStr for Start {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "zygote" => Ok(Start::Zygote),
-            "cold" => Ok(Start::Cold),
-            other => Err(format!("unknown start {other:?}: zygote or cold")),
-        }
-    }
-}
-
-/// What callers see of a session (DESIGN.md §6).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize)]
-pub struct SessionInfo {
-    pub id: String,
-    pub language: Language,
-    pub status: SessionStatus,
-    #[serde(serialize_with = "crate::model::rfc3339")]
-    pub created_at: DateTime<Utc>,
-    #[serde(serialize_with = "crate::model::rfc3339")]
-    pub last_active_at: DateTime<Utc>,
-    #[serde(serialize_with = "crate::model::rfc3339")]
-    pub expires_at: DateTime<Utc>,
-    pub limits: SessionLimits,
-    /// How its kernel started: `zygote` (forked from the preloaded zygote) or `cold` (asked
-    /// for, or a language, CPU count or moment the zygote does not serve).
-    pub start: Start,
-    pub metadata: BTreeMap<String, String>,
-    /// Who the session belongs to (the server's tenant); opaque to the engine.
-    #[serde(skip)]
-    #[cfg_attr(feature = "openapi", schema(ignore))]
-    pub owner: String,
-}
-
-/// Output of a running execution, as it happens.
-#[derive(Debug)]
-pub enum ExecEvent<'a> {
-    Stdout(&'a str),
-    Stderr(&'a str),
-    Result(&'a ResultItem),
-    Error(&'a ErrorInfo),
-}
-
-/// Receives [`ExecEvent`]s on the session's worker thread.
-pub type EventSink = Box<dyn FnMut(ExecEvent<'_>) + Send>;
-
-/// Cancels one execution request: skipped if still queued, interrupted if running, and never
-/// anyone else's (a client that gives up while queued must not interrupt the one running).
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<std::sync::atomic::AtomicBool>);
-
-impl CancelToken {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn is_cancelled(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn same(&self, other: &CancelToken) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-/// Receives the outcome of a queued execution, on the session's worker thread or the audit
-/// writer's (so it must be quick: hand the result over, e.g. through a channel). Dropped
-/// uncalled if the session ends before running the execution.
-pub(crate) type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
-
-enum Job {
-    Execute {
-        code: String,
-        timeout: Duration,
-        events: Option<EventSink>,
-        cancel: CancelToken,
-        reply: Reply,
-    },
-    Restart {
-        reply: mpsc::Sender<Result<(), EngineError>>,
-    },
-}
-
-struct Shared {
-    info: SessionInfo,
-    /// The token of the execution running now.
-    running: Option<CancelToken>,
-    /// Interrupts or kills the current kernel from outside the worker.
-    handle: Option<RunningHandle>,
-    deleted: bool,
-}
-
-struct Entry {
-    shared: Mutex<Shared>,
-    /// Taken (dropped) when the session ends: the worker holds this entry too, so only
-    /// dropping the sender itself lets its `recv` return.
-    jobs: Mutex<Option<SyncSender<Job>>>,
-    /// Joined on delete, so that when delete returns the sandbox and workspace are gone.
-    worker: Mutex<Option<thread::JoinHandle<()>>>,
-    /// Shared with the runner: host-side file operations need no trip through the queue.
-    workspace: Arc<Workspace>,
-    /// The session's share of the memory budget and of its owner's quota: given back when
-    /// the session's sandbox is gone (see `end`).
-    reservation: Mutex<Option<Reservation>>,
-    /// The kernel; whoever runs a cell holds this lock: the worker thread for queued jobs, an
-    /// HTTP task for [`SessionManager::execute_async`]. Fair, so cells run in the order their
-    /// callers began to wait.
-    runner: Arc<tokio::sync::Mutex<Runner>>,
-    /// [`SessionManager::execute_async`] callers waiting for the runner.
-    waiting: std::sync::atomic::AtomicUsize,
-}
-
-impl Entry {
-    fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn send(&self, job: Job) -> Result<(), TrySendError<Job>> {
-        match &*self.jobs.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(tx) => tx.try_send(job),
-            None => Err(TrySendError::Disconnected(job)),
-        }
-    }
-}
 
 /// Owns every session of an engine.
 pub struct SessionManager {
@@ -218,32 +70,6 @@ impl std::fmt::Debug for SessionManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionManager").finish_non_exhaustive()
     }
-}
-
-/// What `recover` takes: what the store remembers of a session.
-#[derive(Debug, Clone)]
-pub(crate) struct RecoverSession {
-    pub(crate) id: String,
-    pub(crate) language: Language,
-    pub(crate) owner: String,
-    pub(crate) created_at: DateTime<Utc>,
-    pub(crate) limits: SessionLimits,
-    /// What the session asked for (a cold session stays cold).
-    pub(crate) start: Start,
-    pub(crate) metadata: BTreeMap<String, String>,
-}
-
-/// What `create` takes.
-#[derive(Debug, Clone, Default)]
-pub struct CreateSession {
-    /// Who the session belongs to (recorded with every execution).
-    pub owner: String,
-    pub language: Option<Language>,
-    pub limits: crate::limits::LimitsRequest,
-    pub env: BTreeMap<String, String>,
-    pub metadata: BTreeMap<String, String>,
-    /// `None`: from the zygote for Python, cold for the other languages.
-    pub start: Option<Start>,
 }
 
 impl SessionManager {
@@ -664,7 +490,7 @@ impl SessionManager {
         let id = info.id.clone();
         let (tx, rx) = mpsc::sync_channel(QUEUE_DEPTH);
         let entry = Arc::new(Entry {
-            shared: Mutex::new(Shared {
+            shared: SharedState::new(Shared {
                 info: info.clone(),
                 running: None,
                 handle: Some(kernel.handle()),
@@ -857,7 +683,7 @@ impl SessionManager {
                 return Err(EngineError::ended(&id, true));
             }
             let running = CellRunning::start(&entry, &core, &cancel);
-            let result = runner.execute_async(&entry, &code, timeout).await;
+            let result = runner.execute_async(&entry.shared, &code, timeout).await;
             drop(running);
             // The next cell may start while this one is recorded.
             drop(runner);
@@ -880,7 +706,7 @@ impl SessionManager {
     /// Calls off one request: a queued one is skipped, a running one is interrupted; someone
     /// else's running execution is left alone.
     pub fn cancel(&self, id: &str, token: &CancelToken) {
-        token.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        token.set();
         let Ok(entry) = self.entry(id) else { return };
         let s = entry.lock();
         if s.running.as_ref().is_some_and(|r| r.same(token)) {
@@ -1110,28 +936,6 @@ fn resolve_timeout(
     }
 }
 
-/// A cell running, until dropped: its token is the one [`SessionManager::cancel`] interrupts,
-/// and the audit writer counts it among the cells it may wait for.
-struct CellRunning<'a> {
-    entry: &'a Entry,
-    core: &'a Core,
-}
-
-impl<'a> CellRunning<'a> {
-    fn start(entry: &'a Entry, core: &'a Core, cancel: &CancelToken) -> Self {
-        entry.lock().running = Some(cancel.clone());
-        core.cells_running.fetch_add(1, Ordering::Relaxed);
-        CellRunning { entry, core }
-    }
-}
-
-impl Drop for CellRunning<'_> {
-    fn drop(&mut self) {
-        self.core.cells_running.fetch_sub(1, Ordering::Relaxed);
-        self.entry.lock().running = None;
-    }
-}
-
 /// A create under way or a one-shot run, counted against the session cap until dropped.
 #[derive(Debug)]
 pub struct SandboxSlot(Arc<std::sync::atomic::AtomicUsize>);
@@ -1158,425 +962,5 @@ fn is_mount_point(path: &std::path::Path) -> bool {
     match (dev(path), path.parent().and_then(dev)) {
         (Some(a), Some(b)) => a != b,
         _ => true,
-    }
-}
-
-/// Ends a session removed from the map: kills its kernel (a running cell ends as killed), then
-/// waits for its worker, which drops the kernel's sandbox and the workspace mount.
-fn end(entry: Arc<Entry>) {
-    let worker = {
-        let mut s = entry.lock();
-        s.deleted = true;
-        if let Some(h) = s.handle.take() {
-            h.kill();
-        }
-        entry
-            .worker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    };
-    // The worker stops when the job sender goes (the worker holds the entry too, so dropping
-    // the entry would not be enough); jobs still queued are answered "ended".
-    entry.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let reservation = entry
-        .reservation
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    drop(entry);
-    if let Some(w) = worker {
-        if w.thread().id() != thread::current().id() {
-            let _ = w.join();
-        }
-    }
-    // The kernel's sandbox is gone now: its memory goes back to the budget and the quota.
-    drop(reservation);
-}
-
-/// The thread that runs a session's queued jobs (executions submitted by synchronous or
-/// streaming callers, restarts) and ends the session's kernel when the session ends.
-struct Worker {
-    core: Arc<Core>,
-    entry: Arc<Entry>,
-}
-
-impl Worker {
-    fn run(self, jobs: Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            if self.entry.lock().deleted {
-                break;
-            }
-            match job {
-                Job::Execute {
-                    code,
-                    timeout,
-                    events,
-                    cancel,
-                    reply,
-                } => {
-                    if cancel.is_cancelled() {
-                        reply(Err(EngineError::Cancelled));
-                        continue;
-                    }
-                    let mut runner = self.entry.runner.blocking_lock();
-                    if self.entry.lock().deleted {
-                        break;
-                    }
-                    let running = CellRunning::start(&self.entry, &self.core, &cancel);
-                    let result = runner.execute(&self.entry, &code, timeout, events);
-                    drop(running);
-                    drop(runner);
-                    match result {
-                        // Recorded by the audit writer, which replies; meanwhile the session
-                        // goes on with its next cell.
-                        Ok((execution, owner)) => {
-                            self.core.audit_then(owner, execution, code, reply)
-                        }
-                        Err(e) => reply(Err(e)),
-                    }
-                }
-                Job::Restart { reply } => {
-                    let mut runner = self.entry.runner.blocking_lock();
-                    if let Some(k) = runner.kernel.take() {
-                        k.shutdown();
-                    }
-                    let _ = reply.send(runner.ensure_kernel(&self.entry).map(|_| ()));
-                }
-            }
-        }
-        // After a cell an HTTP task may be running (its kernel was killed with the session).
-        let kernel = self.entry.runner.blocking_lock().kernel.take();
-        if let Some(k) = kernel {
-            k.shutdown();
-        }
-        // The workspace unmounts and disappears with the entry's last holder.
-    }
-}
-
-/// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see
-/// [`Entry::runner`]).
-struct Runner {
-    core: Arc<Core>,
-    workspace: Arc<Workspace>,
-    kernel: Option<Kernel>,
-    env: Vec<(String, String)>,
-    /// How the session asked its kernels to start.
-    start: Start,
-}
-
-/// What a cell's start noted, for its Execution.
-struct CellStart {
-    began: Began,
-    owner: String,
-    limits: SessionLimits,
-    language: Language,
-}
-
-impl Runner {
-    fn ensure_kernel(&mut self, entry: &Entry) -> Result<&mut Kernel, EngineError> {
-        if self.kernel.as_ref().is_none_or(|k| !k.is_alive()) {
-            let (limits, language) = {
-                let s = entry.lock();
-                (s.info.limits, s.info.language)
-            };
-            let kernel =
-                self.core
-                    .start_kernel(&self.workspace, language, &limits, &self.env, self.start);
-            let mut s = entry.lock();
-            match kernel {
-                Ok((k, how)) => {
-                    s.handle = Some(k.handle());
-                    s.info.status = SessionStatus::Ready;
-                    s.info.start = how;
-                    self.kernel = Some(k);
-                }
-                Err(e) => {
-                    s.handle = None;
-                    s.info.status = SessionStatus::Dead;
-                    return Err(e);
-                }
-            }
-        }
-        self.kernel.as_mut().ok_or(EngineError::NoKernel)
-    }
-
-    /// Marks the session busy and notes what the Execution needs from before the cell.
-    fn start_cell(&self, entry: &Entry) -> CellStart {
-        let id = new_ordered_id("ex");
-        let (session_id, owner, limits, language) = {
-            let mut s = entry.lock();
-            s.info.status = SessionStatus::Busy;
-            s.info.last_active_at = Utc::now();
-            (
-                s.info.id.clone(),
-                s.info.owner.clone(),
-                s.info.limits,
-                s.info.language,
-            )
-        };
-        CellStart {
-            began: Began::now(id, Some(session_id), &self.workspace),
-            owner,
-            limits,
-            language,
-        }
-    }
-
-    fn cell_options(&self, timeout: Duration) -> CellOptions {
-        CellOptions {
-            timeout,
-            ..self.core.cell_options()
-        }
-    }
-
-    /// Runs one cell on this thread; returns its execution, not yet recorded, and the
-    /// session's owner.
-    fn execute(
-        &mut self,
-        entry: &Entry,
-        code: &str,
-        timeout: Duration,
-        mut events: Option<EventSink>,
-    ) -> Result<(Execution, String), EngineError> {
-        let start = self.start_cell(entry);
-        let opts = CellOptions {
-            ack: events.is_some(),
-            ..self.cell_options(timeout)
-        };
-        let kernel = self.ensure_kernel(entry)?;
-        let mut on_event = |e: CellEvent<'_>| {
-            let Some(sink) = events.as_mut() else { return };
-            match e {
-                CellEvent::Stdout(d) => sink(ExecEvent::Stdout(&String::from_utf8_lossy(d))),
-                CellEvent::Stderr(d) => sink(ExecEvent::Stderr(&String::from_utf8_lossy(d))),
-                CellEvent::Result {
-                    is_main_result,
-                    data,
-                } => sink(ExecEvent::Result(&ResultItem {
-                    is_main_result,
-                    data: data.clone(),
-                })),
-                CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
-                    name: err.name.clone(),
-                    value: err.value.clone(),
-                    traceback: err.traceback.clone(),
-                })),
-            }
-        };
-        let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
-        self.finish_cell(entry, start, outcome, timeout)
-    }
-
-    /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
-    /// (no events). Starting a kernel (after a death) blocks, in `block_in_place`.
-    async fn execute_async(
-        &mut self,
-        entry: &Entry,
-        code: &str,
-        timeout: Duration,
-    ) -> Result<(Execution, String), EngineError> {
-        let start = self.start_cell(entry);
-        let opts = self.cell_options(timeout);
-        if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
-            runcell_kernel::blocking(|| self.ensure_kernel(entry).map(|_| ()))?;
-        }
-        let kernel = self.kernel.as_mut().ok_or(EngineError::NoKernel)?;
-        let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
-        let restarts = !matches!(
-            &outcome,
-            Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
-        );
-        if restarts {
-            runcell_kernel::blocking(|| self.finish_cell(entry, start, outcome, timeout))
-        } else {
-            self.finish_cell(entry, start, outcome, timeout)
-        }
-    }
-
-    /// Builds the Execution of a finished cell; a kernel that died is restarted first (unless
-    /// the session is being deleted), so the next cell finds it ready.
-    fn finish_cell(
-        &mut self,
-        entry: &Entry,
-        start: CellStart,
-        outcome: Result<runcell_kernel::CellOutcome, runcell_kernel::KernelError>,
-        timeout: Duration,
-    ) -> Result<(Execution, String), EngineError> {
-        let limits = start.limits;
-        // A cell that was sent is recorded whatever became of its kernel: one whose channel
-        // failed is ended like one that died.
-        let (outcome, failure) = match outcome {
-            Ok(o) => (o, None),
-            Err(e) => {
-                let opts = self.cell_options(timeout);
-                let failed = runcell_kernel::CellOutcome {
-                    status: CellStatus::KernelDied {
-                        killed_by: Some(KillReason::Signal),
-                        exit: runcell_sandbox::ExitStatus::Signal(9),
-                    },
-                    execution_count: self.kernel.as_ref().map_or(1, Kernel::execution_count),
-                    stdout: runcell_sandbox::CappedOutput::new(opts.output_cap),
-                    stderr: runcell_sandbox::CappedOutput::new(opts.output_cap),
-                    results: Vec::new(),
-                    results_bytes: 0,
-                    dropped: Default::default(),
-                    protocol_error: None,
-                    error: None,
-                    wall: Utc::now()
-                        .signed_duration_since(start.began.started_at)
-                        .to_std()
-                        .unwrap_or_default(),
-                    cpu: Duration::ZERO,
-                    peak_memory_bytes: 0,
-                };
-                (failed, Some(crate::chain(&e)))
-            }
-        };
-        let ended = start.began.end(&self.workspace);
-
-        let mut error = outcome.error.map(|e| ErrorInfo {
-            name: e.name,
-            value: e.value,
-            traceback: e.traceback,
-        });
-        let mut killed_by = None;
-        let status = match outcome.status {
-            CellStatus::Ok => ExecutionStatus::Ok,
-            CellStatus::Error => ExecutionStatus::Error,
-            CellStatus::Interrupted => ExecutionStatus::Interrupted,
-            CellStatus::TimedOut => {
-                let tb = error.map(|e| e.traceback).unwrap_or_default();
-                error = Some(ErrorInfo {
-                    name: "TimeoutError".into(),
-                    value: format!(
-                        "the cell exceeded its {} s time limit and was interrupted; the session keeps its state",
-                        timeout.as_secs_f64()
-                    ),
-                    traceback: tb,
-                });
-                ExecutionStatus::Timeout
-            }
-            CellStatus::KernelDied { killed_by: k, exit } => {
-                killed_by = k;
-                // The session restarts at once, so the next cell finds it ready.
-                self.kernel = None;
-                let restarted = !entry.lock().deleted && self.ensure_kernel(entry).is_ok();
-                error = Some(match (&outcome.protocol_error, &failure) {
-                    (Some(what), _) => protocol_error(what, restarted),
-                    (None, Some(why)) => ErrorInfo {
-                        name: "KernelDied".into(),
-                        value: format!(
-                            "the kernel was killed: its channel failed ({why}). {}",
-                            restart_notice(restarted)
-                        ),
-                        traceback: String::new(),
-                    },
-                    (None, None) => died_error(k, exit, &limits, timeout, restarted),
-                });
-                ExecutionStatus::Killed
-            }
-        };
-        {
-            let mut s = entry.lock();
-            if s.info.status == SessionStatus::Busy {
-                s.info.status = SessionStatus::Ready;
-            }
-            let now = Utc::now();
-            s.info.last_active_at = now;
-            s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
-        }
-        let execution = ended.execution(Produced {
-            language: start.language,
-            execution_count: outcome.execution_count,
-            status,
-            error,
-            stdout: &outcome.stdout,
-            stderr: &outcome.stderr,
-            results: outcome
-                .results
-                .into_iter()
-                .map(|(is_main_result, data)| ResultItem {
-                    is_main_result,
-                    data,
-                })
-                .collect(),
-            results_dropped: outcome.dropped.count > 0,
-            usage: runcell_sandbox::Usage {
-                wall: outcome.wall,
-                cpu: outcome.cpu,
-                peak_memory_bytes: outcome.peak_memory_bytes,
-            },
-            killed_by,
-        });
-        Ok((execution, start.owner))
-    }
-}
-
-/// The error of a cell whose kernel was killed for breaking the channel protocol (code that
-/// wrote to the kernel's channel itself, say).
-fn protocol_error(what: &str, restarted: bool) -> ErrorInfo {
-    ErrorInfo {
-        name: "ProtocolError".into(),
-        value: format!(
-            "the kernel was killed: it broke the channel protocol ({what}). {}",
-            restart_notice(restarted)
-        ),
-        traceback: String::new(),
-    }
-}
-
-fn restart_notice(restarted: bool) -> &'static str {
-    if restarted {
-        "The session was restarted: variables and imports are lost; files in /workspace are kept."
-    } else {
-        "The session could not be restarted."
-    }
-}
-
-fn died_error(
-    killed_by: Option<KillReason>,
-    exit: runcell_sandbox::ExitStatus,
-    limits: &SessionLimits,
-    timeout: Duration,
-    restarted: bool,
-) -> ErrorInfo {
-    let (name, what) = match killed_by {
-        Some(KillReason::Timeout) => (
-            "TimeoutError",
-            format!(
-                "the cell exceeded its {} s time limit and did not stop when interrupted, so the kernel was killed",
-                timeout.as_secs_f64()
-            ),
-        ),
-        Some(KillReason::Oom) => (
-            "MemoryError",
-            format!(
-                "the kernel was killed: the memory limit of {} MiB was exceeded",
-                limits.memory_mb
-            ),
-        ),
-        Some(KillReason::Pids) => (
-            "ProcessLimitError",
-            format!("the kernel was killed: the limit of {} processes was reached", limits.pids),
-        ),
-        Some(KillReason::Output) => (
-            "OutputLimitError",
-            "the kernel was killed: the cell printed too much output".to_owned(),
-        ),
-        Some(KillReason::Signal) | None => (
-            "KernelDied",
-            match exit {
-                runcell_sandbox::ExitStatus::Signal(s) => {
-                    format!("the kernel died of signal {s} (a crash in native code?)")
-                }
-                runcell_sandbox::ExitStatus::Code(c) => format!("the kernel exited with code {c}"),
-            },
-        ),
-    };
-    ErrorInfo {
-        name: name.into(),
-        value: format!("{what}. {}", restart_notice(restarted)),
-        traceback: String::new(),
     }
 }

@@ -1,0 +1,263 @@
+//! A session's kernel and how one cell runs on it, from the busy mark to its Execution.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
+use runcell_sandbox::Workspace;
+
+use super::cell::{
+    channel_failed, died_error, protocol_error, restart_notice, EventSink, ExecEvent,
+};
+use super::info::{SessionStatus, Start};
+use super::shared::SharedState;
+use crate::core::Core;
+use crate::execution::{Began, Produced};
+use crate::limits::SessionLimits;
+use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem};
+use crate::EngineError;
+
+/// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see
+/// `Entry::runner`).
+pub(super) struct Runner {
+    pub(super) core: Arc<Core>,
+    pub(super) workspace: Arc<Workspace>,
+    pub(super) kernel: Option<Kernel>,
+    pub(super) env: Vec<(String, String)>,
+    /// How the session asked its kernels to start.
+    pub(super) start: Start,
+}
+
+/// What a cell's start noted, for its Execution.
+struct CellStart {
+    began: Began,
+    owner: String,
+    limits: SessionLimits,
+    language: Language,
+}
+
+impl Runner {
+    pub(super) fn ensure_kernel(
+        &mut self,
+        shared: &SharedState,
+    ) -> Result<&mut Kernel, EngineError> {
+        if self.kernel.as_ref().is_none_or(|k| !k.is_alive()) {
+            let (limits, language) = {
+                let s = shared.lock();
+                (s.info.limits, s.info.language)
+            };
+            let kernel =
+                self.core
+                    .start_kernel(&self.workspace, language, &limits, &self.env, self.start);
+            let mut s = shared.lock();
+            match kernel {
+                Ok((k, how)) => {
+                    s.handle = Some(k.handle());
+                    s.info.status = SessionStatus::Ready;
+                    s.info.start = how;
+                    self.kernel = Some(k);
+                }
+                Err(e) => {
+                    s.handle = None;
+                    s.info.status = SessionStatus::Dead;
+                    return Err(e);
+                }
+            }
+        }
+        self.kernel.as_mut().ok_or(EngineError::NoKernel)
+    }
+
+    /// Marks the session busy and notes what the Execution needs from before the cell.
+    fn start_cell(&self, shared: &SharedState) -> CellStart {
+        let id = new_ordered_id("ex");
+        let (session_id, owner, limits, language) = {
+            let mut s = shared.lock();
+            s.info.status = SessionStatus::Busy;
+            s.info.last_active_at = Utc::now();
+            (
+                s.info.id.clone(),
+                s.info.owner.clone(),
+                s.info.limits,
+                s.info.language,
+            )
+        };
+        CellStart {
+            began: Began::now(id, Some(session_id), &self.workspace),
+            owner,
+            limits,
+            language,
+        }
+    }
+
+    fn cell_options(&self, timeout: Duration) -> CellOptions {
+        CellOptions {
+            timeout,
+            ..self.core.cell_options()
+        }
+    }
+
+    /// Runs one cell on this thread; returns its execution, not yet recorded, and the
+    /// session's owner.
+    pub(super) fn execute(
+        &mut self,
+        shared: &SharedState,
+        code: &str,
+        timeout: Duration,
+        mut events: Option<EventSink>,
+    ) -> Result<(Execution, String), EngineError> {
+        let start = self.start_cell(shared);
+        let opts = CellOptions {
+            ack: events.is_some(),
+            ..self.cell_options(timeout)
+        };
+        let kernel = self.ensure_kernel(shared)?;
+        let mut on_event = |e: CellEvent<'_>| {
+            let Some(sink) = events.as_mut() else { return };
+            match e {
+                CellEvent::Stdout(d) => sink(ExecEvent::Stdout(&String::from_utf8_lossy(d))),
+                CellEvent::Stderr(d) => sink(ExecEvent::Stderr(&String::from_utf8_lossy(d))),
+                CellEvent::Result {
+                    is_main_result,
+                    data,
+                } => sink(ExecEvent::Result(&ResultItem {
+                    is_main_result,
+                    data: data.clone(),
+                })),
+                CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
+                    name: err.name.clone(),
+                    value: err.value.clone(),
+                    traceback: err.traceback.clone(),
+                })),
+            }
+        };
+        let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
+        self.finish_cell(shared, start, outcome, timeout)
+    }
+
+    /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
+    /// (no events). Starting a kernel (after a death) blocks, in `block_in_place`.
+    pub(super) async fn execute_async(
+        &mut self,
+        shared: &SharedState,
+        code: &str,
+        timeout: Duration,
+    ) -> Result<(Execution, String), EngineError> {
+        let start = self.start_cell(shared);
+        let opts = self.cell_options(timeout);
+        if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
+            runcell_kernel::blocking(|| self.ensure_kernel(shared).map(|_| ()))?;
+        }
+        let kernel = self.kernel.as_mut().ok_or(EngineError::NoKernel)?;
+        let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
+        let restarts = !matches!(
+            &outcome,
+            Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
+        );
+        if restarts {
+            runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout))
+        } else {
+            self.finish_cell(shared, start, outcome, timeout)
+        }
+    }
+
+    /// Builds the Execution of a finished cell; a kernel that died is restarted first (unless
+    /// the session is being deleted), so the next cell finds it ready.
+    fn finish_cell(
+        &mut self,
+        shared: &SharedState,
+        start: CellStart,
+        outcome: Result<runcell_kernel::CellOutcome, runcell_kernel::KernelError>,
+        timeout: Duration,
+    ) -> Result<(Execution, String), EngineError> {
+        let limits = start.limits;
+        // A cell that was sent is recorded whatever became of its kernel: one whose channel
+        // failed is ended like one that died.
+        let (outcome, failure) = match outcome {
+            Ok(o) => (o, None),
+            Err(e) => {
+                let opts = self.cell_options(timeout);
+                let count = self.kernel.as_ref().map_or(1, Kernel::execution_count);
+                let failed = channel_failed(count, opts.output_cap, start.began.started_at);
+                (failed, Some(crate::chain(&e)))
+            }
+        };
+        let ended = start.began.end(&self.workspace);
+
+        let mut error = outcome.error.map(|e| ErrorInfo {
+            name: e.name,
+            value: e.value,
+            traceback: e.traceback,
+        });
+        let mut killed_by = None;
+        let status = match outcome.status {
+            CellStatus::Ok => ExecutionStatus::Ok,
+            CellStatus::Error => ExecutionStatus::Error,
+            CellStatus::Interrupted => ExecutionStatus::Interrupted,
+            CellStatus::TimedOut => {
+                let tb = error.map(|e| e.traceback).unwrap_or_default();
+                error = Some(ErrorInfo {
+                    name: "TimeoutError".into(),
+                    value: format!(
+                        "the cell exceeded its {} s time limit and was interrupted; the session keeps its state",
+                        timeout.as_secs_f64()
+                    ),
+                    traceback: tb,
+                });
+                ExecutionStatus::Timeout
+            }
+            CellStatus::KernelDied { killed_by: k, exit } => {
+                killed_by = k;
+                // The session restarts at once, so the next cell finds it ready.
+                self.kernel = None;
+                let restarted = !shared.lock().deleted && self.ensure_kernel(shared).is_ok();
+                error = Some(match (&outcome.protocol_error, &failure) {
+                    (Some(what), _) => protocol_error(what, restarted),
+                    (None, Some(why)) => ErrorInfo {
+                        name: "KernelDied".into(),
+                        value: format!(
+                            "the kernel was killed: its channel failed ({why}). {}",
+                            restart_notice(restarted)
+                        ),
+                        traceback: String::new(),
+                    },
+                    (None, None) => died_error(k, exit, &limits, timeout, restarted),
+                });
+                ExecutionStatus::Killed
+            }
+        };
+        {
+            let mut s = shared.lock();
+            if s.info.status == SessionStatus::Busy {
+                s.info.status = SessionStatus::Ready;
+            }
+            let now = Utc::now();
+            s.info.last_active_at = now;
+            s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
+        }
+        let execution = ended.execution(Produced {
+            language: start.language,
+            execution_count: outcome.execution_count,
+            status,
+            error,
+            stdout: &outcome.stdout,
+            stderr: &outcome.stderr,
+            results: outcome
+                .results
+                .into_iter()
+                .map(|(is_main_result, data)| ResultItem {
+                    is_main_result,
+                    data,
+                })
+                .collect(),
+            results_dropped: outcome.dropped.count > 0,
+            usage: runcell_sandbox::Usage {
+                wall: outcome.wall,
+                cpu: outcome.cpu,
+                peak_memory_bytes: outcome.peak_memory_bytes,
+            },
+            killed_by,
+        });
+        Ok((execution, start.owner))
+    }
+}
