@@ -136,6 +136,22 @@ async fn cells_keep_state_stream_output_and_report_errors_in_e2b_shapes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_example_and_the_async_sdk_work() {
+    let (srv, key) = server_and_key("acme").await;
+    let r = scenario(&srv, &key, &["readme"]).await;
+    assert_eq!(r["text"], "2", "{r}");
+    assert_eq!(r["killed_on_exit"], true, "{r}");
+    let r = scenario(&srv, &key, &["async"]).await;
+    assert_eq!(r["text"], "42", "{r}");
+    assert_eq!(r["lines"], serde_json::json!(["async out\n"]));
+    assert_eq!(r["read"], "async file");
+    assert_eq!(r["command"], "async file\n2\n");
+    assert_eq!(r["ctx"], "1");
+    assert_eq!(r["default"], "6");
+    assert_eq!(r["listed"], serde_json::json!(["async"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn charts_come_back_as_png_and_dataframes_as_html_and_text() {
     let (srv, key) = server_and_key("acme").await;
     let r = scenario(&srv, &key, &["chart"]).await;

@@ -278,7 +278,47 @@ def lifecycle(suite, other_key):
     return r
 
 
+def readme():
+    # The SDK README's example, verbatim but for the print.
+    with Sandbox.create() as sandbox:
+        sandbox.run_code("x = 1")
+        execution = sandbox.run_code("x+=1; x")
+        text = execution.text
+        sandbox_id = sandbox.sandbox_id
+    return {"text": text, "killed_on_exit": not any(s.sandbox_id == sandbox_id for s in Sandbox.list().next_items())}
+
+
+def async_sdk():
+    import asyncio
+
+    from e2b_code_interpreter import AsyncSandbox
+
+    async def main():
+        sbx = await AsyncSandbox.create(metadata={"flavour": "async"})
+        r = {}
+        lines = []
+        await sbx.run_code("n = 6")
+        ex = await sbx.run_code("print('async out')\nn * 7", on_stdout=lambda m: lines.append(m.line))
+        r["text"] = ex.text
+        r["lines"] = lines
+        await sbx.files.write("/home/user/a.txt", "async file")
+        r["read"] = await sbx.files.read("/home/user/a.txt")
+        res = await sbx.commands.run("cat a.txt; echo; echo $((1+1))")
+        r["command"] = res.stdout
+        ctx = await sbx.create_code_context()
+        await sbx.run_code("n = 1", context=ctx)
+        r["ctx"] = (await sbx.run_code("n", context=ctx)).text
+        r["default"] = (await sbx.run_code("n")).text
+        r["listed"] = [s.metadata.get("flavour") for s in await AsyncSandbox.list().next_items()]
+        await sbx.kill()
+        return r
+
+    return asyncio.run(main())
+
+
 SCENARIOS = {
+    "readme": readme,
+    "async": async_sdk,
     "state": state_and_streaming,
     "chart": chart_and_dataframe,
     "files": files,
