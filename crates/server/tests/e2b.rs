@@ -360,3 +360,80 @@ async fn the_oldest_sdk_that_honours_the_variables_works_too() {
     assert_eq!(r["other_connect"], "SandboxNotFoundException", "{r}");
     assert_eq!(r["running_after_kill"], false, "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_deleted_behind_e2bs_back_takes_its_context_kernels_along() {
+    let (srv, key) = server_and_key("acme").await;
+    let created: Value = srv
+        .http
+        .post(format!("{}/e2b/v2/sandboxes", srv.base))
+        .header("x-api-key", &key)
+        .json(&serde_json::json!({"templateID": "base", "timeout": 60}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = created["sandboxID"].as_str().expect("an id").to_owned();
+    let token = created["envdAccessToken"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
+    let data = |path: &str| {
+        srv.http
+            .post(format!("{}/e2b/sandbox{path}", srv.base))
+            .header("e2b-sandbox-id", &id)
+            .header("x-access-token", &token)
+    };
+    let ctx = data("/contexts")
+        .json(&serde_json::json!({"language": "python"}))
+        .send()
+        .await
+        .expect("context");
+    assert_eq!(ctx.status(), 200);
+    let live = || async {
+        let v: Value = srv
+            .http
+            .get(format!("{}/v1/sessions", srv.base))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .expect("sessions")
+            .json()
+            .await
+            .expect("json");
+        v["sessions"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(live().await, 2, "the sandbox and its context's kernel");
+    let deleted = srv
+        .http
+        .delete(format!("{}/v1/sessions/{id}", srv.base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 204);
+    let started = std::time::Instant::now();
+    while live().await > 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the context's kernel outlived its sandbox"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    // The sweeper ended it; the data plane answers as E2B's proxy does for a gone sandbox.
+    let health = srv
+        .http
+        .get(format!("{}/e2b/sandbox/health", srv.base))
+        .header("e2b-sandbox-id", &id)
+        .header("x-access-token", &token)
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(
+        health.status(),
+        502,
+        "a gone sandbox is answered as E2B's proxy does"
+    );
+}

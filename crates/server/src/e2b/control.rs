@@ -176,6 +176,7 @@ pub(crate) async fn create(
     })
     .await
     .map_err(crate::error::ApiError::internal)??;
+    state.e2b.start_sweeper(&state.engine);
     let sandbox = state
         .e2b
         .insert(Sandbox::new(&info.id, &tenant.0, &template, envs));
@@ -190,6 +191,7 @@ pub(crate) async fn info(
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
     let info = live(&state, &tenant, &id)?;
+    state.e2b.start_sweeper(&state.engine);
     let sandbox = state.e2b.get_or_adopt(&id, &tenant.0);
     Ok(Json(detail(&info, Some(&sandbox))).into_response())
 }
@@ -205,7 +207,7 @@ pub(crate) async fn kill(
     let st = state.clone();
     tokio::task::spawn_blocking(move || {
         if let Some(sandbox) = st.e2b.remove(&id) {
-            super::end_extras(&st, &sandbox);
+            super::end_extras(&st.engine, &sandbox);
         }
         st.engine.sessions().delete(&id)
     })
@@ -230,15 +232,12 @@ pub(crate) async fn set_timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Sets the sandbox's lifetime and that of its context kernels.
+/// Sets the sandbox's lifetime (its context kernels live as long as it does: they end with it).
 fn retime(state: &AppState, id: &str, secs: u64) -> Result<(), Error> {
-    let sessions = state.engine.sessions();
-    sessions.set_idle_timeout(id, Duration::from_secs(secs))?;
-    if let Some(sandbox) = state.e2b.get(id) {
-        for s in sandbox.context_sessions() {
-            let _ = sessions.set_idle_timeout(&s, Duration::from_secs(secs));
-        }
-    }
+    state
+        .engine
+        .sessions()
+        .set_idle_timeout(id, Duration::from_secs(secs))?;
     Ok(())
 }
 
@@ -274,6 +273,7 @@ pub(crate) async fn connect(
             retime(&state, &id, lifetime(&state, Some(secs)))?;
         }
     }
+    state.e2b.start_sweeper(&state.engine);
     let sandbox = state.e2b.get_or_adopt(&id, &tenant.0);
     Ok((StatusCode::OK, Json(created(&sandbox))).into_response())
 }

@@ -306,6 +306,10 @@ fn new_context(
     metadata.insert(CONTEXT_OF.to_owned(), sandbox.id.clone());
     let sessions = state.engine.sessions();
     let info = sessions.create_sibling(&sandbox.id, lang, sandbox.envs.clone(), metadata)?;
+    // It lives as long as the sandbox: the E2B sweeper ends it with the sandbox, however long
+    // it sat idle meanwhile.
+    let max = state.engine.config().limits.max.idle_timeout_s;
+    sessions.set_idle_timeout(&info.id, std::time::Duration::from_secs(max))?;
     let c = Context {
         id,
         language: name,

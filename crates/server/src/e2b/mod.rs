@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use runcell_engine::{EngineError, Language};
+use runcell_engine::{Engine, EngineError, Language};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -180,11 +180,45 @@ impl Sandbox {
 
 /// The E2B view of the sessions: which are sandboxes, with their tokens and contexts.
 #[derive(Debug, Default)]
-pub(crate) struct Sandboxes(Mutex<HashMap<String, Arc<Sandbox>>>);
+pub(crate) struct Sandboxes {
+    map: Mutex<HashMap<String, Arc<Sandbox>>>,
+    sweeper: std::sync::OnceLock<()>,
+}
+
+/// How often sandboxes whose session ended (expired, deleted through `/v1`) are forgotten and
+/// their context kernels and commands ended.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Sandboxes {
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Sandbox>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts (once) the task that forgets sandboxes whose session is gone. Call it from the
+    /// runtime (a handler).
+    pub fn start_sweeper(self: &Arc<Self>, engine: &Engine) {
+        self.sweeper.get_or_init(|| {
+            let me = Arc::downgrade(self);
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(SWEEP_EVERY).await;
+                    let Some(me) = me.upgrade() else { break };
+                    let gone: Vec<String> = me
+                        .map()
+                        .keys()
+                        .filter(|id| engine.sessions().get(id).is_err())
+                        .cloned()
+                        .collect();
+                    for id in gone {
+                        if let Some(sandbox) = me.remove(&id) {
+                            let engine = engine.clone();
+                            tokio::task::spawn_blocking(move || end_extras(&engine, &sandbox));
+                        }
+                    }
+                }
+            });
+        });
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Sandbox>> {
@@ -316,8 +350,11 @@ pub(crate) fn sandbox_of(state: &AppState, headers: &HeaderMap) -> Result<Arc<Sa
     }
     let live = state.engine.sessions().get(&id);
     if live.is_err() || live.is_ok_and(|s| s.owner != sandbox.owner) {
-        // Expired or killed behind the registry's back: forget it.
-        state.e2b.remove(&id);
+        // Expired or deleted behind the registry's back: forget it, end what it left.
+        if let Some(gone) = state.e2b.remove(&id) {
+            let engine = state.engine.clone();
+            tokio::task::spawn_blocking(move || end_extras(&engine, &gone));
+        }
         return Err(Refused::Gone(id));
     }
     Ok(sandbox)
@@ -379,13 +416,13 @@ pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Ends the sandbox's context kernels (not its own session) and its commands.
-pub(crate) fn end_extras(state: &AppState, sandbox: &Sandbox) {
+/// Ends the sandbox's context kernels (not its own session) and its commands. Blocking.
+pub(crate) fn end_extras(engine: &Engine, sandbox: &Sandbox) {
     for p in sandbox.processes().values() {
         p.kill();
     }
     for s in sandbox.context_sessions() {
-        let _ = state.engine.sessions().delete(&s);
+        let _ = engine.sessions().delete(&s);
     }
 }
 
