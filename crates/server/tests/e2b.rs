@@ -124,6 +124,11 @@ async fn cells_keep_state_stream_output_and_report_errors_in_e2b_shapes() {
     assert_eq!(r["cell_env"], "'yes'");
     assert!(r["cell_env_after"].is_null(), "{r}");
     assert_eq!(r["cwd"], "'/workspace'");
+    assert_eq!(
+        r["ipython"],
+        serde_json::json!([["shell says hi\n"], "5", null]),
+        "Jupyter's shell escape and magics"
+    );
     assert_eq!(r["js"], "42", "{r}");
     assert_eq!(r["bash"], serde_json::json!(["42\n"]), "{r}");
 

@@ -99,6 +99,59 @@ fn env_cells(language: Language, envs: &BTreeMap<String, String>) -> Option<(Str
     })
 }
 
+/// The IPython syntax E2B's Jupyter kernel takes and code written for it uses, as plain
+/// Python: `!cmd` and `%pip`/`%conda` run the shell (output streamed, as Jupyter does), `%cd`
+/// and `%env` change the kernel's directory and variables, `%time STMT` runs STMT, and the
+/// display and configuration magics (`%matplotlib inline`, `%config`, `%load_ext`,
+/// `%%time`...) do nothing: figures are always returned. Other lines are left alone.
+fn ipython_compat(code: &str) -> Option<String> {
+    let is_magic = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with('!')
+            || (t.starts_with('%')
+                && t[1..].starts_with(|c: char| c == '%' || c.is_ascii_alphabetic()))
+    };
+    if !code.lines().any(is_magic) {
+        return None;
+    }
+    let mut out = String::from(
+        "import os as __e2b_os, subprocess as __e2b_sp, sys as __e2b_sys\n\
+         def __e2b_sh(cmd):\n    __e2b_sys.stdout.flush(); __e2b_sys.stderr.flush()\n    __e2b_sp.run(cmd, shell=True)\n",
+    );
+    for line in code.lines() {
+        if !is_magic(line) {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let t = line.trim_start();
+        let lit = |s: &str| serde_json::to_string(s.trim()).unwrap_or_default();
+        let stmt = if let Some(cmd) = t.strip_prefix('!') {
+            format!("__e2b_sh({})", lit(cmd))
+        } else {
+            let (magic, arg) = t
+                .trim_start_matches('%')
+                .split_once(char::is_whitespace)
+                .unwrap_or((t.trim_start_matches('%'), ""));
+            match (t.starts_with("%%"), magic) {
+                (false, "pip" | "conda") => format!("__e2b_sh({})", lit(&format!("{magic} {arg}"))),
+                (false, "cd") => format!("__e2b_os.chdir(__e2b_os.path.expanduser({}))", lit(arg)),
+                (false, "env") => match arg.split_once(['=', ' ']) {
+                    Some((k, v)) => format!("__e2b_os.environ[{}] = {}", lit(k), lit(v)),
+                    None => format!("print(__e2b_os.environ.get({}))", lit(arg)),
+                },
+                (false, "time" | "timeit") if !arg.trim().is_empty() => arg.trim().to_owned(),
+                _ => "pass".to_owned(),
+            }
+        };
+        out.push_str(indent);
+        out.push_str(&stmt);
+        out.push('\n');
+    }
+    Some(out)
+}
+
 /// `POST /execute` `{code, context_id?, language?, env_vars?}`.
 pub(crate) async fn execute(
     State(state): State<AppState>,
@@ -149,6 +202,10 @@ pub(crate) async fn execute(
             }
         };
     let session_language = state.engine.sessions().get(&context.session)?.language;
+    let code = match session_language {
+        Language::Python => ipython_compat(&code).unwrap_or(code),
+        _ => code,
+    };
     Ok(stream(
         state.engine.clone(),
         context.session,
@@ -467,6 +524,31 @@ mod tests {
         assert_eq!(v["json"]["a"], 1);
         assert_eq!(v["extra"]["application/x-custom"], "x");
         assert_eq!(v["is_main_result"], true);
+    }
+
+    #[test]
+    fn ipython_syntax_becomes_python() {
+        assert_eq!(ipython_compat("x = 1\nx"), None);
+        assert_eq!(ipython_compat("a % b\n"), None, "a modulo is no magic");
+        let code = ipython_compat(
+            "%matplotlib inline\n!echo 'hi'\nfor i in range(2):\n    !ls\n%pip install x\n%env A=1\n%time y = 2\n%%capture\ny",
+        )
+        .expect("rewritten");
+        let body: Vec<&str> = code.lines().skip(4).collect();
+        assert_eq!(
+            body,
+            [
+                "pass",
+                r#"__e2b_sh("echo 'hi'")"#,
+                "for i in range(2):",
+                r#"    __e2b_sh("ls")"#,
+                r#"__e2b_sh("pip install x")"#,
+                r#"__e2b_os.environ["A"] = "1""#,
+                "y = 2",
+                "pass",
+                "y",
+            ]
+        );
     }
 
     #[test]

@@ -50,6 +50,8 @@ def state_and_streaming():
     r["cell_env"] = sbx.run_code("os.environ.get('ONLY_HERE')", envs={"ONLY_HERE": "yes"}).text
     r["cell_env_after"] = sbx.run_code("os.environ.get('ONLY_HERE')").text
     r["cwd"] = sbx.run_code("import os; os.getcwd()").text
+    ex = sbx.run_code("%matplotlib inline\n!echo shell says hi\nvalue = 5\nvalue")
+    r["ipython"] = [ex.logs.stdout, ex.text, ex.error.name if ex.error else None]
     r["js"] = sbx.run_code("const a = 20; a + 22", language="javascript").text
     r["bash"] = sbx.run_code("echo $((6 * 7))", language="bash").logs.stdout
     sbx.kill()
