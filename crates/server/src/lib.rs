@@ -101,6 +101,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
         .nest("/e2b", e2b::router())
+        .merge(e2b::signed_urls())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)

@@ -218,6 +218,17 @@ async fn files_written_read_listed_moved_and_removed_are_the_codes_files() {
     assert_eq!(r["exists_after_remove"], false);
     assert_eq!(r["dir_removed"], false);
     assert_eq!(r["info"], serde_json::json!(["bytes.bin", 3]));
+    assert_eq!(
+        r["download_url"],
+        serde_json::json!([format!("{}/files", srv.base), [0, 1, 255]])
+    );
+    assert_eq!(r["tampered_url"], 401);
+    assert_eq!(r["expired_url"], 401);
+    assert_eq!(
+        r["upload_url"],
+        serde_json::json!([200, "via a signed url"]),
+        "{r}"
+    );
     assert_eq!(r["missing"], "FileNotFoundException");
 }
 

@@ -1,6 +1,7 @@
 //! envd's REST endpoints: `/health`, and `/files` (download with `GET ?path=`, upload with
 //! `POST ?path=` as `application/octet-stream` or as multipart parts named `file` whose
-//! filename is the path). Files live in the workspace: `/home/user/...` (docs/e2b.md).
+//! filename is the path), with the sandbox in the headers or a signed URL's `signature`. Files
+//! live in the workspace: `/home/user/...` (docs/e2b.md).
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
@@ -9,12 +10,65 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{sandbox_of, shown, workspace_rel, Error};
+use std::sync::Arc;
+
+use super::{sandbox_of, shown, workspace_rel, Error, Refused, Sandbox};
 use crate::state::AppState;
 
 #[derive(Debug, serde::Deserialize)]
 pub(crate) struct FileQuery {
     path: Option<String>,
+    username: Option<String>,
+    /// A signed URL's (`download_url()`, `upload_url()`): `v1_` and the base64 SHA-256 of
+    /// `path:operation:username:token[:expiration]`.
+    signature: Option<String>,
+    signature_expiration: Option<i64>,
+}
+
+/// The sandbox whose token signed this URL for `operation` (`read`, `write`), if any did and
+/// the signature has not expired. Such URLs name no sandbox (the SDK builds them from
+/// `E2B_SANDBOX_URL` for a browser or `curl`), so every sandbox's token is tried.
+fn signed_for(state: &AppState, q: &FileQuery, operation: &str) -> Result<Arc<Sandbox>, Refused> {
+    use base64::Engine as _;
+    use sha2::Digest;
+    let sig = q.signature.as_deref().unwrap_or("");
+    if let Some(exp) = q.signature_expiration {
+        if exp < chrono::Utc::now().timestamp() {
+            return Err(Refused::Unauthorized("the signed URL has expired"));
+        }
+    }
+    let path = q.path.as_deref().unwrap_or("");
+    let user = q.username.as_deref().unwrap_or("");
+    let found = state.e2b.all().into_iter().find(|s| {
+        let raw = match q.signature_expiration {
+            Some(exp) => format!("{path}:{operation}:{user}:{}:{exp}", s.token),
+            None => format!("{path}:{operation}:{user}:{}", s.token),
+        };
+        let digest = sha2::Sha256::digest(raw.as_bytes());
+        let expected = format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        );
+        super::same_secret(&expected, sig)
+    });
+    let sandbox = found.ok_or(Refused::Unauthorized("invalid signature"))?;
+    match state.engine.sessions().get(&sandbox.id) {
+        Ok(_) => Ok(sandbox),
+        Err(_) => Err(Refused::Gone(sandbox.id.clone())),
+    }
+}
+
+/// The sandbox of a file request: by its signature when it has one, else by its headers.
+fn sandbox_for(
+    state: &AppState,
+    headers: &HeaderMap,
+    q: &FileQuery,
+    operation: &str,
+) -> Result<Arc<Sandbox>, Refused> {
+    match q.signature {
+        Some(_) => signed_for(state, q, operation),
+        None => sandbox_of(state, headers),
+    }
 }
 
 /// `GET /health`: 204 while the sandbox runs, 502 once it is gone (as E2B's proxy answers).
@@ -31,7 +85,7 @@ pub(crate) async fn download(
     headers: HeaderMap,
     Query(q): Query<FileQuery>,
 ) -> Result<Response, Error> {
-    let sandbox = sandbox_of(&state, &headers)?;
+    let sandbox = sandbox_for(&state, &headers, &q, "read")?;
     let path = q.path.unwrap_or_default();
     let rel = workspace_rel(&path).map_err(Error::invalid)?;
     if rel.is_empty() {
@@ -62,7 +116,7 @@ pub(crate) async fn upload(
     req: Request,
 ) -> Result<Response, Error> {
     let headers = req.headers().clone();
-    let sandbox = sandbox_of(&state, &headers)?;
+    let sandbox = sandbox_for(&state, &headers, &q, "write")?;
     if headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())

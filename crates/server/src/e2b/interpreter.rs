@@ -54,6 +54,12 @@ pub(crate) fn result_json(r: &ResultItem) -> Value {
     if !extra.is_empty() {
         out.insert("extra".into(), Value::Object(extra));
     }
+    // The chart data runcell extracts from a figure, once results carry it (issue 24).
+    if let Ok(Value::Object(item)) = serde_json::to_value(r) {
+        if let Some(chart) = item.get("chart").filter(|c| !c.is_null()) {
+            out.insert("chart".into(), chart.clone());
+        }
+    }
     out.insert("is_main_result".into(), r.is_main_result.into());
     out.insert("type".into(), "result".into());
     Value::Object(out)

@@ -85,6 +85,12 @@ pub(crate) fn router() -> Router<AppState> {
         })
 }
 
+/// `/files` at the listener's root: the SDK's signed `download_url()` and `upload_url()` join
+/// `/files` onto `E2B_SANDBOX_URL` as an absolute path, dropping its `/e2b/sandbox`.
+pub(crate) fn signed_urls() -> Router<AppState> {
+    Router::new().route("/files", get(envd::download).post(envd::upload))
+}
+
 /// E2B's error envelope, `{"code": STATUS, "message"}`, for the control plane and envd's REST
 /// endpoints alike (the SDK reads `message`).
 #[derive(Debug)]
@@ -232,6 +238,10 @@ impl Sandboxes {
             .entry(id.to_owned())
             .or_insert_with(|| Arc::new(Sandbox::new(id, owner, "base", BTreeMap::new())))
             .clone()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Sandbox>> {
+        self.map().values().cloned().collect()
     }
 
     pub fn insert(&self, sandbox: Sandbox) -> Arc<Sandbox> {

@@ -115,6 +115,16 @@ def files():
     r["exists_after_remove"] = sbx.files.exists("/home/user/renamed.txt")
     sbx.files.remove("/home/user/sub")
     r["dir_removed"] = sbx.files.exists("/home/user/sub/dir/deep.txt")
+    # Signed URLs, for a browser or curl: no headers, the signature says which sandbox.
+    url = sbx.download_url("/home/user/bytes.bin")
+    r["download_url"] = [url.split("?")[0], list(httpx.get(url).content)]
+    r["tampered_url"] = httpx.get(url[:-3] + "AAA").status_code
+    short = sbx.download_url("/home/user/bytes.bin", use_signature_expiration=1)
+    time.sleep(2.1)
+    r["expired_url"] = httpx.get(short).status_code
+    up = sbx.upload_url("/home/user/uploaded.txt")
+    resp = httpx.post(up, files={"file": ("uploaded.txt", b"via a signed url")})
+    r["upload_url"] = [resp.status_code, resp.text if resp.is_error else sbx.files.read("/home/user/uploaded.txt")]
     info = sbx.files.get_info("/home/user/bytes.bin")
     r["info"] = [info.name, info.size]
     try:
