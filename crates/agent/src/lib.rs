@@ -10,43 +10,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use runcell_engine::tools::{ToolCall, ToolOutput};
-use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, FileChangeKind, InputFile};
+use runcell_engine::{CancelToken, CreateSession, Engine, FileChangeKind, InputFile};
 
+mod error;
 pub mod provider;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use error::AgentError;
 pub use provider::{
     default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
     ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
 };
-
-/// What can stop a run before an answer.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error("no API key: set {env} (or point --base-url at a server that needs none)")]
-    MissingKey { env: &'static str },
-    #[error("the provider rejected the API key ({status}): check {env}: {message}")]
-    Unauthorized {
-        status: u16,
-        env: &'static str,
-        message: String,
-    },
-    #[error("the provider answered {status} after {attempts} attempt(s): {message}")]
-    Api {
-        status: u16,
-        message: String,
-        attempts: u32,
-    },
-    #[error("{0}")]
-    Http(String),
-    #[error("malformed reply: {0}")]
-    Malformed(String),
-    #[error("the sandbox session failed")]
-    Engine(#[from] EngineError),
-    #[error("the run was stopped before its answer")]
-    Stopped,
-}
 
 /// How a run goes.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use runcell_engine::tools::{definitions_json, ToolFormat, ToolImage};
 use serde_json::{json, Map, Value};
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// Which API the model is behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

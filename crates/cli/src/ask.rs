@@ -58,7 +58,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;
 
     let store = crate::audit::open_store(data_dir)?;
-    let engine = crate::audited_engine(data_dir, &store)?;
+    let engine = crate::engines::audited_engine(data_dir, &store)?;
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
     let mut signals = signal_hook::iterator::Signals::new([

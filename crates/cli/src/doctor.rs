@@ -31,7 +31,7 @@ pub fn sweep_orphans(data_dir: &Path, engine: &runcell_engine::Engine) -> anyhow
 
 /// `runcell doctor --clean`: [`sweep_orphans`], saying what it did.
 pub fn clean(data_dir: &Path) -> anyhow::Result<ExitCode> {
-    let engine = crate::engine(data_dir)?;
+    let engine = crate::engines::engine(data_dir)?;
     let removed = sweep_orphans(data_dir, &engine)?;
     println!(
         "removed {removed} orphaned session workspace{} under {}",
@@ -97,7 +97,8 @@ pub fn doctor(data_dir: &Path) -> anyhow::Result<ExitCode> {
     // The layers above are what the host offers; this proves they compose into a sandbox.
     let mut req = OneShot::new(Language::Bash, "id -u; hostname");
     req.timeout = Duration::from_secs(20);
-    let result = crate::engine(data_dir).and_then(|e| Ok(e.run_once(&req, &mut |_, _| {})?));
+    let result =
+        crate::engines::engine(data_dir).and_then(|e| Ok(e.run_once(&req, &mut |_, _| {})?));
     match result {
         Ok(o)
             if o.execution.status == ExecutionStatus::Ok

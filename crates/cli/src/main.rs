@@ -6,6 +6,7 @@ mod ask;
 mod audit;
 mod config;
 mod doctor;
+mod engines;
 mod keys;
 mod mcp;
 mod repl;
@@ -184,70 +185,6 @@ fn hint_for(e: &anyhow::Error) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// The engine, with this binary as the sandbox init helper and the default Python runtime if
-/// it is installed.
-fn engine(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
-    let runtime = runcell_kernel::runtime::Runtimes::new(data_dir).default_runtime();
-    engine_on(data_dir, runtime.map(|r| r.path))
-}
-
-/// The engine with the default Python runtime, installed first if missing (with progress).
-fn engine_with_runtime(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
-    let info = runtime::ensure_default(data_dir)?;
-    engine_on(data_dir, Some(info.path))
-}
-
-/// The engine `ask` runs: the default runtime (installed if missing), and every execution
-/// recorded in the data dir's database before anyone sees it.
-fn audited_engine(
-    data_dir: &std::path::Path,
-    store: &runcell_store::Store,
-) -> anyhow::Result<runcell_engine::Engine> {
-    let config = config_with_runtime(data_dir, None, Default::default())?;
-    Ok(runcell_engine::Engine::audited(config, store.domain())?)
-}
-
-/// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
-/// missing), and its sessions, uploads and executions recorded in the data dir's database.
-fn serving_engine(
-    data_dir: &std::path::Path,
-    store: &runcell_store::Store,
-    preload: Option<Vec<String>>,
-    limits: runcell_engine::LimitPolicy,
-    workspaces_on_disk: bool,
-) -> anyhow::Result<runcell_engine::Engine> {
-    let mut config = config_with_runtime(data_dir, preload, limits)?;
-    config.workspaces_on_disk = workspaces_on_disk;
-    Ok(runcell_engine::Engine::with_store(config, store.domain())?)
-}
-
-/// This binary as the sandbox init helper and the default runtime, installed if missing.
-fn config_with_runtime(
-    data_dir: &std::path::Path,
-    preload: Option<Vec<String>>,
-    limits: runcell_engine::LimitPolicy,
-) -> anyhow::Result<runcell_engine::EngineConfig> {
-    use anyhow::Context;
-    let runtime = runtime::ensure_default(data_dir)?;
-    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
-    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
-    config.python_runtime = Some(runtime.path);
-    config.preload = preload;
-    config.limits = limits;
-    Ok(config)
-}
-
-fn engine_on(
-    data_dir: &std::path::Path,
-    python_runtime: Option<PathBuf>,
-) -> anyhow::Result<runcell_engine::Engine> {
-    use anyhow::Context;
-    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
-    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
-    config.python_runtime = python_runtime;
-    Ok(runcell_engine::Engine::new(config)?)
 }
 
 #[cfg(test)]

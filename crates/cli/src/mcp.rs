@@ -10,7 +10,7 @@ use runcell_server::mcp::McpHandler;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 pub fn mcp(data_dir: &Path) -> anyhow::Result<ExitCode> {
-    let engine = crate::engine_with_runtime(data_dir)?;
+    let engine = crate::engines::engine_with_runtime(data_dir)?;
     // An earlier `runcell mcp` killed with -9 left its workspace mounted.
     if let Err(e) = crate::doctor::sweep_orphans(data_dir, &engine) {
         tracing::warn!(error = %format!("{e:#}"), "cannot look for orphaned workspaces");

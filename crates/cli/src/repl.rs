@@ -27,7 +27,7 @@ pub struct ReplArgs {
 pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
     let timeout = crate::args::timeout(args.timeout)?;
     let files = args.sandbox.input_files()?;
-    let engine = crate::engine_with_runtime(data_dir)?;
+    let engine = crate::engines::engine_with_runtime(data_dir)?;
     let sessions = engine.sessions();
     let session = sessions.create(CreateSession {
         owner: "local".into(),

@@ -47,7 +47,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, cancel.clone())?;
     }
     req.cancel = Some(cancel);
-    let engine = crate::engine(data_dir)?;
+    let engine = crate::engines::engine(data_dir)?;
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let mut on_output = |stream: Stream, data: &[u8]| {

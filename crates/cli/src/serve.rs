@@ -422,7 +422,7 @@ pub fn serve(
         defaults = ?limits.defaults,
         "session limits"
     );
-    let engine = crate::serving_engine(
+    let engine = crate::engines::serving_engine(
         data_dir,
         &store,
         preload,

@@ -19,10 +19,37 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::core::{AuditItem, AuditSink};
 use crate::error::RecordError;
-use crate::session::Reply;
 use crate::{EngineError, Execution};
+
+/// Receives the outcome of a queued execution, on the session's worker thread or the audit
+/// writer's (so it must be quick: hand the result over, e.g. through a channel). Dropped
+/// uncalled if the session ends before running the execution.
+pub(crate) type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
+
+/// Receives every finished execution with its code and owner before anyone sees the result
+/// (the store's chains, `records.rs`). An error fails the execution's reply: nothing is
+/// acknowledged that was not recorded.
+pub(crate) trait AuditSink: Send + Sync {
+    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError>;
+
+    /// Records several executions, in order, sharing one commit where the store can; one
+    /// result per item, in order. Sessions' executions come this way, from one writer thread.
+    fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), RecordError>> {
+        items
+            .iter()
+            .map(|i| self.record(i.owner, i.execution, i.code))
+            .collect()
+    }
+}
+
+/// One execution for [`AuditSink::record_batch`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AuditItem<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) execution: &'a Execution,
+    pub(crate) code: &'a str,
+}
 
 /// Finished executions waiting for the writer at most; a worker that finds the queue full
 /// waits, so a store slower than the sessions slows them down instead of piling up memory.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use runcell_sandbox::{KillReason, RunOptions, RunOutcome};
 use serde::Serialize;
 
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::execution::{Began, Ended, Produced};
 use crate::launch::Program;
 use crate::limits::OUTPUT_CAP_BYTES;

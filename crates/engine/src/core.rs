@@ -8,15 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_kernel::{CellOptions, Kernel};
-use runcell_sandbox::{Sandbox, Workspace};
+use runcell_sandbox::{Launch, Sandbox, Workspace, Zygote};
 
-use crate::error::{Invalid, NoSpace, RecordError};
-use crate::launch::Program;
+use crate::audit::{AuditSink, Auditor, Reply};
+use crate::error::{Invalid, NoSpace};
+use crate::launch::{Host, Program};
 use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits};
+use crate::model::Start;
 use crate::model::{Execution, Language};
 use crate::records::Records;
-use crate::session::SessionManager;
-use crate::session::Start;
+use crate::zygote::{ZygoteSlot, ZygoteStatus};
 use crate::{chain, EngineError};
 
 /// How long a kernel may take to say it is ready.
@@ -26,30 +27,6 @@ const KERNEL_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// one-shot run (`ex_…`), named by its id.
 pub fn workspaces_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
-}
-
-/// Receives every finished execution with its code and owner before anyone sees the result
-/// (the store's chains, `records.rs`). An error fails the execution's reply: nothing is
-/// acknowledged that was not recorded.
-pub(crate) trait AuditSink: Send + Sync {
-    fn record(&self, owner: &str, execution: &Execution, code: &str) -> Result<(), RecordError>;
-
-    /// Records several executions, in order, sharing one commit where the store can; one
-    /// result per item, in order. Sessions' executions come this way, from one writer thread.
-    fn record_batch(&self, items: &[AuditItem<'_>]) -> Vec<Result<(), RecordError>> {
-        items
-            .iter()
-            .map(|i| self.record(i.owner, i.execution, i.code))
-            .collect()
-    }
-}
-
-/// One execution for [`AuditSink::record_batch`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AuditItem<'a> {
-    pub(crate) owner: &'a str,
-    pub(crate) execution: &'a Execution,
-    pub(crate) code: &'a str,
 }
 
 /// Host paths and the sandbox factory an engine runs with.
@@ -106,13 +83,13 @@ pub(crate) struct Core {
     /// Host directory holding the kernel code, bound read-only into sessions; written when the
     /// first kernel starts, so one-shot runs (`runcell run`) never pay for it.
     kernel_dir: std::sync::Mutex<Option<PathBuf>>,
-    pub(crate) zygote: crate::zygote::ZygoteSlot,
+    pub(crate) zygote: Arc<ZygoteSlot>,
     /// The store, and how much of the domain is kept there; none: nothing is recorded.
     pub(crate) records: Option<Records>,
     /// The store's audit chains (from `records`).
     audit: Option<Arc<dyn AuditSink>>,
     /// Records sessions' executions off their workers (see `audit`); with `audit`.
-    auditor: Option<crate::audit::Auditor>,
+    auditor: Option<Auditor>,
     /// Session cells running now (the audit writer waits for them a little).
     pub(crate) cells_running: Arc<std::sync::atomic::AtomicUsize>,
     /// Committed sandbox memory and tenants' live sessions (admission control, quotas).
@@ -123,7 +100,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    fn new(config: EngineConfig, records: Option<Records>) -> Result<Core, EngineError> {
+    pub(crate) fn new(config: EngineConfig, records: Option<Records>) -> Result<Core, EngineError> {
         config
             .limits
             .validate()
@@ -166,10 +143,10 @@ impl Core {
         let audit = records.as_ref().map(Records::audit_sink);
         let auditor = audit
             .clone()
-            .map(|a| crate::audit::Auditor::start(a, cells_running.clone()))
+            .map(|a| Auditor::start(a, cells_running.clone()))
             .transpose()?;
         Ok(Core {
-            zygote: crate::zygote::ZygoteSlot::new(),
+            zygote: Arc::new(ZygoteSlot::new()),
             config,
             sandbox,
             kernel_dir: std::sync::Mutex::new(None),
@@ -234,7 +211,7 @@ impl Core {
         owner: String,
         execution: Execution,
         code: String,
-        then: crate::session::Reply,
+        then: Reply,
     ) {
         match &self.auditor {
             Some(a) => a.record(owner, execution, code, then),
@@ -283,6 +260,77 @@ impl Core {
         Ok(d)
     }
 
+    /// The sandbox for `program` on `workspace` under `limits` (see [`crate::launch::launch`]).
+    pub(crate) fn launch<'w>(
+        &self,
+        program: Program<'_>,
+        workspace: &'w Workspace,
+        limits: &SessionLimits,
+        extra_env: &[(String, String)],
+    ) -> Result<Launch<'w>, EngineError> {
+        let kernel_dir = || self.kernel_dir();
+        let host = Host {
+            python_runtime: self.config.python_runtime.as_deref(),
+            kernel_dir: &kernel_dir,
+        };
+        crate::launch::launch(&host, program, workspace, limits, extra_env)
+    }
+
+    /// Whether Python sessions are meant to come from a zygote: preloading is configured and
+    /// there is a runtime to preload from.
+    fn zygote_enabled(&self) -> bool {
+        self.config.preload.is_some() && self.config.python_runtime.is_some()
+    }
+
+    pub(crate) fn zygote_status(&self) -> ZygoteStatus {
+        if !self.zygote_enabled() {
+            return ZygoteStatus::Off;
+        }
+        self.zygote.status()
+    }
+
+    /// The live zygote, if there is one. Otherwise (re)starts it in the background when due and
+    /// returns `None`: the caller starts cold this time.
+    pub(crate) fn zygote(self: &Arc<Self>) -> Option<Arc<Zygote>> {
+        if !self.zygote_enabled() {
+            return None;
+        }
+        let core = Arc::clone(self);
+        self.zygote.live_or_start(move || core.start_zygote())
+    }
+
+    /// Marks the zygote as unusable after a failed fork, so the next session restarts it.
+    pub(crate) fn zygote_failed(&self, error: String) {
+        self.zygote.failed(error);
+    }
+
+    /// Waits (up to `timeout`) for the zygote to be ready; for tests and benchmarks.
+    pub(crate) fn wait_zygote(self: &Arc<Self>, timeout: Duration) -> ZygoteStatus {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let _ = self.zygote();
+            let status = self.zygote_status();
+            if !matches!(status, ZygoteStatus::Starting) || std::time::Instant::now() >= end {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_zygote(&self) -> Result<Zygote, String> {
+        let runtime = self
+            .config
+            .python_runtime
+            .as_ref()
+            .ok_or("no Python runtime")?;
+        let version = crate::zygote::python_version(runtime)?;
+        let kernel_dir = self.kernel_dir().map_err(|e| chain(&e))?;
+        let preload = self.config.preload.clone().unwrap_or_default();
+        let config = crate::launch::zygote_config(runtime, kernel_dir, &version, preload);
+        Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
+            .map_err(|e| chain(&e))
+    }
+
     /// Starts a kernel for `language` in a new sandbox on `workspace`; says how it started
     /// (`Start::Cold` asks never to fork from the zygote).
     pub(crate) fn start_kernel(
@@ -323,91 +371,6 @@ impl Core {
         Kernel::start(&self.sandbox, &launch, KERNEL_READY_TIMEOUT)
             .map(|k| (k, Start::Cold))
             .map_err(EngineError::sandbox)
-    }
-}
-
-/// The domain entry point: one-shot runs and sessions.
-#[derive(Clone)]
-pub struct Engine {
-    pub(crate) core: Arc<Core>,
-    sessions: Arc<SessionManager>,
-}
-
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("data_dir", &self.core.config.data_dir)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Engine {
-    /// An engine that records nothing (`runcell run`, `repl`, `mcp`). Refuses to start when a
-    /// mandatory isolation layer is missing on this host.
-    pub fn new(config: EngineConfig) -> Result<Engine, EngineError> {
-        Self::build(config, None)
-    }
-
-    /// A server's engine: every session is recorded in `store` when it is created and
-    /// forgotten when it ends (so a server started after a crash recovers it:
-    /// [`SessionManager::recover_previous`]), uploads and executions too, and each tenant's
-    /// quotas and default start are read from it at every session start.
-    pub fn with_store(
-        config: EngineConfig,
-        store: Arc<dyn runcell_store::DomainStore>,
-    ) -> Result<Engine, EngineError> {
-        Self::build(config, Some(Records::everything(store)))
-    }
-
-    /// An engine that records every execution in `store`'s audit chains, and nothing else
-    /// (`runcell ask`: its one session is the process's own, and ends with it).
-    pub fn audited(
-        config: EngineConfig,
-        store: Arc<dyn runcell_store::DomainStore>,
-    ) -> Result<Engine, EngineError> {
-        Self::build(config, Some(Records::executions_only(store)))
-    }
-
-    fn build(config: EngineConfig, records: Option<Records>) -> Result<Engine, EngineError> {
-        let core = Arc::new(Core::new(config, records)?);
-        // Preloading takes a second or more: begin now, in the background.
-        let _ = core.zygote();
-        let sessions = SessionManager::new(core.clone());
-        Ok(Engine { core, sessions })
-    }
-
-    pub fn config(&self) -> &EngineConfig {
-        &self.core.config
-    }
-
-    /// The host directory of session `id`'s workspace.
-    pub fn workspace_path(&self, id: &str) -> PathBuf {
-        self.core.config.workspace_path(id)
-    }
-
-    /// The zygote's state (Python sessions are forked from it when it is ready).
-    pub fn zygote_status(&self) -> crate::zygote::ZygoteStatus {
-        self.core.zygote_status()
-    }
-
-    /// Waits up to `timeout` for the zygote to finish starting; returns its state then.
-    pub fn wait_for_zygote(&self, timeout: Duration) -> crate::zygote::ZygoteStatus {
-        self.core.wait_zygote(timeout)
-    }
-
-    pub fn sessions(&self) -> &SessionManager {
-        &self.sessions
-    }
-
-    /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
-    pub fn committed_memory_mb(&self) -> u64 {
-        self.core.ledger.committed_mb()
-    }
-
-    /// Removes the empty run cgroups a killed runcell left behind (a server calls this when it
-    /// starts; a one-shot run does when it finds a stale workspace). Returns how many.
-    pub fn sweep_stale_cgroups(&self) -> usize {
-        sweep_stale_cgroups(&self.core.sandbox, &self.core.config)
     }
 }
 

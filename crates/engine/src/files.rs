@@ -6,7 +6,7 @@ use runcell_sandbox::WorkspaceError;
 use serde::Serialize;
 
 use crate::bounds::MAX_FILE_BYTES;
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::error::{Invalid, Limit, Resource, WorkspaceConflict};
 use crate::EngineError;
 

@@ -1,13 +1,13 @@
 //! Every sandbox the engine starts is described here: the program, its environment, its binds
-//! and its limits. A session's kernel, a command beside it and a one-shot program all come from
-//! [`Core::launch`], so what one sandbox sees cannot drift from what another does.
+//! and its limits. A session's kernel, a command beside it, a one-shot program and the zygote
+//! all come from here ([`launch`], [`zygote_config`]), so what one sandbox sees cannot drift
+//! from what another does.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use runcell_kernel::{runtime::SANDBOX_PYTHON_BIN, KernelProgram, SANDBOX_KERNEL_DIR};
-use runcell_sandbox::{Bind, Launch, Workspace};
+use runcell_sandbox::{Bind, Launch, Workspace, ZygoteConfig};
 
-use crate::core::Core;
 use crate::limits::SessionLimits;
 use crate::model::Language;
 use crate::EngineError;
@@ -41,82 +41,111 @@ impl Language {
     }
 }
 
-impl Core {
-    /// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
-    /// variables) comes after runcell's own and never replaces one of them.
-    pub(crate) fn launch<'w>(
-        &self,
-        program: Program<'_>,
-        workspace: &'w Workspace,
-        limits: &SessionLimits,
-        extra_env: &[(String, String)],
-    ) -> Result<Launch<'w>, EngineError> {
-        let limits = limits.sandbox_limits();
-        // The runtime is bound for every program: `python3` in a bash cell or a command is the
-        // same data-science Python as a Python session's.
-        let (python, mut ro_binds) = self.python();
-        let (argv, env_language, channel) = match program {
-            Program::Kernel(language) => {
-                ro_binds.push(Bind {
-                    source: self.kernel_dir()?,
-                    target: SANDBOX_KERNEL_DIR.into(),
-                });
-                (language.kernel().command(&python), language, true)
-            }
-            // The session's runtime is on PATH, so `python3` and `pip list` see the same
-            // packages, with the same environment.
-            Program::Command(command) => (
-                vec![BASH.into(), "-c".into(), command.to_owned()],
-                Language::Python,
-                false,
-            ),
-            Program::OneShot { language, dir } => {
-                ro_binds.push(Bind {
-                    source: dir.to_owned(),
-                    target: INPUT_DIR.into(),
-                });
-                let program = format!("{INPUT_DIR}/{}", program_file(language));
-                let interpreter = match language {
-                    Language::Python => python,
-                    Language::Bash => BASH.into(),
-                    Language::Javascript => runcell_kernel::NODE.into(),
-                };
-                (vec![interpreter, program], language, false)
-            }
-        };
-        let mut env = base_env(
-            env_language,
-            limits.cpu_millis,
-            self.config.python_runtime.is_some(),
-        );
-        for (k, v) in extra_env {
-            if !env.iter().any(|(ek, _)| ek == k) {
-                env.push((k.clone(), v.clone()));
-            }
-        }
-        Ok(Launch {
-            argv,
-            env,
-            workspace,
-            ro_binds,
-            limits,
-            channel,
-        })
-    }
+/// What a launch takes from the engine's host.
+pub(crate) struct Host<'a> {
+    /// The Python runtime (a venv) bound into every sandbox; none: the system's Python.
+    pub(crate) python_runtime: Option<&'a Path>,
+    /// The kernel code's host directory (written on first use, so asked only for kernels).
+    pub(crate) kernel_dir: &'a dyn Fn() -> Result<PathBuf, EngineError>,
+}
 
-    /// The session's interpreter inside the sandbox and the binds it needs: the runtime's
-    /// when one is configured, else the system's.
-    fn python(&self) -> (String, Vec<Bind>) {
-        match &self.config.python_runtime {
-            Some(venv) => (
-                SANDBOX_PYTHON_BIN.into(),
-                vec![Bind {
-                    source: venv.clone(),
-                    target: SANDBOX_PYTHON.into(),
-                }],
-            ),
-            None => (runcell_kernel::SYSTEM_PYTHON.into(), Vec::new()),
+/// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
+/// variables) comes after runcell's own and never replaces one of them.
+pub(crate) fn launch<'w>(
+    host: &Host<'_>,
+    program: Program<'_>,
+    workspace: &'w Workspace,
+    limits: &SessionLimits,
+    extra_env: &[(String, String)],
+) -> Result<Launch<'w>, EngineError> {
+    let limits = limits.sandbox_limits();
+    // The runtime is bound for every program: `python3` in a bash cell or a command is the
+    // same data-science Python as a Python session's.
+    let (python, mut ro_binds) = python(host.python_runtime);
+    let (argv, env_language, channel) = match program {
+        Program::Kernel(language) => {
+            ro_binds.push(Bind {
+                source: (host.kernel_dir)()?,
+                target: SANDBOX_KERNEL_DIR.into(),
+            });
+            (language.kernel().command(&python), language, true)
         }
+        // The session's runtime is on PATH, so `python3` and `pip list` see the same
+        // packages, with the same environment.
+        Program::Command(command) => (
+            vec![BASH.into(), "-c".into(), command.to_owned()],
+            Language::Python,
+            false,
+        ),
+        Program::OneShot { language, dir } => {
+            ro_binds.push(Bind {
+                source: dir.to_owned(),
+                target: INPUT_DIR.into(),
+            });
+            let program = format!("{INPUT_DIR}/{}", program_file(language));
+            let interpreter = match language {
+                Language::Python => python,
+                Language::Bash => BASH.into(),
+                Language::Javascript => runcell_kernel::NODE.into(),
+            };
+            (vec![interpreter, program], language, false)
+        }
+    };
+    let mut env = base_env(
+        env_language,
+        limits.cpu_millis,
+        host.python_runtime.is_some(),
+    );
+    for (k, v) in extra_env {
+        if !env.iter().any(|(ek, _)| ek == k) {
+            env.push((k.clone(), v.clone()));
+        }
+    }
+    Ok(Launch {
+        argv,
+        env,
+        workspace,
+        ro_binds,
+        limits,
+        channel,
+    })
+}
+
+/// The session's interpreter inside the sandbox and the binds it needs: the runtime's when one
+/// is configured, else the system's.
+fn python(runtime: Option<&Path>) -> (String, Vec<Bind>) {
+    match runtime {
+        Some(venv) => (
+            SANDBOX_PYTHON_BIN.into(),
+            vec![Bind {
+                source: venv.to_owned(),
+                target: SANDBOX_PYTHON.into(),
+            }],
+        ),
+        None => (runcell_kernel::SYSTEM_PYTHON.into(), Vec::new()),
+    }
+}
+
+/// The zygote's sandbox (DESIGN.md §4): the runtime's interpreter (Python `version`, `X.Y`)
+/// with the kernel code, preloading `preload`, in a Python session's environment at the
+/// default CPU quota: one BLAS thread, which is also what keeps the zygote single-threaded.
+pub(crate) fn zygote_config(
+    runtime: &Path,
+    kernel_dir: PathBuf,
+    version: &str,
+    preload: Vec<String>,
+) -> ZygoteConfig {
+    ZygoteConfig {
+        python: SANDBOX_PYTHON_BIN.into(),
+        libpython: runcell_sandbox::zygote::libpython_for(version),
+        binds: vec![
+            (runtime.to_owned(), SANDBOX_PYTHON.into()),
+            (kernel_dir, SANDBOX_KERNEL_DIR.into()),
+        ],
+        env: base_env(Language::Python, 1000, true),
+        kernel_dir: SANDBOX_KERNEL_DIR.into(),
+        kernel_module: runcell_kernel::PYTHON.module().into(),
+        preload,
     }
 }
 

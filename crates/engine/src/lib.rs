@@ -6,6 +6,7 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod engine;
 mod error;
 mod execution;
 mod files;
@@ -23,7 +24,8 @@ pub mod tools;
 mod watched;
 mod zygote;
 
-pub use crate::core::{workspaces_dir, Engine, EngineConfig};
+pub use crate::core::{workspaces_dir, EngineConfig};
+pub use crate::engine::Engine;
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
     Oversize, Quota, RecordError, Resource, WorkspaceConflict,
@@ -43,14 +45,14 @@ pub use commands::CommandOutput;
 pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
-    KilledBy, Language, ResultItem, Truncated, UsageInfo,
+    KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
-    SessionStatus, Start, QUEUE_DEPTH,
+    SessionStatus, QUEUE_DEPTH,
 };
 pub use watched::WatchedCommand;
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};

@@ -434,7 +434,7 @@ impl SessionLimits {
 pub struct TenantPolicy {
     pub max_sessions: Option<u64>,
     pub max_memory_mb: Option<u64>,
-    pub start: Option<crate::session::Start>,
+    pub start: Option<crate::model::Start>,
 }
 
 /// How long a client refused for capacity should wait before trying again.

@@ -10,7 +10,7 @@ use runcell_sandbox::{
     CappedOutput, ExitStatus, KillReason, RunOptions, Stream, UidLease, Workspace,
 };
 
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};
 use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};

@@ -18,7 +18,7 @@ use runcell_kernel::Kernel;
 use runcell_sandbox::Workspace;
 
 use crate::limits::{Reservation, SessionLimits};
-use crate::session::SessionManager;
+use crate::EngineError;
 
 /// How often an idle filler looks again without being woken (the zygote becoming ready is
 /// not signalled).
@@ -56,7 +56,19 @@ struct State {
     stopped: bool,
 }
 
-/// The warm sessions of one [`SessionManager`] and the thread that refills them.
+/// Where warm sessions come from (the session manager); the pool only asks it.
+pub(crate) trait WarmSource: Send + Sync {
+    /// The pool these sessions go to.
+    fn warm_pool(&self) -> &WarmPool;
+    /// Whether new Python sessions would come from a ready zygote (a pool fills only then).
+    fn zygote_ready(&self) -> bool;
+    /// Whether a warm session with the default limits fits the budget now.
+    fn warm_fits(&self) -> bool;
+    /// Starts one session with the default limits.
+    fn start_warm(&self) -> Result<Warm, EngineError>;
+}
+
+/// The warm sessions of one session manager and the thread that refills them.
 #[derive(Default)]
 pub(crate) struct WarmPool {
     state: Mutex<State>,
@@ -71,7 +83,7 @@ impl WarmPool {
     }
 
     /// Starts keeping `target` sessions warm; `manager` starts them. Once only.
-    pub(crate) fn start(&self, target: usize, manager: Weak<SessionManager>) {
+    pub(crate) fn start(&self, target: usize, manager: Weak<dyn WarmSource>) {
         {
             let mut st = self.lock();
             if st.stopped || st.target > 0 || target == 0 {
@@ -152,7 +164,7 @@ impl WarmPool {
 }
 
 /// The filler thread: keeps the pool at its target while the manager lives.
-fn fill(manager: Weak<SessionManager>) {
+fn fill(manager: Weak<dyn WarmSource>) {
     loop {
         let Some(m) = manager.upgrade() else { return };
         let pool = m.warm_pool();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use runcell_store::{DomainStore, ExecutionRow, NewExecution, SessionRecord, StoreError};
 
-use crate::core::{AuditItem, AuditSink};
+use crate::audit::{AuditItem, AuditSink};
 use crate::error::{Invalid, NoSpace, RecordError, Resource};
 use crate::limits::TenantPolicy;
 use crate::session::{SessionInfo, SessionStatus};
@@ -65,7 +65,7 @@ impl Records {
 
 /// The tenant an owner's records are kept under: the engine's callers without tenants (a
 /// local engine's empty owner) share the server's open tenant.
-fn tenant(owner: &str) -> &str {
+pub(crate) fn tenant(owner: &str) -> &str {
     if owner.is_empty() {
         OPEN_TENANT
     } else {
@@ -155,7 +155,7 @@ fn new_execution(
 
 /// A recorded execution as callers read it: the Execution as it was returned, plus the `code`
 /// that ran.
-fn with_code(row: ExecutionRow) -> serde_json::Value {
+pub(crate) fn with_code(row: ExecutionRow) -> serde_json::Value {
     let mut v: serde_json::Value =
         serde_json::from_str(&row.execution_json).unwrap_or_else(|_| serde_json::json!({}));
     if let Some(obj) = v.as_object_mut() {
@@ -338,64 +338,4 @@ pub struct ExecutionPage {
     pub executions: Vec<serde_json::Value>,
     /// The cursor of the next (older) page; `None` on the last page.
     pub next: Option<String>,
-}
-
-impl crate::Engine {
-    /// The owner's recorded executions, newest first, optionally of one session: at most
-    /// `limit` (1..=1000), strictly older than the execution `before` if given (an unknown
-    /// cursor is an invalid request). An engine without a store has recorded none.
-    pub fn executions(
-        &self,
-        owner: &str,
-        session: Option<&str>,
-        limit: usize,
-        before: Option<&str>,
-    ) -> Result<ExecutionPage, EngineError> {
-        let Some(records) = &self.core.records else {
-            return Ok(ExecutionPage {
-                executions: Vec::new(),
-                next: None,
-            });
-        };
-        let (rows, next) = records
-            .store()
-            .list_executions(tenant(owner), session, limit, before)
-            .map_err(store_error)?;
-        Ok(ExecutionPage {
-            executions: rows.into_iter().map(with_code).collect(),
-            next,
-        })
-    }
-
-    /// The owner's recorded execution `id` (another owner's is none), plus its `code`.
-    pub fn execution(
-        &self,
-        owner: &str,
-        id: &str,
-    ) -> Result<Option<serde_json::Value>, EngineError> {
-        let row = match &self.core.records {
-            Some(records) => records
-                .store()
-                .get_execution(tenant(owner), id)
-                .map_err(store_error)?,
-            None => None,
-        };
-        Ok(row.map(with_code))
-    }
-
-    /// Re-walks the owner's audit chain and reports the first edited, deleted or out-of-band
-    /// record. An engine without a store has recorded nothing, and nothing is broken.
-    pub fn verify_audit(&self, owner: &str) -> Result<runcell_store::VerifyReport, EngineError> {
-        match &self.core.records {
-            Some(records) => records
-                .store()
-                .verify_chain(Some(tenant(owner)))
-                .map_err(store_error),
-            None => Ok(runcell_store::VerifyReport {
-                ok: true,
-                checked: 0,
-                first_broken: None,
-            }),
-        }
-    }
 }

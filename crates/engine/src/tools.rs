@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::model::{Execution, ExecutionStatus, FileChangeKind};
 use crate::{CancelToken, CommandOutput, EngineError};
 

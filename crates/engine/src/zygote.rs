@@ -5,18 +5,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use runcell_kernel::{runtime::SANDBOX_PYTHON_BIN, SANDBOX_KERNEL_DIR};
-use runcell_sandbox::{Zygote, ZygoteConfig};
-
-use crate::core::Core;
-use crate::launch::{base_env, SANDBOX_PYTHON};
-use crate::model::Language;
+use runcell_sandbox::Zygote;
 
 /// Modules a zygote imports unless configured otherwise.
 pub const DEFAULT_PRELOAD: &[&str] = &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"];
 
 /// How long preloading may take (a cold disk can make the first imports slow).
-const START_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Wait before starting again after a failure, so a broken runtime does not spin.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
@@ -60,7 +55,7 @@ impl ZygoteSlot {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn status(&self) -> ZygoteStatus {
+    pub(crate) fn status(&self) -> ZygoteStatus {
         match &*self.lock() {
             State::Idle | State::Starting => ZygoteStatus::Starting,
             State::Ready(z) => ZygoteStatus::Ready {
@@ -74,27 +69,14 @@ impl ZygoteSlot {
     }
 }
 
-impl Core {
-    /// Whether Python sessions are meant to come from a zygote: preloading is configured and
-    /// there is a runtime to preload from.
-    fn zygote_enabled(&self) -> bool {
-        self.config.preload.is_some() && self.config.python_runtime.is_some()
-    }
-
-    pub(crate) fn zygote_status(&self) -> ZygoteStatus {
-        if !self.zygote_enabled() {
-            return ZygoteStatus::Off;
-        }
-        self.zygote.status()
-    }
-
-    /// The live zygote, if there is one. Otherwise (re)starts it in the background when due and
-    /// returns `None`: the caller starts cold this time.
-    pub(crate) fn zygote(self: &Arc<Self>) -> Option<Arc<Zygote>> {
-        if !self.zygote_enabled() {
-            return None;
-        }
-        let mut state = self.zygote.lock();
+impl ZygoteSlot {
+    /// The live zygote, if there is one. Otherwise (re)starts it in the background with
+    /// `start` when due and returns `None`: the caller starts cold this time.
+    pub(crate) fn live_or_start(
+        self: &Arc<Self>,
+        start: impl FnOnce() -> Result<Zygote, String> + Send + 'static,
+    ) -> Option<Arc<Zygote>> {
+        let mut state = self.lock();
         match &*state {
             State::Ready(z) if z.is_alive() => return Some(z.clone()),
             State::Ready(z) => {
@@ -109,12 +91,12 @@ impl Core {
         }
         *state = State::Starting;
         drop(state);
-        let core = Arc::clone(self);
+        let slot = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name("runcell-zygote-start".into())
             .spawn(move || {
-                let result = core.start_zygote();
-                let mut state = core.zygote.lock();
+                let result = start();
+                let mut state = slot.lock();
                 *state = match result {
                     Ok(z) => {
                         tracing::info!(pid = z.pid(), preloaded = ?z.preloaded, "zygote ready");
@@ -130,7 +112,7 @@ impl Core {
                 };
             });
         if let Err(e) = spawned {
-            *self.zygote.lock() = State::Failed {
+            *self.lock() = State::Failed {
                 at: Instant::now(),
                 error: e.to_string(),
             };
@@ -139,8 +121,8 @@ impl Core {
     }
 
     /// Marks the zygote as unusable after a failed fork, so the next session restarts it.
-    pub(crate) fn zygote_failed(&self, error: String) {
-        let mut state = self.zygote.lock();
+    pub(crate) fn failed(&self, error: String) {
+        let mut state = self.lock();
         if matches!(&*state, State::Ready(_)) {
             tracing::warn!(%error, "the zygote failed a request; it will be restarted");
             *state = State::Failed {
@@ -149,49 +131,10 @@ impl Core {
             };
         }
     }
-
-    /// Waits (up to `timeout`) for the zygote to be ready; for tests and benchmarks.
-    pub(crate) fn wait_zygote(self: &Arc<Self>, timeout: Duration) -> ZygoteStatus {
-        let end = Instant::now() + timeout;
-        loop {
-            let _ = self.zygote();
-            let status = self.zygote_status();
-            if !matches!(status, ZygoteStatus::Starting) || Instant::now() >= end {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn start_zygote(&self) -> Result<Zygote, String> {
-        let runtime = self
-            .config
-            .python_runtime
-            .as_ref()
-            .ok_or("no Python runtime")?;
-        let version = python_version(runtime)?;
-        let kernel_dir = self.kernel_dir().map_err(|e| crate::chain(&e))?;
-        let preload = self.config.preload.clone().unwrap_or_default();
-        let config = ZygoteConfig {
-            python: SANDBOX_PYTHON_BIN.into(),
-            libpython: runcell_sandbox::zygote::libpython_for(&version),
-            binds: vec![
-                (runtime.clone(), SANDBOX_PYTHON.into()),
-                (kernel_dir, SANDBOX_KERNEL_DIR.into()),
-            ],
-            // A session's environment at the default CPU quota: one BLAS thread, which is also
-            // what keeps the zygote single-threaded.
-            env: base_env(Language::Python, 1000, true),
-            kernel_dir: SANDBOX_KERNEL_DIR.into(),
-            kernel_module: runcell_kernel::PYTHON.module().into(),
-            preload,
-        };
-        Zygote::start(&self.config.init_exe, &config, START_TIMEOUT).map_err(|e| crate::chain(&e))
-    }
 }
 
 /// `X.Y` of the runtime's interpreter, from the venv's `pyvenv.cfg`.
-fn python_version(runtime: &std::path::Path) -> Result<String, String> {
+pub(crate) fn python_version(runtime: &std::path::Path) -> Result<String, String> {
     let cfg = std::fs::read_to_string(runtime.join("pyvenv.cfg"))
         .map_err(|e| format!("cannot read {}/pyvenv.cfg: {e}", runtime.display()))?;
     cfg.lines()

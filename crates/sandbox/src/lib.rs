@@ -19,6 +19,7 @@ mod mount;
 mod net;
 mod output;
 mod pid1;
+mod removal;
 mod rlimit;
 mod sched;
 pub mod seccomp;

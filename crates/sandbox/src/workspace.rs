@@ -453,7 +453,7 @@ impl Drop for Workspace {
     fn drop(&mut self) {
         // An image: descriptors on its filesystem keep it alive past the unmount below, which
         // then only detaches the mount point (as for a tmpfs); the filesystem's shutdown and
-        // the image's deletion happen on the removal thread (`image::remove_later`).
+        // the image's deletion happen on the removal thread (`removal::remove_later`).
         let holders: Vec<Box<dyn Send>> = match self.image {
             Some(_) => {
                 let cached = self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -463,10 +463,10 @@ impl Drop for Workspace {
             None => Vec::new(),
         };
         // MNT_DETACH so a lingering reference cannot keep it busy.
-        crate::image::unmount(&self.path);
+        crate::removal::unmount(&self.path);
         let _ = fs::remove_dir(&self.path);
         if let Some(image) = self.image.take() {
-            crate::image::remove_later(crate::image::Remains { holders, image });
+            crate::removal::remove_later(crate::removal::Remains { holders, image });
         }
     }
 }

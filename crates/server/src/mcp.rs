@@ -598,7 +598,7 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
     // route, with the listener's port and the operator's `--allowed-hosts`; rmcp's default
     // list (loopback names on any port) would refuse those names and add nothing.
     let config = StreamableHttpServerConfig::default()
-        .with_max_request_body_bytes(crate::MAX_BODY_BYTES)
+        .with_max_request_body_bytes(runcell_engine::MAX_REQUEST_BYTES)
         .disable_allowed_hosts();
     let defaults = Arc::new(DefaultSessions::default());
     let mut manager = LocalSessionManager::default();
@@ -659,12 +659,12 @@ async fn jsonrpc(
         return as_jsonrpc(next.run(req).await, Value::Null).await;
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await {
+    let bytes = match axum::body::to_bytes(body, runcell_engine::MAX_REQUEST_BYTES).await {
         Ok(b) => b,
         Err(_) => {
             return crate::error::ApiError::too_large(format!(
                 "an MCP message is at most {} bytes",
-                crate::MAX_BODY_BYTES
+                runcell_engine::MAX_REQUEST_BYTES
             ))
             .into_response()
         }

@@ -12,15 +12,10 @@ use runcell_sandbox::Workspace;
 use super::cell::{CancelToken, EventSink};
 use super::runner::Runner;
 use super::shared::{Shared, SharedState};
+use crate::audit::Reply;
 use crate::core::Core;
 use crate::limits::Reservation;
-use crate::model::Execution;
 use crate::EngineError;
-
-/// Receives the outcome of a queued execution, on the session's worker thread or the audit
-/// writer's (so it must be quick: hand the result over, e.g. through a channel). Dropped
-/// uncalled if the session ends before running the execution.
-pub(crate) type Reply = Box<dyn FnOnce(Result<Execution, EngineError>) + Send>;
 
 pub(super) enum Job {
     Execute {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::limits::SessionLimits;
-use crate::model::Language;
+use crate::model::{Language, Start};
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -18,39 +18,6 @@ pub enum SessionStatus {
     Busy,
     Dead,
     Expired,
-}
-
-/// How a Python session's kernel starts (DESIGN.md §11).
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Start {
-    /// Forked from the preloaded zygote when it is ready (fast; the default for Python):
-    /// every such session shares the zygote's hash secret and address-space layout.
-    #[default]
-    Zygote,
-    /// A fresh interpreter of its own (its own ASLR layout and hash secret), slower to start.
-    Cold,
-}
-
-impl Start {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Start::Zygote => "zygote",
-            Start::Cold => "cold",
-        }
-    }
-}
-
-impl std::str::FromStr for Start {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "zygote" => Ok(Start::Zygote),
-            "cold" => Ok(Start::Cold),
-            other => Err(format!("unknown start {other:?}: zygote or cold")),
-        }
-    }
 }
 
 /// What callers see of a session (DESIGN.md §6).

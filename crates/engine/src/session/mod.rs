@@ -28,18 +28,18 @@ use runcell_kernel::Kernel;
 use runcell_sandbox::{UidLease, Workspace};
 
 pub use self::cell::{CancelToken, EventSink, ExecEvent};
-pub(crate) use self::entry::Reply;
 use self::entry::{end, CellRunning, Entry, Job};
 pub(crate) use self::info::RecoverSession;
-pub use self::info::{CreateSession, SessionInfo, SessionStatus, Start};
+pub use self::info::{CreateSession, SessionInfo, SessionStatus};
 use self::runner::Runner;
 use self::shared::{Shared, SharedState};
 use self::worker::Worker;
+use crate::audit::Reply;
 use crate::core::Core;
 use crate::error::{Busy, Capacity, Invalid, RecordError, Resource};
 use crate::limits::{Admit, Reservation, SessionLimits};
-use crate::model::{new_id, Execution, Language};
-use crate::pool::{Warm, WarmPool};
+use crate::model::{new_id, Execution, Language, Start};
+use crate::pool::{Warm, WarmPool, WarmSource};
 use crate::EngineError;
 
 /// Executions waiting behind the running one, per session; past it the session is busy.
@@ -103,7 +103,8 @@ impl SessionManager {
         if self.core.zygote_status() == crate::ZygoteStatus::Off {
             return;
         }
-        self.pool.start(n, self.me.clone());
+        let me: std::sync::Weak<dyn WarmSource> = self.me.clone();
+        self.pool.start(n, me);
     }
 
     /// Keeps a few empty workspaces of the default disk size mounted ahead of demand (when
@@ -117,42 +118,6 @@ impl SessionManager {
     /// Warm sessions ready to be handed out now.
     pub fn warm_ready(&self) -> usize {
         self.pool.ready()
-    }
-
-    pub(crate) fn warm_pool(&self) -> &WarmPool {
-        &self.pool
-    }
-
-    /// Whether new Python sessions would come from a ready zygote (a warm pool fills only then).
-    pub(crate) fn zygote_ready(&self) -> bool {
-        self.core.zygote().is_some()
-    }
-
-    /// Starts one session with the default limits for the warm pool.
-    pub(crate) fn start_warm(&self) -> Result<Warm, EngineError> {
-        let limits = self.core.resolve_session_limits(&Default::default())?;
-        // Counted like any session: a warm pool never fills past the budget.
-        let reservation = self.reserve(limits.memory_mb, false)?;
-        let id = new_id("ses");
-        let workspace = self.new_workspace(&id, &limits)?;
-        let (kernel, _) =
-            self.core
-                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
-        Ok(Warm {
-            id,
-            workspace,
-            kernel,
-            limits,
-            reservation,
-        })
-    }
-
-    /// Whether a warm session with the default limits fits the budget now.
-    pub(crate) fn warm_fits(&self) -> bool {
-        self.core.ledger.fits(
-            self.core.config.limits.defaults.memory_mb,
-            self.core.config.limits.committed_memory_mb,
-        )
     }
 
     /// `memory_mb` of the budget, for a sandbox about to start. When it does not fit and
@@ -850,6 +815,41 @@ impl SessionManager {
                 tracing::warn!("workspaces still being removed at the stop");
             }
         }
+    }
+}
+
+impl WarmSource for SessionManager {
+    fn warm_pool(&self) -> &WarmPool {
+        &self.pool
+    }
+
+    fn zygote_ready(&self) -> bool {
+        self.core.zygote().is_some()
+    }
+
+    fn start_warm(&self) -> Result<Warm, EngineError> {
+        let limits = self.core.resolve_session_limits(&Default::default())?;
+        // Counted like any session: a warm pool never fills past the budget.
+        let reservation = self.reserve(limits.memory_mb, false)?;
+        let id = new_id("ses");
+        let workspace = self.new_workspace(&id, &limits)?;
+        let (kernel, _) =
+            self.core
+                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
+        Ok(Warm {
+            id,
+            workspace,
+            kernel,
+            limits,
+            reservation,
+        })
+    }
+
+    fn warm_fits(&self) -> bool {
+        self.core.ledger.fits(
+            self.core.config.limits.defaults.memory_mb,
+            self.core.config.limits.committed_memory_mb,
+        )
     }
 }
 

@@ -10,12 +10,14 @@ use runcell_sandbox::Workspace;
 use super::cell::{
     channel_failed, died_error, protocol_error, restart_notice, EventSink, ExecEvent,
 };
-use super::info::{SessionStatus, Start};
+use super::info::SessionStatus;
 use super::shared::SharedState;
 use crate::core::Core;
 use crate::execution::{Began, Produced};
 use crate::limits::SessionLimits;
-use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem};
+use crate::model::{
+    new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Start,
+};
 use crate::EngineError;
 
 /// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see

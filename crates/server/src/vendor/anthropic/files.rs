@@ -12,7 +12,8 @@ use chrono::SecondsFormat;
 use runcell_engine::MAX_FILE_BYTES;
 use serde_json::{json, Value};
 
-use super::{file_store, Caller, Error};
+use super::context::{file_store, Caller};
+use super::error::Error;
 use crate::state::AppState;
 use crate::vendor::StoredFile;
 

@@ -25,7 +25,8 @@ use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, ExecutionS
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{container_id, file_store, request_id, session_of, Caller, Error};
+use super::context::{container_id, file_store, session_of, Caller};
+use super::error::{request_id, Error};
 use crate::state::AppState;
 use crate::vendor::sandbox::{Edit, EditRequest, Sandbox, Saved};
 use crate::vendor::{sse, Abort, FileStore};

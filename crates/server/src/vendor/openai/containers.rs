@@ -16,8 +16,9 @@ use runcell_engine::{CreateSession, FileEntry, LimitsRequest, SessionInfo};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::context::{container_id, file_store, session_of, unix, Caller};
+use super::error::Error;
 use super::files::{blocking, read_upload};
-use super::{container_id, file_store, session_of, unix, Caller, Error};
 use crate::state::{AppState, Tenant};
 
 /// Container files uploaded by the client (OpenAI's `source: user`); the others the code

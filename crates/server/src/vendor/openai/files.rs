@@ -9,7 +9,8 @@ use axum::Json;
 use runcell_engine::MAX_FILE_BYTES;
 use serde_json::{json, Value};
 
-use super::{file_store, unix, Caller, Error};
+use super::context::{file_store, unix, Caller};
+use super::error::Error;
 use crate::state::AppState;
 use crate::vendor::StoredFile;
 

@@ -21,7 +21,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::containers::{self, ContainerSpec};
-use super::{container_id, response_store, Caller, Error};
+use super::context::{container_id, response_store, Caller};
+use super::error::Error;
 use crate::state::AppState;
 use crate::vendor::{sse, Abort, FileStore};
 

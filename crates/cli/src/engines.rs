@@ -1,0 +1,70 @@
+//! The engines the commands run: this binary as the sandbox init helper, the default Python
+//! runtime (installed first where a command needs it), and a store where the command records.
+
+use std::path::PathBuf;
+
+/// The engine, with this binary as the sandbox init helper and the default Python runtime if
+/// it is installed.
+pub(crate) fn engine(data_dir: &std::path::Path) -> anyhow::Result<runcell_engine::Engine> {
+    let runtime = runcell_kernel::runtime::Runtimes::new(data_dir).default_runtime();
+    engine_on(data_dir, runtime.map(|r| r.path))
+}
+
+/// The engine with the default Python runtime, installed first if missing (with progress).
+pub(crate) fn engine_with_runtime(
+    data_dir: &std::path::Path,
+) -> anyhow::Result<runcell_engine::Engine> {
+    let info = crate::runtime::ensure_default(data_dir)?;
+    engine_on(data_dir, Some(info.path))
+}
+
+/// The engine `ask` runs: the default runtime (installed if missing), and every execution
+/// recorded in the data dir's database before anyone sees it.
+pub(crate) fn audited_engine(
+    data_dir: &std::path::Path,
+    store: &runcell_store::Store,
+) -> anyhow::Result<runcell_engine::Engine> {
+    let config = config_with_runtime(data_dir, None, Default::default())?;
+    Ok(runcell_engine::Engine::audited(config, store.domain())?)
+}
+
+/// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
+/// missing), and its sessions, uploads and executions recorded in the data dir's database.
+pub(crate) fn serving_engine(
+    data_dir: &std::path::Path,
+    store: &runcell_store::Store,
+    preload: Option<Vec<String>>,
+    limits: runcell_engine::LimitPolicy,
+    workspaces_on_disk: bool,
+) -> anyhow::Result<runcell_engine::Engine> {
+    let mut config = config_with_runtime(data_dir, preload, limits)?;
+    config.workspaces_on_disk = workspaces_on_disk;
+    Ok(runcell_engine::Engine::with_store(config, store.domain())?)
+}
+
+/// This binary as the sandbox init helper and the default runtime, installed if missing.
+pub(crate) fn config_with_runtime(
+    data_dir: &std::path::Path,
+    preload: Option<Vec<String>>,
+    limits: runcell_engine::LimitPolicy,
+) -> anyhow::Result<runcell_engine::EngineConfig> {
+    use anyhow::Context;
+    let runtime = crate::runtime::ensure_default(data_dir)?;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = Some(runtime.path);
+    config.preload = preload;
+    config.limits = limits;
+    Ok(config)
+}
+
+pub(crate) fn engine_on(
+    data_dir: &std::path::Path,
+    python_runtime: Option<PathBuf>,
+) -> anyhow::Result<runcell_engine::Engine> {
+    use anyhow::Context;
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = python_runtime;
+    Ok(runcell_engine::Engine::new(config)?)
+}

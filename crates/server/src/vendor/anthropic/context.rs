@@ -1,0 +1,76 @@
+//! What every `/anthropic` handler shares: who calls, which session a container is, where
+//! files are kept.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+
+use super::error::Error;
+use crate::state::{AppState, Tenant};
+use crate::vendor::FileStore;
+
+/// Where Anthropic's files of every tenant are kept.
+pub(super) fn file_store(state: &AppState) -> FileStore {
+    FileStore::new(&state.engine.config().data_dir, "anthropic", "file")
+}
+
+/// The container a session is: `ses_X` is `container_X`.
+pub(super) fn container_id(session: &str) -> String {
+    format!(
+        "container_{}",
+        session.strip_prefix("ses_").unwrap_or(session)
+    )
+}
+
+/// The session a container id names, if it can name one.
+pub(super) fn session_of(container: &str) -> Option<String> {
+    let rest = container.strip_prefix("container_")?;
+    let ok =
+        !rest.is_empty() && rest.len() <= 64 && rest.bytes().all(|b| b.is_ascii_alphanumeric());
+    ok.then(|| format!("ses_{rest}"))
+}
+
+/// The caller's tenant, from `x-api-key` (what the SDK sends) or `Authorization: Bearer`.
+#[derive(Debug)]
+pub(crate) struct Caller(pub Tenant);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        match Tenant::of_vendor_request(&parts.headers, Some("x-api-key"), state).await? {
+            Ok(t) => Ok(Caller(t)),
+            Err(why) => {
+                let no_key = !parts.headers.contains_key("x-api-key")
+                    && !parts
+                        .headers
+                        .contains_key(axum::http::header::AUTHORIZATION);
+                let message = if no_key {
+                    "an API key is required: send a runcell API key as x-api-key (the SDK's api_key)"
+                } else {
+                    why
+                };
+                Err(Error::new(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    message,
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_and_sessions_name_each_other() {
+        let c = container_id("ses_0abc9");
+        assert_eq!(c, "container_0abc9");
+        assert_eq!(session_of(&c).as_deref(), Some("ses_0abc9"));
+        for bad in ["ses_0abc9", "container_", "container_../x", "cntr_abc"] {
+            assert_eq!(session_of(bad), None, "{bad}");
+        }
+    }
+}
