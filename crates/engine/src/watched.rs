@@ -9,7 +9,7 @@ use std::time::Duration;
 use runcell_sandbox::{RunOptions, Stream};
 
 use crate::commands::{command_execution, CommandOutput};
-use crate::core::Engine;
+use crate::engine::Engine;
 use crate::execution::Began;
 use crate::launch::Program;
 use crate::limits::OUTPUT_CAP_BYTES;

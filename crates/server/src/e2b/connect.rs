@@ -8,7 +8,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::Refused;
+use super::error::Refused;
 
 /// A Connect error code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

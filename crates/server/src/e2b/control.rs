@@ -12,7 +12,8 @@ use axum::Json;
 use runcell_engine::{CreateSession, Language, LimitsRequest, SessionInfo, SessionStatus};
 use serde_json::{json, Value};
 
-use super::{Error, Sandbox, CONTEXT_OF, DEFAULT_TIMEOUT_S, ENVD_VERSION};
+use super::error::Error;
+use super::sandboxes::{self, Sandbox, CONTEXT_OF, DEFAULT_TIMEOUT_S, ENVD_VERSION};
 use crate::state::{AppState, Tenant};
 
 /// Sandboxes per page when the client names no limit, and at most (E2B's).
@@ -207,7 +208,7 @@ pub(crate) async fn kill(
     let st = state.clone();
     tokio::task::spawn_blocking(move || {
         if let Some(sandbox) = st.e2b.remove(&id) {
-            super::end_extras(&st.engine, &sandbox);
+            sandboxes::end_extras(&st.engine, &sandbox);
         }
         st.engine.sessions().delete(&id)
     })

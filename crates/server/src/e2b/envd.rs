@@ -12,7 +12,10 @@ use serde_json::json;
 
 use std::sync::Arc;
 
-use super::{sandbox_of, shown, workspace_rel, Error, Refused, Sandbox};
+use super::access::sandbox_of;
+use super::error::{Error, Refused};
+use super::names::{shown, workspace_rel};
+use super::sandboxes::{same_secret, Sandbox};
 use crate::state::AppState;
 
 #[derive(Debug, serde::Deserialize)]
@@ -49,7 +52,7 @@ fn signed_for(state: &AppState, q: &FileQuery, operation: &str) -> Result<Arc<Sa
             "v1_{}",
             base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
         );
-        super::same_secret(&expected, sig)
+        same_secret(&expected, sig)
     });
     let sandbox = found.ok_or(Refused::Unauthorized("invalid signature"))?;
     match state.engine.sessions().get(&sandbox.id) {

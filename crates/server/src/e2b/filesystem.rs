@@ -13,8 +13,9 @@ use axum::response::{IntoResponse, Response};
 use runcell_engine::WatchedCommand;
 use serde_json::{json, Value};
 
+use super::access::sandbox_of;
 use super::connect::{self, Code, RpcError};
-use super::{sandbox_of, shell_quote};
+use super::names::shell_quote;
 use crate::state::AppState;
 
 /// The program: reads its request from `RUNCELL_FS_REQUEST`, prints one JSON line.

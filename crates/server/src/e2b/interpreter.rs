@@ -16,7 +16,10 @@ use axum::Json;
 use runcell_engine::{CancelToken, Engine, ExecEvent, Language, ResultItem};
 use serde_json::{json, Map, Value};
 
-use super::{language, sandbox_of, Context, Error, Sandbox, CONTEXT_OF, HOME};
+use super::access::sandbox_of;
+use super::error::Error;
+use super::names::{language, shell_quote, HOME};
+use super::sandboxes::{Context, Sandbox, CONTEXT_OF};
 use crate::state::AppState;
 
 /// The E2B result field of each MIME type (others go to `extra`).
@@ -97,7 +100,7 @@ fn env_cells(language: Language, envs: &BTreeMap<String, String>) -> Option<(Str
         Language::Bash => {
             let set: Vec<String> = envs
                 .iter()
-                .map(|(k, v)| format!("export {k}={}", super::shell_quote(v)))
+                .map(|(k, v)| format!("export {k}={}", shell_quote(v)))
                 .collect();
             let unset: Vec<String> = envs.keys().map(|k| format!("unset {k}")).collect();
             (set.join("\n"), unset.join("\n"))
@@ -392,7 +395,7 @@ fn enter_cwd(engine: &Engine, c: &Context) -> Result<(), Error> {
     let code = match c.language {
         "python" => format!("import os as __e2b_os\n__e2b_os.chdir({quoted})\nNone"),
         "javascript" => format!("process.chdir({quoted}); undefined"),
-        _ => format!("cd -- {}", super::shell_quote(&c.cwd)),
+        _ => format!("cd -- {}", shell_quote(&c.cwd)),
     };
     let ex = engine.sessions().execute(&c.session, &code, None, None)?;
     if let Some(e) = ex.error {

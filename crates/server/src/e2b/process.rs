@@ -6,7 +6,7 @@
 //! stream that started them (E2B's background commands), until they end or are killed.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,27 +19,11 @@ use runcell_engine::{Stream, WatchedCommand};
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
+use super::access::sandbox_of;
 use super::connect::{self, Code, RpcError};
-use super::{sandbox_of, shell_quote, Sandbox};
+use super::names::shell_quote;
+use super::sandboxes::{Process, Sandbox};
 use crate::state::AppState;
-
-/// A command started through `Start`.
-#[derive(Debug)]
-pub(crate) struct Process {
-    pub pid: u32,
-    pub tag: Option<String>,
-    /// `ProcessConfig` as the client sent it.
-    pub config: Value,
-    cancel: Arc<AtomicBool>,
-    /// Its events after `start`, for `Connect`ed streams.
-    events: broadcast::Sender<Bytes>,
-}
-
-impl Process {
-    pub fn kill(&self) {
-        self.cancel.store(true, Ordering::SeqCst);
-    }
-}
 
 /// `POST /process.Process/{method}`.
 pub(crate) async fn call(
