@@ -251,6 +251,19 @@ async fn commands_stream_take_envs_and_cwd_and_fail_with_the_sdks_exception() {
     assert_eq!(r["bg_wait"], "killed");
     assert!(r["bg_kill_took"].as_f64().expect("a number") < 10.0, "{r}");
     assert_eq!(r["bg_result"], "background done\n");
+    // Commands are in the audit log, with their exit codes.
+    let id = r["sandbox_id"].as_str().expect("a string");
+    let records = audited(&srv, &key, id).await;
+    let failing = records
+        .iter()
+        .find(|e| {
+            e["code"]
+                .as_str()
+                .is_some_and(|c| c.contains("echo failing >&2; exit 3"))
+        })
+        .expect("the failing command's record");
+    assert_eq!(failing["status"], "error");
+    assert_eq!(failing["error"]["value"], "3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +352,9 @@ async fn sandboxes_connect_list_page_and_die_and_other_tenants_never_see_them() 
         }
     };
     assert!(sessions(other.clone()).await.is_empty());
+    let mine = sessions(key.clone()).await;
+    assert!(mine.iter().any(|s| s["id"] == b), "{mine:?}");
+    assert!(!mine.iter().any(|s| s["id"] == a), "killed: {mine:?}");
     let cells = audited(&srv, &key, a).await;
     assert!(
         cells

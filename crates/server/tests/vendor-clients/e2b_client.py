@@ -138,7 +138,7 @@ def files():
 
 def commands():
     sbx = Sandbox.create(envs={"FROM_SANDBOX": "sbx"})
-    r = {}
+    r = {"sandbox_id": sbx.sandbox_id}
     out = []
     res = sbx.commands.run("echo hi; echo oops >&2", on_stdout=lambda s: out.append(s))
     r["fg"] = [res.stdout, res.stderr, res.exit_code]
@@ -286,7 +286,7 @@ def lifecycle(suite, other_key):
         r["code_after_kill"] = "ran"
     except Exception as e:
         r["code_after_kill"] = type(e).__name__
-    b.kill()
+    # b is left running, for the caller to find in /v1/sessions.
     return r
 
 
