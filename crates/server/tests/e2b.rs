@@ -241,6 +241,7 @@ async fn commands_stream_take_envs_and_cwd_and_fail_with_the_sdks_exception() {
     assert_eq!(r["envs"], "b sbx\n");
     assert_eq!(r["cwd"], "/home/user/work\n");
     assert_eq!(r["shared"], "same filesystem");
+    assert_eq!(r["home"], "home\n", "~ is /home/user in commands");
     assert_eq!(r["code_reads_command_file"], "'made\\n'");
     assert_eq!(
         r["failing"],

@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::access::sandbox_of;
 use super::connect::{self, Code, RpcError};
-use super::names::shell_quote;
+use super::names::{shell_quote, HOME};
 use super::sandboxes::{Process, Sandbox};
 use crate::state::AppState;
 
@@ -112,7 +112,8 @@ fn shell_line(config: &Value) -> Result<String, RpcError> {
         .and_then(Value::as_str)
         .filter(|c| !c.is_empty())
         .ok_or_else(|| RpcError::new(Code::InvalidArgument, "process.cmd is required"))?;
-    let mut line = String::new();
+    // E2B's user lives in /home/user: `~` in a command is the workspace, as there.
+    let mut line = format!("export HOME={HOME}\n");
     if let Some(cwd) = config
         .get("cwd")
         .and_then(Value::as_str)
@@ -251,7 +252,7 @@ mod tests {
         .expect("ok");
         assert_eq!(
             line,
-            "cd -- '/home/user/my dir' || exit 1\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\'''"
+            "export HOME=/home/user\ncd -- '/home/user/my dir' || exit 1\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\'''"
         );
         assert!(shell_line(&json!({"args": ["x"]})).is_err());
     }
