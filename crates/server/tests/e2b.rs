@@ -470,3 +470,74 @@ async fn a_sandbox_deleted_behind_e2bs_back_takes_its_context_kernels_along() {
         "a gone sandbox is answered as E2B's proxy does"
     );
 }
+
+/// The JavaScript SDK (tests/vendor-clients/e2b-js, pinned by its package-lock.json), installed
+/// under target/ on first use; its client script copied beside its node_modules.
+fn js_client() -> PathBuf {
+    let src = clients_dir().join("e2b-js");
+    let lock = std::fs::read(src.join("package-lock.json")).expect("package-lock.json");
+    let pin = format!(
+        "{:016x}",
+        lock.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    );
+    let dir = clients::installed("e2b-js", &pin, |dir| {
+        for f in ["package.json", "package-lock.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).expect("copy the npm manifest");
+        }
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(dir)
+            .status()
+            .expect("run npm (the E2B JavaScript SDK test needs npm)");
+        assert!(status.success(), "npm ci failed in {}", dir.display());
+    });
+    let script = dir.join("client.mjs");
+    std::fs::copy(src.join("client.mjs"), &script).expect("copy client.mjs");
+    script
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_javascript_sdk_works_too() {
+    let (srv, key) = server_and_key("acme").await;
+    let base = srv.base.clone();
+    let k = key.clone();
+    let r: Value = tokio::task::spawn_blocking(move || {
+        let out = Command::new("node")
+            .arg(js_client())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("E2B_API_URL", format!("{base}/e2b"))
+            .env("E2B_SANDBOX_URL", format!("{base}/e2b/sandbox"))
+            .env("E2B_API_KEY", &k)
+            .output()
+            .expect("run node");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "client.mjs failed:\n{stdout}\n{stderr}"
+        );
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"))
+    })
+    .await
+    .expect("the JavaScript client");
+    assert_eq!(r["text"], "42", "{r}");
+    assert_eq!(r["seen"], serde_json::json!(["from js sdk\n"]));
+    assert_eq!(r["error"], "ZeroDivisionError");
+    assert_eq!(r["png"], true);
+    assert_eq!(r["read"], "written by js");
+    assert_eq!(r["listed"], true);
+    assert_eq!(r["exists"], false);
+    assert_eq!(r["command"], "written by js\nb\n");
+    assert_eq!(r["failing"], serde_json::json!([true, 4]));
+    assert_eq!(r["ctx"], "1");
+    assert_eq!(r["listedSandbox"], serde_json::json!([r["sandboxId"]]));
+    assert_eq!(r["runningAfterKill"], false);
+    let id = r["sandboxId"].as_str().expect("a string");
+    assert!(audited(&srv, &key, id)
+        .await
+        .iter()
+        .any(|e| e["code"] == "x = 41"));
+}
