@@ -1,7 +1,8 @@
-//! `/e2b` as the official E2B SDK (`e2b-code-interpreter` from PyPI, pinned in
-//! tests/vendor-clients/e2b-requirements.txt) speaks it, configured only by the three
-//! variables the README gives: the user code of tests/vendor-clients/e2b_client.py against
-//! the app on port 0, then what runcell itself recorded (sessions, the audit log).
+//! `/e2b` as the official E2B SDKs speak it, configured only by the three variables the README
+//! gives: the Python SDK (`e2b-code-interpreter` from PyPI, its newest and its oldest usable
+//! versions pinned in tests/vendor-clients/e2b-*requirements.txt) running the user code of
+//! tests/vendor-clients/e2b_client.py, and the JavaScript one (tests/vendor-clients/e2b-js),
+//! against the app on port 0; then what runcell itself recorded (sessions, the audit log).
 
 mod common;
 
