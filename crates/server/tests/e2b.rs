@@ -253,6 +253,7 @@ async fn commands_stream_take_envs_and_cwd_and_fail_with_the_sdks_exception() {
     assert_eq!(r["bg_wait"], "killed");
     assert!(r["bg_kill_took"].as_f64().expect("a number") < 10.0, "{r}");
     assert_eq!(r["bg_result"], "background done\n");
+    assert_eq!(r["attached_result"], "background done\n", "{r}");
     // Commands are in the audit log, with their exit codes.
     let id = r["sandbox_id"].as_str().expect("a string");
     let records = audited(&srv, &key, id).await;

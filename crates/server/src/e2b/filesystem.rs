@@ -160,8 +160,19 @@ async fn serve(
     req["op"] = method.into();
     let mut env = BTreeMap::new();
     env.insert("RUNCELL_FS_REQUEST".to_owned(), req.to_string());
+    env.insert("RUNCELL_FS_PROGRAM".to_owned(), PROGRAM.to_owned());
+    // The audit log records what was asked, not the (fixed) program that answers it.
+    let asked: String = req
+        .to_string()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(2000)
+        .collect();
     let cmd = WatchedCommand {
-        command: format!("exec python3 -c {}", shell_quote(PROGRAM)),
+        command: format!(
+            "exec python3 -c \"$RUNCELL_FS_PROGRAM\"  # E2B filesystem.Filesystem/{method} {}",
+            shell_quote(&asked)
+        ),
         env,
         timeout: Some(Duration::from_secs(60)),
         cancel: None,

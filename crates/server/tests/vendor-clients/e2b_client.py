@@ -168,7 +168,10 @@ def commands():
         r["bg_wait"] = "killed"
     r["bg_kill_took"] = time.monotonic() - t0
     handle = sbx.commands.run("sleep 1; echo background done", background=True)
+    # Another handle on the running command, as a second client would get.
+    attached = sbx.commands.connect(handle.pid)
     r["bg_result"] = handle.wait().stdout
+    r["attached_result"] = attached.wait().stdout
     sbx.kill()
     return r
 
