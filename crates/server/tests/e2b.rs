@@ -243,6 +243,12 @@ async fn commands_stream_take_envs_and_cwd_and_fail_with_the_sdks_exception() {
     assert_eq!(r["cwd"], "/home/user/work\n");
     assert_eq!(r["shared"], "same filesystem");
     assert_eq!(r["home"], "home\n", "~ is /home/user in commands");
+    let ls = r["ls"].as_str().expect("a string");
+    assert!(
+        ls.contains("shared.txt"),
+        "/home/user is a directory to ls -l: {ls}"
+    );
+    assert_eq!(r["find"], "/home/user/shared.txt\n");
     assert_eq!(r["code_reads_command_file"], "'made\\n'");
     assert_eq!(
         r["failing"],
@@ -279,8 +285,7 @@ async fn contexts_have_their_own_variables_and_share_the_files() {
     assert_eq!(r["ctx_files_shared"], "seen");
     assert_eq!(r["listed"], true);
     assert_eq!(r["after_restart"], "NameError");
-    // /home/user is a symlink to the workspace: the kernel's own path for it is /workspace.
-    assert_eq!(r["cwd_ctx"], "'/workspace/proj'");
+    assert_eq!(r["cwd_ctx"], "'/home/user/proj'");
     assert_eq!(r["js_ctx"], "42");
     assert_eq!(r["listed_after_remove"], false);
     assert_eq!(r["removed_run"], "NotFoundException");

@@ -149,6 +149,8 @@ def commands():
     r["cwd"] = sbx.commands.run("pwd", cwd="/home/user/work").stdout
     sbx.files.write("/home/user/shared.txt", "same filesystem")
     r["shared"] = sbx.commands.run("cat /home/user/shared.txt").stdout
+    r["ls"] = sbx.commands.run("ls -la /home/user").stdout
+    r["find"] = sbx.commands.run("find /home/user -name shared.txt").stdout
     sbx.commands.run("echo made > by_command.txt; echo home > ~/in_home.txt")
     r["home"] = sbx.files.read("/home/user/in_home.txt")
     r["code_reads_command_file"] = sbx.run_code("open('by_command.txt').read()").text
