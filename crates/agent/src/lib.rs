@@ -20,7 +20,7 @@ pub mod testing;
 pub use error::AgentError;
 pub use provider::{
     default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
-    ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL,
+    ToolSpec, ToolUse, Turn, DEFAULT_ANTHROPIC_MODEL, DEFAULT_GEMINI_MODEL, DEFAULT_OPENAI_MODEL,
 };
 
 /// How a run goes.

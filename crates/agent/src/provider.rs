@@ -1,10 +1,11 @@
-//! The two model APIs the loop talks to: any OpenAI-compatible Chat Completions endpoint and
-//! Anthropic Messages. One provider-neutral transcript ([`Turn`]s) is rendered into each API's
-//! request shape, and each reply is read back into a [`ModelReply`].
+//! The model APIs the loop talks to: any OpenAI-compatible Chat Completions endpoint,
+//! Anthropic Messages and Gemini's generateContent (function calling). One provider-neutral
+//! transcript ([`Turn`]s) is rendered into each API's request shape, and each reply is read
+//! back into a [`ModelReply`].
 
 use std::time::Duration;
 
-use runcell_engine::tools::{definitions_json, ToolFormat, ToolImage};
+use runcell_engine::tools::{definitions_json, gemini_schema, ToolFormat, ToolImage};
 use serde_json::{json, Map, Value};
 
 use crate::error::AgentError;
@@ -16,6 +17,8 @@ pub enum ProviderKind {
     OpenAi,
     /// Anthropic Messages.
     Anthropic,
+    /// Gemini's generateContent with function declarations.
+    Gemini,
 }
 
 impl std::str::FromStr for ProviderKind {
@@ -24,8 +27,9 @@ impl std::str::FromStr for ProviderKind {
         match s {
             "openai" => Ok(ProviderKind::OpenAi),
             "anthropic" => Ok(ProviderKind::Anthropic),
+            "gemini" => Ok(ProviderKind::Gemini),
             other => Err(format!(
-                "unknown provider {other:?} (expected openai or anthropic)"
+                "unknown provider {other:?} (expected openai, anthropic or gemini)"
             )),
         }
     }
@@ -36,6 +40,7 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => "openai",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
         }
     }
 
@@ -44,6 +49,7 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => "OPENAI_API_KEY",
             ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+            ProviderKind::Gemini => "GEMINI_API_KEY",
         }
     }
 
@@ -51,6 +57,7 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => "https://api.openai.com/v1",
             ProviderKind::Anthropic => "https://api.anthropic.com",
+            ProviderKind::Gemini => "https://generativelanguage.googleapis.com/v1beta",
         }
     }
 
@@ -59,6 +66,7 @@ impl ProviderKind {
         match self {
             ProviderKind::OpenAi => DEFAULT_OPENAI_MODEL,
             ProviderKind::Anthropic => DEFAULT_ANTHROPIC_MODEL,
+            ProviderKind::Gemini => DEFAULT_GEMINI_MODEL,
         }
     }
 }
@@ -70,19 +78,26 @@ pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1";
 /// (claude-sonnet-4-5, the previous default, reached its end of life on 2026-11-30). Check
 /// the providers' deprecation pages when bumping the agent's dependencies.
 pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-5-5";
+/// The default Gemini model: the one google-genai 3.6.1's own examples name.
+pub const DEFAULT_GEMINI_MODEL: &str = "gemini-3.8-flash";
 
 /// `gpt-4.1 for openai, ... for anthropic`: the defaults as `--help` states them.
 pub fn default_models() -> String {
-    [ProviderKind::OpenAi, ProviderKind::Anthropic]
-        .map(|k| format!("{} for {}", k.default_model(), k.name()))
-        .join(", ")
+    [
+        ProviderKind::OpenAi,
+        ProviderKind::Anthropic,
+        ProviderKind::Gemini,
+    ]
+    .map(|k| format!("{} for {}", k.default_model(), k.name()))
+    .join(", ")
 }
 
 /// Where the model is and how to talk to it.
 #[derive(Debug, Clone)]
 pub struct ProviderConfig {
     pub kind: ProviderKind,
-    /// Without a trailing slash: `https://api.openai.com/v1`, `https://api.anthropic.com`.
+    /// Without a trailing slash: `https://api.openai.com/v1`, `https://api.anthropic.com`,
+    /// `https://generativelanguage.googleapis.com/v1beta`.
     pub base_url: String,
     pub api_key: Option<String>,
     pub model: String,
@@ -169,7 +184,8 @@ pub struct ModelReply {
     /// Its text (the final answer when there are no calls).
     pub text: String,
     pub calls: Vec<ToolUse>,
-    /// Anthropic: the content blocks as received, sent back verbatim.
+    /// Anthropic: the content blocks as received, sent back verbatim; Gemini:
+    /// `{"parts": [...]}` as received (with their thought signatures), sent back verbatim.
     pub raw: Value,
 }
 
@@ -220,6 +236,7 @@ impl Client {
         let tools = match self.cfg.kind {
             ProviderKind::OpenAi => definitions_json(ToolFormat::OpenAi),
             ProviderKind::Anthropic => definitions_json(ToolFormat::Anthropic),
+            ProviderKind::Gemini => json!([definitions_json(ToolFormat::Gemini)]),
         };
         self.send(system, turns, tools).map(|(reply, _)| reply)
     }
@@ -244,6 +261,12 @@ impl Client {
                 .iter()
                 .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
                 .collect(),
+            ProviderKind::Gemini if tools.is_empty() => Vec::new(),
+            ProviderKind::Gemini => vec![json!({"functionDeclarations": tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description,
+                                "parameters": gemini_schema(&t.input_schema)}))
+                .collect::<Vec<_>>()})],
         });
         self.send(system, turns, tools)
     }
@@ -268,6 +291,15 @@ impl Client {
                 let reply = self.post(&url, &body)?;
                 Ok((parse_anthropic(&reply)?, anthropic_meta(&reply)))
             }
+            ProviderKind::Gemini => {
+                let body = gemini_body(self.cfg.max_tokens, system, turns, tools);
+                let model = self.cfg.model.trim_start_matches("models/");
+                let url = format!("{}/models/{model}:generateContent", self.cfg.base_url);
+                let reply = self.post(&url, &body)?;
+                let parsed = parse_gemini(&reply)?;
+                let meta = gemini_meta(&reply, !parsed.calls.is_empty());
+                Ok((parsed, meta))
+            }
         }
     }
 
@@ -279,6 +311,8 @@ impl Client {
             req = match (self.cfg.kind, &self.cfg.api_key) {
                 (ProviderKind::OpenAi, Some(k)) => req.bearer_auth(k),
                 (ProviderKind::OpenAi, None) => req,
+                (ProviderKind::Gemini, Some(k)) => req.header("x-goog-api-key", k),
+                (ProviderKind::Gemini, None) => req,
                 (ProviderKind::Anthropic, key) => {
                     let req = req.header("anthropic-version", "2023-06-01");
                     match key {
@@ -378,7 +412,7 @@ fn excerpt(text: &str) -> String {
     }
 }
 
-/// `error.message` of an error body (both APIs use it), or the body's start.
+/// `error.message` of an error body (all three APIs use it), or the body's start.
 fn api_message(text: &str) -> String {
     serde_json::from_str::<Value>(text)
         .ok()
@@ -715,6 +749,154 @@ pub fn parse_anthropic(v: &Value) -> Result<ModelReply, AgentError> {
     })
 }
 
+/// The prefix of the ids given to Gemini calls that came without one (Gemini's own ids are
+/// sent back; these are not).
+const GEMINI_NO_ID: &str = "gemini_call_";
+
+fn gemini_meta(v: &Value, calls: bool) -> ReplyMeta {
+    ReplyMeta {
+        input_tokens: u64_at(v, "/usageMetadata/promptTokenCount"),
+        output_tokens: u64_at(v, "/usageMetadata/candidatesTokenCount"),
+        stop_reason: v
+            .pointer("/candidates/0/finishReason")
+            .and_then(Value::as_str)
+            .map(|r| {
+                match r {
+                    "STOP" if calls => "tool_use",
+                    "STOP" => "end_turn",
+                    "MAX_TOKENS" => "max_tokens",
+                    other => other,
+                }
+                .to_owned()
+            }),
+    }
+}
+
+/// A generateContent request offering `tools` (a list of Tool objects, left out when
+/// empty), with no system instruction when `system` is empty.
+fn gemini_body(max_tokens: u32, system: &str, turns: &[Turn], tools: Value) -> Value {
+    let mut contents = Vec::new();
+    for t in turns {
+        match t {
+            Turn::User(text) => contents.push(json!({"role": "user", "parts": [{"text": text}]})),
+            Turn::Assistant(r) => {
+                let parts = match r.raw.get("parts") {
+                    Some(p @ Value::Array(_)) => p.clone(),
+                    _ => {
+                        let mut parts = Vec::new();
+                        if !r.text.is_empty() {
+                            parts.push(json!({"text": r.text}));
+                        }
+                        for c in &r.calls {
+                            let mut call = json!({"name": c.name, "args": c.input});
+                            if !c.id.starts_with(GEMINI_NO_ID) {
+                                call["id"] = json!(c.id);
+                            }
+                            parts.push(json!({"functionCall": call}));
+                        }
+                        Value::Array(parts)
+                    }
+                };
+                contents.push(json!({"role": "model", "parts": parts}));
+            }
+            Turn::Tools(replies) => {
+                let mut parts: Vec<Value> = replies
+                    .iter()
+                    .map(|r| {
+                        let key = if r.is_error { "error" } else { "output" };
+                        let mut response = json!({"name": r.name, "response": {key: r.text}});
+                        if !r.id.starts_with(GEMINI_NO_ID) {
+                            response["id"] = json!(r.id);
+                        }
+                        json!({"functionResponse": response})
+                    })
+                    .collect();
+                // The figures follow the responses, in the same turn.
+                for r in replies {
+                    for img in &r.images {
+                        parts.push(
+                            json!({"inlineData": {"mimeType": img.mime, "data": img.data_base64}}),
+                        );
+                    }
+                }
+                contents.push(json!({"role": "user", "parts": parts}));
+            }
+        }
+    }
+    let mut body =
+        json!({"contents": contents, "generationConfig": {"maxOutputTokens": max_tokens}});
+    if !system.is_empty() {
+        body["systemInstruction"] = json!({"parts": [{"text": system}]});
+    }
+    if tools.as_array().is_some_and(|t| !t.is_empty()) {
+        body["tools"] = tools;
+    }
+    body
+}
+
+/// Reads a generateContent reply.
+pub fn parse_gemini(v: &Value) -> Result<ModelReply, AgentError> {
+    let malformed = |what: &str| {
+        AgentError::Malformed(format!(
+            "the gemini API's reply has {what}: {}",
+            excerpt(&v.to_string())
+        ))
+    };
+    if let Some(msg) = v.pointer("/error/message").and_then(Value::as_str) {
+        return Err(AgentError::Malformed(format!(
+            "the gemini API answered with an error: {msg}"
+        )));
+    }
+    let candidate = v.pointer("/candidates/0").ok_or_else(|| {
+        match v.pointer("/promptFeedback/blockReason") {
+            Some(r) => AgentError::Malformed(format!("the gemini API blocked the prompt ({r})")),
+            None => malformed("no candidates"),
+        }
+    })?;
+    // A candidate without content (stopped for safety, say) is an empty answer.
+    let parts = match candidate.pointer("/content/parts") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(p)) => p.clone(),
+        Some(_) => return Err(malformed("a content whose parts are not a list")),
+    };
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for p in &parts {
+        if let Some(call) = p.get("functionCall") {
+            let name = call
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| malformed("a functionCall without a name"))?;
+            let input = call.get("args").cloned().unwrap_or_else(|| json!({}));
+            let input = if input.is_null() { json!({}) } else { input };
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| format!("{GEMINI_NO_ID}{}", calls.len()), str::to_owned);
+            let bad_arguments =
+                (!input.is_object()).then(|| "the args must be a JSON object".to_owned());
+            calls.push(ToolUse {
+                id,
+                name: name.to_owned(),
+                arguments: input.to_string(),
+                input,
+                bad_arguments,
+            });
+        } else if let Some(t) = p.get("text").and_then(Value::as_str) {
+            // Thought summaries are not the answer.
+            if p.get("thought").and_then(Value::as_bool) != Some(true) {
+                text.push_str(t);
+            }
+        }
+    }
+    Ok(ModelReply {
+        text,
+        calls,
+        raw: json!({"parts": parts}),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -724,6 +906,7 @@ mod tests {
         for (kind, constant) in [
             (ProviderKind::OpenAi, DEFAULT_OPENAI_MODEL),
             (ProviderKind::Anthropic, DEFAULT_ANTHROPIC_MODEL),
+            (ProviderKind::Gemini, DEFAULT_GEMINI_MODEL),
         ] {
             let cfg = ProviderConfig::from_env(kind, None, Some("http://127.0.0.1:9".into()));
             let cfg = cfg.expect("a config");

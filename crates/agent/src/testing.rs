@@ -78,6 +78,7 @@ impl StandIn {
             base_url: match kind {
                 ProviderKind::OpenAi => format!("{}/v1", self.base),
                 ProviderKind::Anthropic => self.base.clone(),
+                ProviderKind::Gemini => format!("{}/v1beta", self.base),
             },
             api_key: Some("test-key".into()),
             model: "test-model".into(),

@@ -189,3 +189,82 @@ fn anthropic_images_go_inside_the_tool_result() {
     assert_eq!(result["content"][1]["source"]["data"], "iVBORw0KGgo=");
     assert_eq!(body["system"], "sys");
 }
+
+#[test]
+fn gemini_calls_are_read_and_sent_back_with_their_signatures() {
+    let stand_in = StandIn::start(|_, _| {
+        let body = json!({"candidates": [{"index": 0, "finishReason": "STOP", "content": {"role": "model",
+            "parts": [{"text": "thinking...", "thought": true}, {"text": "Running it."},
+                      {"functionCall": {"name": "python", "args": {"code": "1+1"}}, "thoughtSignature": "c2ln"}]}}],
+            "usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 3}});
+        (200, vec![], body.to_string())
+    });
+    let client = Client::new(stand_in.config(ProviderKind::Gemini)).expect("client");
+    let (reply, meta) = client
+        .complete_with(
+            "sys",
+            &question(),
+            &[runcell_agent::ToolSpec {
+                name: "python".into(),
+                description: "run".into(),
+                input_schema: json!({"type": "object", "additionalProperties": false,
+                                     "properties": {"code": {"type": "string"}}}),
+            }],
+        )
+        .expect("reply");
+    assert_eq!(reply.text, "Running it.", "a thought is not the answer");
+    assert_eq!(reply.calls[0].input["code"], "1+1");
+    assert_eq!(meta.input_tokens, 7);
+    assert_eq!(meta.stop_reason.as_deref(), Some("tool_use"));
+    let req = &stand_in.requests()[0];
+    assert_eq!(req.path, "/v1beta/models/test-model:generateContent");
+    assert_eq!(req.headers["x-goog-api-key"], "test-key");
+    let decl = &req.body["tools"][0]["functionDeclarations"][0];
+    assert_eq!(decl["name"], "python");
+    assert!(
+        decl["parameters"].get("additionalProperties").is_none(),
+        "Gemini's schema subset: {decl}"
+    );
+    assert_eq!(req.body["systemInstruction"]["parts"][0]["text"], "sys");
+
+    // The reply goes back verbatim; the result as a functionResponse without an id (the call
+    // had none), then the figure.
+    let mut turns = question();
+    let id = reply.calls[0].id.clone();
+    turns.push(Turn::Assistant(reply));
+    turns.push(Turn::Tools(vec![ToolReply {
+        id,
+        name: "python".into(),
+        text: "2".into(),
+        images: vec![ToolImage {
+            mime: "image/png".into(),
+            data_base64: "iVBORw0KGgo=".into(),
+        }],
+        is_error: false,
+    }]));
+    client.complete_with("sys", &turns, &[]).expect("reply");
+    let body = &stand_in.requests()[1].body;
+    assert!(body.get("tools").is_none(), "no tools offered: {body}");
+    let c = body["contents"].as_array().expect("contents");
+    assert_eq!(c[1]["role"], "model");
+    assert_eq!(c[1]["parts"][2]["thoughtSignature"], "c2ln");
+    assert_eq!(c[1]["parts"][0]["thought"], true);
+    assert_eq!(
+        c[2]["parts"][0],
+        json!({"functionResponse": {"name": "python", "response": {"output": "2"}}})
+    );
+    assert_eq!(c[2]["parts"][1]["inlineData"]["data"], "iVBORw0KGgo=");
+}
+
+#[test]
+fn a_gemini_reply_without_candidates_says_why() {
+    let stand_in = StandIn::start(|_, _| {
+        (
+            200,
+            vec![],
+            json!({"promptFeedback": {"blockReason": "SAFETY"}}).to_string(),
+        )
+    });
+    let e = ask(&stand_in, ProviderKind::Gemini, &question()).expect_err("blocked");
+    assert!(e.to_string().contains("SAFETY"), "{e}");
+}

@@ -20,13 +20,15 @@ pub struct AskArgs {
     /// A file uploaded into /workspace before the first step (repeatable).
     #[arg(long = "file", value_name = "PATH")]
     files: Vec<PathBuf>,
-    /// The model API: any OpenAI-compatible Chat Completions endpoint, or Anthropic Messages.
+    /// The model API: any OpenAI-compatible Chat Completions endpoint (openai), Anthropic
+    /// Messages (anthropic) or Gemini's generateContent (gemini, key in GEMINI_API_KEY).
     #[arg(long, default_value = "openai", value_parser = parse_provider, env = "RUNCELL_PROVIDER")]
     provider: ProviderKind,
     #[arg(long, value_name = "M", env = "RUNCELL_MODEL",
         help = format!("The model (default: {})", runcell_agent::default_models()))]
     model: Option<String>,
-    /// The API's base URL (default https://api.openai.com/v1 or https://api.anthropic.com);
+    /// The API's base URL (default https://api.openai.com/v1, https://api.anthropic.com or
+    /// https://generativelanguage.googleapis.com/v1beta);
     /// e.g. http://localhost:11434/v1 for Ollama (no key needed then).
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,

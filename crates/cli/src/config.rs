@@ -25,6 +25,9 @@ pub struct ServeFile {
     pub agent_max_steps: Option<usize>,
     /// Added to `--allowed-hosts`.
     pub allowed_hosts: Option<Vec<String>>,
+    /// Added to `--egress-allow` and `--egress-allow-cidr`.
+    pub egress_allow: Option<Vec<String>>,
+    pub egress_allow_cidr: Option<Vec<String>>,
     pub metrics_listen: Option<SocketAddr>,
     pub audit_checkpoint_every: Option<u64>,
     pub audit_checkpoint_interval_s: Option<u64>,

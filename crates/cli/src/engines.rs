@@ -10,6 +10,20 @@ pub(crate) fn engine(data_dir: &std::path::Path) -> anyhow::Result<runcell_engin
     engine_on(data_dir, runtime.map(|r| r.path))
 }
 
+/// [`engine`], whose one-shot runs may ask for `network`'s domains (`runcell run --allow-domain`).
+pub(crate) fn engine_with_network(
+    data_dir: &std::path::Path,
+    network: runcell_engine::NetworkConfig,
+) -> anyhow::Result<runcell_engine::Engine> {
+    use anyhow::Context;
+    let runtime = runcell_kernel::runtime::Runtimes::new(data_dir).default_runtime();
+    let exe = std::env::current_exe().context("cannot locate the runcell binary")?;
+    let mut config = runcell_engine::EngineConfig::new(data_dir.to_owned(), exe);
+    config.python_runtime = runtime.map(|r| r.path);
+    config.network = network;
+    Ok(runcell_engine::Engine::new(config)?)
+}
+
 /// The engine with the default Python runtime, installed first if missing (with progress).
 pub(crate) fn engine_with_runtime(
     data_dir: &std::path::Path,
@@ -36,9 +50,11 @@ pub(crate) fn serving_engine(
     preload: Option<Vec<String>>,
     limits: runcell_engine::LimitPolicy,
     workspaces_on_disk: bool,
+    network: runcell_engine::NetworkConfig,
 ) -> anyhow::Result<runcell_engine::Engine> {
     let mut config = config_with_runtime(data_dir, preload, limits)?;
     config.workspaces_on_disk = workspaces_on_disk;
+    config.network = network;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)
 }
 

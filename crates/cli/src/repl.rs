@@ -40,6 +40,7 @@ pub fn repl(data_dir: &Path, args: ReplArgs) -> anyhow::Result<ExitCode> {
         env: BTreeMap::new(),
         metadata: BTreeMap::from([("client".to_owned(), "runcell repl".to_owned())]),
         start: None,
+        network: Default::default(),
     })?;
     let result = (|| {
         for f in &files {

@@ -12,6 +12,15 @@ use runcell_engine::{ExecutionStatus, LimitsRequest, OneShot, Stream};
 pub struct RunArgs {
     #[command(flatten)]
     sandbox: SandboxArgs,
+    /// Let the program reach this domain through runcell's egress proxy (HTTP and HTTPS;
+    /// `pypi.org`, `*.example.com` or an IP literal; comma-separated, repeatable). Without it
+    /// the program has no network at all.
+    #[arg(long = "allow-domain", value_delimiter = ',', value_name = "DOMAIN")]
+    allow_domains: Vec<String>,
+    /// An address range the proxy may connect to although it is loopback, private,
+    /// link-local or this host's own (e.g. 127.0.0.0/8 for a local test server; repeatable).
+    #[arg(long = "allow-cidr", value_delimiter = ',', value_name = "CIDR")]
+    allow_cidrs: Vec<String>,
     /// Wall-clock limit in seconds; the whole process tree is killed after it.
     #[arg(long, default_value_t = runcell_engine::ONE_SHOT_TIMEOUT.as_secs_f64(), value_name = "S")]
     timeout: f64,
@@ -47,7 +56,20 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, cancel.clone())?;
     }
     req.cancel = Some(cancel);
-    let engine = crate::engines::engine(data_dir)?;
+    // The caller is the operator here: what it allows is both the bound and the policy.
+    if !args.allow_domains.is_empty() {
+        req.network = runcell_engine::NetworkPolicy::Allowlist {
+            allowed_domains: args.allow_domains.clone(),
+            domain_secrets: Vec::new(),
+        };
+    }
+    let engine = crate::engines::engine_with_network(
+        data_dir,
+        runcell_engine::NetworkConfig {
+            allow_domains: args.allow_domains,
+            allow_cidrs: args.allow_cidrs,
+        },
+    )?;
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let mut on_output = |stream: Stream, data: &[u8]| {

@@ -36,9 +36,10 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
-    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1) on: the model
-    /// API the agent loop talks to (openai: any Chat Completions endpoint; anthropic:
-    /// Messages). The key comes from OPENAI_API_KEY or ANTHROPIC_API_KEY, as for `runcell ask`.
+    /// Turns the web page's chat and the vendor-compatible APIs (/anthropic, /openai/v1, /gemini,
+    /// /mistral) on: the model API the agent loop talks to (openai: any Chat Completions
+    /// endpoint; anthropic: Messages; gemini: generateContent). The key comes from
+    /// OPENAI_API_KEY, ANTHROPIC_API_KEY or GEMINI_API_KEY, as for `runcell ask`.
     #[arg(long, value_name = "PROVIDER", value_parser = crate::ask::parse_provider, env = "RUNCELL_AGENT_PROVIDER")]
     agent_provider: Option<ProviderKind>,
     #[arg(long, value_name = "M", env = "RUNCELL_AGENT_MODEL",
@@ -62,6 +63,16 @@ pub struct ServeArgs {
     /// listener's port, is refused (403: DNS rebinding).
     #[arg(long, value_delimiter = ',', value_name = "HOST[:PORT]")]
     allowed_hosts: Vec<runcell_server::AllowedHost>,
+    /// Domains a session's network allowlist may name (comma-separated, repeatable):
+    /// `pypi.org`, `*.example.com` (any name below it), `*` (any); beyond them a session is
+    /// refused (400 `limit_exceeded`). Without it no session gets a network (docs/sandbox.md).
+    #[arg(long, value_delimiter = ',', value_name = "DOMAIN")]
+    egress_allow: Vec<String>,
+    /// An address range the egress proxy may connect to although it is loopback, private,
+    /// link-local (cloud metadata) or this host's own, e.g. 10.1.0.0/16 for an internal
+    /// mirror (comma-separated, repeatable) [default: none].
+    #[arg(long, value_delimiter = ',', value_name = "CIDR")]
+    egress_allow_cidr: Vec<String>,
     /// Serves /metrics on this address, without a key, and not on --listen (where, once keys
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
@@ -428,6 +439,18 @@ pub fn serve(
         preload,
         limits,
         !args.workspaces_in_memory,
+        runcell_engine::NetworkConfig {
+            allow_domains: [
+                args.egress_allow,
+                file.egress_allow.clone().unwrap_or_default(),
+            ]
+            .concat(),
+            allow_cidrs: [
+                args.egress_allow_cidr,
+                file.egress_allow_cidr.clone().unwrap_or_default(),
+            ]
+            .concat(),
+        },
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);

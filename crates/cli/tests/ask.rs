@@ -339,6 +339,116 @@ fn anthropic_flow_uses_tool_use_blocks_and_images_in_tool_results() {
 }
 
 #[test]
+fn gemini_flow_uses_function_calls_and_sends_the_parts_back_as_they_came() {
+    let data = data_dir();
+    let work = tempfile::tempdir().expect("tempdir");
+    let (csv, total) = write_data(work.path());
+    let stand_in = stand_in(|n, req| {
+        let call = |id: Option<&str>, code: &str| {
+            let mut call = json!({"name": "python", "args": {"code": code}});
+            if let Some(id) = id {
+                call["id"] = json!(id);
+            }
+            json!({"candidates": [{"index": 0, "finishReason": "STOP", "content": {"role": "model", "parts": [
+                    {"text": "Let me look at the data."},
+                    {"functionCall": call, "thoughtSignature": "c2lnLTE="}]}}],
+                "usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": 5}})
+        };
+        let body = match n {
+            0 => call(None, BUGGY),
+            1 => call(Some("fc_fix"), FIXED),
+            _ => {
+                let last = req.body["contents"]
+                    .as_array()
+                    .and_then(|m| m.last())
+                    .cloned()
+                    .unwrap_or_default();
+                let text = last
+                    .pointer("/parts/0/functionResponse/response/output")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let number = total_in(text).unwrap_or_else(|| "unknown".into());
+                json!({"candidates": [{"index": 0, "finishReason": "STOP", "content": {"role": "model",
+                    "parts": [{"text": format!("Total: {number}.")}]}}]})
+            }
+        };
+        (200, vec![], body)
+    });
+    let out_dir = work.path().join("out");
+    let out = runcell(&data)
+        .env("GEMINI_API_KEY", "gem-test-key")
+        .arg("ask")
+        .arg("Total revenue?")
+        .arg("--file")
+        .arg(&csv)
+        .args([
+            "--provider",
+            "gemini",
+            "--model",
+            "gemini-test",
+            "--base-url",
+        ])
+        .arg(format!("{}/v1beta", stand_in.base))
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .expect("runcell ask");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout_of(&out).trim(), format!("Total: {total}."));
+    check_png(&out_dir.join("chart.png"));
+
+    let reqs = stand_in.requests();
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r.path, "/v1beta/models/gemini-test:generateContent");
+        assert_eq!(r.headers["x-goog-api-key"], "gem-test-key");
+        assert!(!r.headers.contains_key("authorization"));
+        assert!(r.body["systemInstruction"]["parts"][0]["text"]
+            .as_str()
+            .expect("system")
+            .contains("/workspace"));
+        assert_eq!(
+            tool_names(&r.body["tools"][0]["functionDeclarations"], "/name"),
+            ["python", "bash", "text_editor"]
+        );
+        assert!(r.body["generationConfig"]["maxOutputTokens"]
+            .as_u64()
+            .is_some());
+    }
+    let second = reqs[1].body["contents"].as_array().expect("contents");
+    assert_eq!(second.len(), 3);
+    // The model's turn goes back as it came, with its thought signature.
+    assert_eq!(second[1]["role"], "model");
+    assert_eq!(second[1]["parts"][1]["thoughtSignature"], "c2lnLTE=");
+    let response = &second[2]["parts"][0]["functionResponse"];
+    assert_eq!(response["name"], "python");
+    assert!(
+        response.get("id").is_none(),
+        "the call came without an id: {response}"
+    );
+    let err_text = response["response"]["error"].as_str().expect("error");
+    assert!(err_text.contains("KeyError"), "{err_text}");
+
+    let third = reqs[2].body["contents"].as_array().expect("contents");
+    let parts = third[4]["parts"].as_array().expect("parts");
+    assert_eq!(parts[0]["functionResponse"]["id"], "fc_fix");
+    assert!(parts[0]["functionResponse"]["response"]["output"]
+        .as_str()
+        .expect("output")
+        .contains(&format!("TOTAL={total}")));
+    let image = parts
+        .iter()
+        .find(|p| p.get("inlineData").is_some())
+        .expect("the figure after the function response");
+    assert_eq!(image["inlineData"]["mimeType"], "image/png");
+    assert!(image["inlineData"]["data"]
+        .as_str()
+        .expect("data")
+        .starts_with("iVBOR"));
+    assert_eq!(audit_list(&data).lines().count(), 2);
+}
+
+#[test]
 fn a_429_is_retried_after_retry_after() {
     let data = data_dir();
     let stand_in = stand_in(|n, _| match n {
@@ -536,6 +646,7 @@ fn help_states_the_default_models() {
         for model in [
             runcell_agent::DEFAULT_OPENAI_MODEL,
             runcell_agent::DEFAULT_ANTHROPIC_MODEL,
+            runcell_agent::DEFAULT_GEMINI_MODEL,
         ] {
             assert!(
                 line.contains(model),

@@ -51,6 +51,9 @@ pub struct EngineConfig {
     /// can mount them, or tmpfs (`serve --workspaces-in-memory`: lost at a reboot, and counted
     /// in the session's memory).
     pub workspaces_on_disk: bool,
+    /// What sessions' network allowlists may name and which address ranges the egress proxy
+    /// may reach (`serve --egress-allow`, `--egress-allow-cidr`); by default nothing.
+    pub network: crate::network::NetworkConfig,
 }
 
 impl EngineConfig {
@@ -63,6 +66,7 @@ impl EngineConfig {
             preload: None,
             limits: LimitPolicy::default(),
             workspaces_on_disk: true,
+            network: Default::default(),
         }
     }
 
@@ -97,6 +101,8 @@ pub(crate) struct Core {
     /// Where session workspaces live on disk; `None` on a host without loop devices or
     /// e2fsprogs, whose sessions get a tmpfs workspace as before (in memory, lost at reboot).
     pub(crate) images: Option<runcell_sandbox::WorkspaceImages>,
+    /// The egress bounds and proxy (crate::network).
+    pub(crate) network: crate::network::Network,
 }
 
 impl Core {
@@ -105,6 +111,7 @@ impl Core {
             .limits
             .validate()
             .map_err(|m| EngineError::InvalidRequest(Invalid::Policy(m)))?;
+        let network = crate::network::Network::new(&config.network)?;
         let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
         let blocking: Vec<_> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
@@ -156,6 +163,7 @@ impl Core {
             cells_running,
             ledger: Arc::default(),
             images,
+            network,
         })
     }
 
@@ -267,13 +275,14 @@ impl Core {
         workspace: &'w Workspace,
         limits: &SessionLimits,
         extra_env: &[(String, String)],
+        network: bool,
     ) -> Result<Launch<'w>, EngineError> {
         let kernel_dir = || self.kernel_dir();
         let host = Host {
             python_runtime: self.config.python_runtime.as_deref(),
             kernel_dir: &kernel_dir,
         };
-        crate::launch::launch(&host, program, workspace, limits, extra_env)
+        crate::launch::launch(&host, program, workspace, limits, extra_env, network)
     }
 
     /// Whether Python sessions are meant to come from a zygote: preloading is configured and
@@ -340,8 +349,41 @@ impl Core {
         limits: &SessionLimits,
         extra_env: &[(String, String)],
         start: Start,
+        egress: Option<&runcell_egress::SessionEgress>,
     ) -> Result<(Kernel, Start), EngineError> {
-        let launch = self.launch(Program::Kernel(language), workspace, limits, extra_env)?;
+        let (mut kernel, how) =
+            self.start_kernel_sandbox(workspace, language, limits, extra_env, start, egress)?;
+        if let Some(egress) = egress {
+            // Pid 1 made the socket before the kernel started, which it has (it is ready).
+            let serving = kernel
+                .egress_listener(KERNEL_READY_TIMEOUT)
+                .map_err(EngineError::sandbox)
+                .and_then(|l| {
+                    egress
+                        .serve(l)
+                        .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::Io(e)))
+                })?;
+            kernel.keep_alongside(Box::new(serving));
+        }
+        Ok((kernel, how))
+    }
+
+    fn start_kernel_sandbox(
+        self: &Arc<Self>,
+        workspace: &Workspace,
+        language: Language,
+        limits: &SessionLimits,
+        extra_env: &[(String, String)],
+        start: Start,
+        egress: Option<&runcell_egress::SessionEgress>,
+    ) -> Result<(Kernel, Start), EngineError> {
+        let launch = self.launch(
+            Program::Kernel(language),
+            workspace,
+            limits,
+            extra_env,
+            egress.is_some(),
+        )?;
         // The zygote's BLAS runs one thread (it is fixed when numpy loads): sessions granted
         // more than one CPU start cold, with a BLAS pool their size.
         // A cold start is the session's own interpreter: its own hash secret and address-space

@@ -140,6 +140,9 @@ pub enum Invalid {
     /// A shell command with a NUL byte.
     #[error("the command contains a NUL byte, which no program argument can hold")]
     NulInCommand,
+    /// A malformed network policy (a domain pattern, a secret's header).
+    #[error("network: {0}")]
+    Network(String),
 }
 
 /// What was not found.
@@ -204,6 +207,9 @@ pub enum Limit {
     /// An upload over that size, refused before anything is written.
     #[error("files are limited to {} MiB", .maximum_bytes >> 20)]
     UploadTooLarge { size: u64, maximum_bytes: u64 },
+    /// A network allowlist beyond what the server allows (`serve --egress-allow`).
+    #[error("network: {0}")]
+    Network(String),
 }
 
 /// A limit's value: whole (MiB, pids, seconds) or not (CPUs, a timeout's seconds).

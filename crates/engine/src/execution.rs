@@ -124,6 +124,7 @@ impl Ended {
                 peak_memory_bytes: run.usage.peak_memory_bytes,
                 killed_by: run.killed_by.map(Into::into),
             },
+            network: Vec::new(),
             started_at: self.started_at,
             finished_at: self.finished_at,
         }

@@ -50,13 +50,15 @@ pub(crate) struct Host<'a> {
 }
 
 /// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
-/// variables) comes after runcell's own and never replaces one of them.
+/// variables) comes after runcell's own and never replaces one of them. With `network`, pid 1
+/// opens the egress socket and the proxy variables point at it (crate::network).
 pub(crate) fn launch<'w>(
     host: &Host<'_>,
     program: Program<'_>,
     workspace: &'w Workspace,
     limits: &SessionLimits,
     extra_env: &[(String, String)],
+    network: bool,
 ) -> Result<Launch<'w>, EngineError> {
     let limits = limits.sandbox_limits();
     // The runtime is bound for every program: `python3` in a bash cell or a command is the
@@ -96,6 +98,9 @@ pub(crate) fn launch<'w>(
         limits.cpu_millis,
         host.python_runtime.is_some(),
     );
+    if network {
+        env.extend(crate::network::proxy_env());
+    }
     for (k, v) in extra_env {
         if !env.iter().any(|(ek, _)| ek == k) {
             env.push((k.clone(), v.clone()));
@@ -108,6 +113,7 @@ pub(crate) fn launch<'w>(
         ro_binds,
         limits,
         channel,
+        egress_port: network.then_some(crate::network::EGRESS_PORT),
     })
 }
 

@@ -13,6 +13,7 @@ mod files;
 mod launch;
 mod limits;
 mod model;
+mod network;
 mod oneshot;
 mod pool;
 mod records;
@@ -21,7 +22,6 @@ mod spares;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
-mod watched;
 mod zygote;
 
 pub use crate::core::{workspaces_dir, EngineConfig};
@@ -41,11 +41,14 @@ pub use bounds::{
     MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS, MAX_REQUEST_BYTES,
     MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
-pub use commands::CommandOutput;
+pub use commands::{CommandOutput, WatchedCommand};
 pub use files::FileEntry;
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
+};
+pub use network::{
+    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use records::ExecutionPage;
@@ -54,7 +57,6 @@ pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
 };
-pub use watched::WatchedCommand;
 pub use zygote::{ZygoteStatus, DEFAULT_PRELOAD};
 
 /// The tenant of callers without one: a server without API keys (loopback only) serves

@@ -150,6 +150,10 @@ pub struct Execution {
     pub error: Option<ErrorInfo>,
     pub files: Vec<FileChange>,
     pub usage: UsageInfo,
+    /// Every connection through the egress proxy during the execution (empty without a
+    /// network policy).
+    #[serde(default)]
+    pub network: Vec<crate::network::policy::NetworkConnection>,
     #[serde(serialize_with = "rfc3339")]
     pub started_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
@@ -260,6 +264,13 @@ mod tests {
                 peak_memory_bytes: 3,
                 killed_by: Some(KilledBy::Oom),
             },
+            network: vec![crate::network::policy::NetworkConnection {
+                domain: "pypi.org".into(),
+                port: 443,
+                allowed: true,
+                bytes_out: 10,
+                bytes_in: 20,
+            }],
             started_at: t,
             finished_at: t,
         };
@@ -271,6 +282,7 @@ mod tests {
               "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
               "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
+              "network":[{"domain":"pypi.org","port":443,"allowed":true,"bytes_out":10,"bytes_in":20}],
               "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
         );
     }

@@ -39,6 +39,8 @@ pub struct OneShot {
     pub output_cap: usize,
     /// Set to end the run early (the caller got SIGINT, say).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Disabled by default; an allowlist must stay within the server's bound.
+    pub network: crate::network::NetworkPolicy,
 }
 
 impl OneShot {
@@ -53,6 +55,7 @@ impl OneShot {
             limits: LimitsRequest::default(),
             output_cap: OUTPUT_CAP_BYTES,
             cancel: None,
+            network: Default::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ impl Engine {
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<OneShotOutcome, EngineError> {
         crate::bounds::check_code(&req.code)?;
+        let egress = self.core.network.session(&req.network)?;
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
@@ -98,12 +102,23 @@ impl Engine {
             language: req.language,
             dir: &input.path,
         };
-        let launch = self.core.launch(program, &workspace, &limits, &[])?;
+        let launch = self
+            .core
+            .launch(program, &workspace, &limits, &[], egress.is_some())?;
         let began = Began::now(id, None, &workspace);
+        // The proxy serves the sandbox's egress socket from its start to the end of the run.
+        let mut serving = None;
+        let mut on_start = |running: &runcell_sandbox::Running| {
+            if let Some(e) = &egress {
+                let listener = running.egress_listener(Duration::from_secs(5))?;
+                serving = Some(e.serve(listener)?);
+            }
+            Ok(())
+        };
         let outcome = self
             .core
             .sandbox
-            .run(
+            .run_with(
                 &launch,
                 &RunOptions {
                     stdin: req.stdin.clone(),
@@ -113,8 +128,10 @@ impl Engine {
                     ..RunOptions::default()
                 },
                 on_output,
+                &mut on_start,
             )
             .map_err(EngineError::sandbox)?;
+        drop(serving);
         let ended = began.end(&workspace);
         drop(input);
         drop(workspace);
@@ -126,7 +143,7 @@ impl Engine {
             outcome.killed_by,
             &outcome.stderr,
         );
-        let execution = ended.execution(Produced {
+        let mut execution = ended.execution(Produced {
             language: req.language,
             execution_count: 1,
             status,
@@ -138,6 +155,9 @@ impl Engine {
             usage: outcome.usage,
             killed_by: outcome.killed_by,
         });
+        if let Some(e) = &egress {
+            execution.network = crate::network::connections(e.take_records());
+        }
         self.core.audit(&req.owner, &execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,

@@ -208,6 +208,8 @@ fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
         expires_at: rec.expires_at,
         limits: serde_json::from_str(&rec.limits_json).ok()?,
         start: rec.start.parse().unwrap_or_default(),
+        // Not kept in the store (its secrets would be): a dead session has no network anyway.
+        network: Default::default(),
         metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
         owner: rec.tenant.clone(),
     })

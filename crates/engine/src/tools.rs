@@ -149,7 +149,7 @@ impl std::str::FromStr for ToolFormat {
 
 /// Gemini takes an OpenAPI subset: no `additionalProperties`, no `minItems`/`maxItems` bounds
 /// on every version; keep the rest.
-fn gemini_schema(v: &Value) -> Value {
+pub fn gemini_schema(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
@@ -435,6 +435,29 @@ pub fn execution_output(e: &Execution) -> ToolOutput {
             .collect::<Vec<_>>()
             .join("\n");
         section(&mut text, "files", &list);
+    }
+    if !e.network.is_empty() {
+        // What went out through the egress proxy: the model sees what it reached and what
+        // the session's allowlist refused.
+        let list = e
+            .network
+            .iter()
+            .map(|c| {
+                if c.allowed {
+                    format!(
+                        "- {}:{} allowed ({} bytes out, {} bytes in)",
+                        c.domain, c.port, c.bytes_out, c.bytes_in
+                    )
+                } else {
+                    format!(
+                        "- {}:{} refused by the session's network policy",
+                        c.domain, c.port
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        section(&mut text, "network", &list);
     }
     if e.status != ExecutionStatus::Ok {
         let status = serde_json::to_value(e.status)
@@ -778,6 +801,27 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_network_section_says_what_was_reached_and_what_was_refused() {
+        let e: Execution = serde_json::from_value(serde_json::json!({
+            "id": "ex_1", "session_id": null, "language": "python", "execution_count": 1,
+            "status": "ok", "stdout": "", "stderr": "",
+            "truncated": {"stdout": false, "stderr": false}, "results": [], "error": null,
+            "files": [], "usage": {"wall_ms": 1, "cpu_ms": 1, "peak_memory_bytes": 1, "killed_by": null},
+            "network": [
+                {"domain": "pypi.org", "port": 443, "allowed": true, "bytes_out": 10, "bytes_in": 20},
+                {"domain": "github.com", "port": 443, "allowed": false, "bytes_out": 0, "bytes_in": 0}
+            ],
+            "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:00Z"
+        }))
+        .expect("execution");
+        let text = execution_output(&e).text;
+        assert!(
+            text.contains("network:\n- pypi.org:443 allowed (10 bytes out, 20 bytes in)\n- github.com:443 refused by the session's network policy"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn paths_are_confined_to_the_workspace() {

@@ -1282,6 +1282,25 @@ def prepare_process():
     script_dir = os.path.dirname(os.path.realpath(__file__))
     if sys.path and os.path.realpath(sys.path[0] or ".") == script_dir:
         sys.path[0] = ""
+    _add_packages_dir()
+
+
+def _add_packages_dir():
+    """A session with a network policy installs packages into its workspace (PIP_TARGET, also
+    on PYTHONPATH): a zygote-born kernel computed sys.path before that environment existed, and a
+    directory that did not exist at an import is remembered as empty, so it is made and put on
+    sys.path (after the cwd) now."""
+    target = os.environ.get("PIP_TARGET")
+    if not target:
+        return
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError:
+        return
+    sys.path_importer_cache.pop(target, None)
+    if target in sys.path:
+        sys.path.remove(target)
+    sys.path.insert(1, target)
 
 
 def shutdown(kernel, code):

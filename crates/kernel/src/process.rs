@@ -207,6 +207,17 @@ pub struct Kernel {
     async_io: Option<AsyncIo>,
     /// The report of the running snapshot or restore request (see [`Kernel::request`]).
     reply: Option<KernelMessage>,
+    /// What lives exactly as long as this kernel's sandbox (see [`Kernel::keep_alongside`]).
+    companions: Vec<Companion>,
+}
+
+/// Something dropped with the kernel: the engine's egress proxy serving this sandbox.
+struct Companion(#[allow(dead_code, reason = "held for its Drop")] Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for Companion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Companion")
+    }
 }
 
 /// Size of [`Kernel`]'s read buffer.
@@ -295,7 +306,19 @@ impl Kernel {
             buf: Vec::new(),
             async_io: None,
             reply: None,
+            companions: Vec::new(),
         })
+    }
+
+    /// The sandbox's egress socket (see `runcell_sandbox::Running::egress_listener`).
+    pub fn egress_listener(&self, timeout: Duration) -> Result<std::net::TcpListener, KernelError> {
+        let running = self.running.as_ref().ok_or(KernelError::Gone)?;
+        Ok(running.egress_listener(timeout)?)
+    }
+
+    /// Keeps `companion` until this kernel is dropped (it ends with its sandbox).
+    pub fn keep_alongside(&mut self, companion: Box<dyn std::any::Any + Send>) {
+        self.companions.push(Companion(companion));
     }
 
     /// The interpreter's version, as the kernel reported it.

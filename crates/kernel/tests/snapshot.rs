@@ -123,6 +123,7 @@ fn session(sandbox: &Sandbox, start: Start<'_>) -> Session {
         ro_binds: binds(),
         limits: Limits::default(),
         channel: true,
+        egress_port: None,
     };
     let kernel = match start {
         Start::Cold(_) => Kernel::start(sandbox, &launch, READY),

@@ -409,6 +409,12 @@ fn prepare(spec: &Spec, sync_r: &OwnedFd, parent: Parent) -> Result<(), StepErro
     cvt(unsafe { libc::sethostname(HOSTNAME.as_ptr().cast(), HOSTNAME.len()) })
         .map_err(StepError::at(Step::Namespaces))?;
     net::loopback_up().map_err(StepError::at(Step::Namespaces))?;
+    // With a network policy, the proxy's socket is listening before the program exists: it
+    // cannot take the port first, and a connection it makes at once waits in the backlog until
+    // the host takes the socket over (pid 1 keeps it at EGRESS_FD; the program never has it).
+    if let Some(port) = spec.egress_port {
+        net::egress_listen(port).map_err(StepError::at(Step::Namespaces))?;
+    }
 
     // 3. Mounts: the new root, then pivot_root into it.
     mount::build_root(spec, &plan).map_err(StepError::at(Step::Mounts))?;
@@ -562,7 +568,7 @@ fn resolve(program: &str, path_var: &str) -> Option<PathBuf> {
 /// Pid 1 after the fork: confine itself like the program, then reap every orphan until the
 /// program exits, report its status and exit, which ends the namespace.
 fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
-    confine_pid1(&[msg_fd]);
+    confine_pid1(&[msg_fd, net::EGRESS_FD]);
     loop {
         let mut status = 0;
         // SAFETY: waiting for any child with a valid status pointer.
@@ -600,7 +606,7 @@ fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
     if sfd < 0 {
         kill_program_and_report(program, "signalfd", io::Error::last_os_error());
     }
-    confine_pid1(&[CONTROL_FD, msg_r.as_raw_fd(), sfd]);
+    confine_pid1(&[CONTROL_FD, msg_r.as_raw_fd(), sfd, net::EGRESS_FD]);
     loop {
         // Reap first: a child that exited before SIGCHLD was blocked left no signal behind.
         loop {

@@ -61,6 +61,10 @@ pub struct Spec {
     /// Whether the program gets a private channel (a Unix stream socket) to the supervisor at
     /// fd 3, beside stdio: how a kernel talks to the host without mixing with the user's output.
     pub channel: bool,
+    /// A TCP port on the sandbox's loopback where pid 1 listens, before the program starts, for
+    /// the host's egress proxy to take over ([`crate::Running::egress_listener`]). `None`: no
+    /// socket at all (no network policy).
+    pub egress_port: Option<u16>,
 }
 
 /// A spec that could not be decoded from the helper's command line.
@@ -111,6 +115,9 @@ impl Spec {
         push("fsize-bytes", self.limits.fsize_bytes.to_string());
         push("nproc", self.limits.nproc.to_string());
         push("channel", u8::from(self.channel).to_string());
+        if let Some(port) = self.egress_port {
+            push("egress-port", port.to_string());
+        }
         if out.iter().any(|s| s.contains('\0')) {
             return Err(SpecError::Nul("argument"));
         }
@@ -154,6 +161,7 @@ impl Spec {
                 nproc: 0,
             },
             channel: false,
+            egress_port: None,
         };
         // Every limit must be named: a spec never falls back to numbers of its own.
         let [mut tmp, mut nofile, mut fsize, mut nproc] = [None; 4];
@@ -199,6 +207,15 @@ impl Spec {
                 "fsize-bytes" => fsize = Some(number(&value)?),
                 "nproc" => nproc = Some(number(&value)?),
                 "channel" => spec.channel = number(&value)? == 1,
+                "egress-port" => {
+                    spec.egress_port =
+                        Some(
+                            u16::try_from(number(&value)?).map_err(|_| SpecError::BadNumber {
+                                key: key.clone(),
+                                value: value.clone(),
+                            })?,
+                        )
+                }
                 _ => return Err(SpecError::UnknownKey(key)),
             }
         }
@@ -263,6 +280,7 @@ mod tests {
                 nproc: 4,
             },
             channel: true,
+            egress_port: Some(3128),
         }
     }
 

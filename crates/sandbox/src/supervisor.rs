@@ -67,6 +67,9 @@ pub struct Launch<'a> {
     pub limits: Limits,
     /// Give the program a private channel at fd 3 ([`Running::channel`] is the other end).
     pub channel: bool,
+    /// Have pid 1 listen on this loopback port for the host's egress proxy (see
+    /// [`Running::egress_listener`]); `None` for a sandbox without a network policy.
+    pub egress_port: Option<u16>,
 }
 
 /// Why runcell ended a run (or how it ended on its own, for `Signal`).
@@ -223,6 +226,7 @@ impl Sandbox {
             cgroup: Some(cgroup),
             started: Instant::now(),
             killed_by: None,
+            egress_port: launch.egress_port,
         })
     }
 
@@ -271,6 +275,7 @@ impl Sandbox {
             cgroup: Some(cgroup),
             started: Instant::now(),
             killed_by: None,
+            egress_port: launch.egress_port,
         })
     }
 
@@ -305,6 +310,7 @@ impl Sandbox {
                 nproc: l.pids.saturating_add(1),
             },
             channel: launch.channel,
+            egress_port: launch.egress_port,
         };
         let spec_bytes = spec.to_bytes()?;
         Ok((cgroup, spec_bytes))
@@ -346,7 +352,24 @@ impl Sandbox {
         opts: &RunOptions,
         on_output: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<RunOutcome, SandboxError> {
+        self.run_with(launch, opts, on_output, &mut |_| Ok(()))
+    }
+
+    /// [`Sandbox::run`], calling `on_start` once the sandbox exists (before any output is
+    /// read): the engine takes its egress socket there. An error from it kills the sandbox.
+    pub fn run_with(
+        &self,
+        launch: &Launch<'_>,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+        on_start: &mut dyn FnMut(&Running) -> Result<(), SandboxError>,
+    ) -> Result<RunOutcome, SandboxError> {
         let mut running = self.spawn(launch)?;
+        if let Err(e) = on_start(&running) {
+            running.kill(KillReason::Signal);
+            let _ = running.finish();
+            return Err(e);
+        }
         let deadline = running.started + opts.timeout;
         let mut stdout = CappedOutput::new(opts.output_cap);
         let mut stderr = CappedOutput::new(opts.output_cap);
@@ -465,6 +488,7 @@ pub struct Running {
     cgroup: Option<Cgroup>,
     started: Instant,
     killed_by: Option<KillReason>,
+    egress_port: Option<u16>,
 }
 
 impl Running {
@@ -495,6 +519,69 @@ impl Running {
         Ok(RunningHandle {
             helper,
             program: self.program_host_pid().map(pidfd_open).transpose()?,
+        })
+    }
+
+    /// The egress proxy's listening socket: pid 1 made it inside the sandbox's network namespace
+    /// (127.0.0.1:[`Launch::egress_port`]) before the program started, and keeps it; this takes
+    /// a copy (`pidfd_getfd`), waiting up to `timeout` for pid 1 to get that far. Only for a
+    /// launch that asked for it.
+    pub fn egress_listener(&self, timeout: Duration) -> io::Result<std::net::TcpListener> {
+        let Some(port) = self.egress_port else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "this sandbox has no egress socket",
+            ));
+        };
+        let deadline = Instant::now() + timeout;
+        let mut pid1 = None;
+        loop {
+            if pid1.is_none() {
+                pid1 = match &self.helper {
+                    Helper::Pidfd { fd, .. } => Some(fd.clone()),
+                    Helper::Forked { pid, .. } => Some(pidfd_open(*pid)?),
+                    // The helper's child, in the sandbox's cgroup once it exists.
+                    Helper::Exec(_) => self.sandbox_pid(1).map(pidfd_open).transpose()?,
+                };
+            }
+            if let Some(fd) = &pid1 {
+                match pidfd_getfd(fd, crate::net::EGRESS_FD) {
+                    Ok(sock) => {
+                        let listener = std::net::TcpListener::from(sock);
+                        let addr = listener.local_addr()?;
+                        if !addr.ip().is_loopback() || addr.port() != port {
+                            return Err(io::Error::other(format!(
+                                "pid 1's egress descriptor is bound to {addr}, not the loopback port {port}"
+                            )));
+                        }
+                        return Ok(listener);
+                    }
+                    Err(e) if e.raw_os_error() != Some(libc::EBADF) => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "pid 1 did not open the egress socket in time",
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The host pid of the sandbox process that is `pid` in its own PID namespace.
+    fn sandbox_pid(&self, pid: u32) -> Option<libc::pid_t> {
+        let want = pid.to_string();
+        self.pids().into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .is_some_and(|v| {
+                        let ids: Vec<&str> = v.split_whitespace().collect();
+                        ids.len() > 1 && ids.last() == Some(&want.as_str())
+                    })
+            })
         })
     }
 
@@ -669,6 +756,18 @@ fn poll_exit(fd: &OwnedFd, timeout: Duration) {
     let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
     // SAFETY: one valid pollfd; a pidfd polls readable once the process exits.
     unsafe { libc::poll(&mut pfd, 1, ms) };
+}
+
+/// A copy of descriptor `target` of the process behind `pidfd` (close-on-exec).
+fn pidfd_getfd(pidfd: &OwnedFd, target: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags (0) and returns a new
+    // descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
 }
 
 fn pidfd_send_signal(fd: &OwnedFd, sig: libc::c_int) -> bool {

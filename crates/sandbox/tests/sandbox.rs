@@ -26,6 +26,7 @@ fn launch<'a>(ws: &'a Workspace, argv: &[&str]) -> Launch<'a> {
         ro_binds: vec![],
         limits: Limits::default(),
         channel: false,
+        egress_port: None,
     }
 }
 
@@ -246,4 +247,64 @@ fn the_channel_reaches_the_program_at_fd_3_and_closes_with_it() {
     assert_eq!(finished.exit, ExitStatus::Code(0));
     // stdio, the channel, and the descriptor listdir itself holds: nothing else leaked in.
     assert_eq!(out.trim(), "['0', '1', '2', '3', '4']");
+}
+
+/// With an egress port, pid 1 listens on the sandbox's loopback before the program starts; the
+/// host takes the socket and serves it, the program reaches it at once (its connection waits in
+/// the backlog), never holds the descriptor, and cannot bind the port itself. Without one, the
+/// same connect is refused: no socket exists.
+#[test]
+fn the_egress_socket_is_pid_1s_and_served_by_the_host() {
+    use std::io::{Read, Write};
+    let probe = "import socket, os\n\
+        s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n\
+        s.sendall(b'ping')\n\
+        print(s.recv(100).decode())\n\
+        b = socket.socket()\n\
+        try:\n    b.bind(('127.0.0.1', 3128)); print('bound')\n\
+        except OSError as e: print('bind', e.errno)\n\
+        print(sorted(os.listdir('/proc/self/fd')))";
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let mut l = launch(&ws, &["/usr/bin/python3", "-c", probe]);
+    l.egress_port = Some(3128);
+    let sandbox = sandbox();
+    let mut running = sandbox.spawn(&l).expect("spawn");
+    let listener = running
+        .egress_listener(Duration::from_secs(5))
+        .expect("pid 1's socket");
+    let (mut conn, _) = listener.accept().expect("accept");
+    let mut buf = [0u8; 4];
+    conn.read_exact(&mut buf).expect("read");
+    conn.write_all(b"pong:").expect("write");
+    conn.write_all(&buf).expect("write");
+    drop(conn);
+    let mut out = String::new();
+    running
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("stdout");
+    drop(running.stdin.take());
+    let finished = running.finish().expect("finish");
+    assert_eq!(finished.exit, ExitStatus::Code(0), "{out}");
+    assert_eq!(out, "pong:ping\nbind 98\n['0', '1', '2', '3', '4', '5']\n");
+
+    // (0-2, the two sockets, listdir's own: no descriptor 1000.)
+    // The control: no port asked, no socket.
+    let dir = tempfile::tempdir().expect("tmp");
+    let ws = workspace(&dir, 1 << 20);
+    let l = launch(
+        &ws,
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 3128), timeout=5)\nexcept OSError as e: print(e.errno)",
+        ],
+    );
+    let out = sandbox
+        .run(&l, &RunOptions::default(), &mut |_, _| {})
+        .expect("run");
+    assert_eq!(out.stdout.render(), "111\n");
 }

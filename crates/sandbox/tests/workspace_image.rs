@@ -31,6 +31,7 @@ fn python(ws: &Workspace, limits: Limits, code: &str) -> (String, runcell_sandbo
         ro_binds: vec![],
         limits,
         channel: false,
+        egress_port: None,
     };
     let out = sandbox()
         .run(&launch, &RunOptions::default(), &mut |_, _| {})

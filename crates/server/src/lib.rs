@@ -95,6 +95,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     document_forbidden(&mut api);
     document_no_space(&mut api);
     openapi::document(&mut api, &state.engine.config().limits);
+    openapi::document_network(&mut api, &state.engine.config().network.allow_domains);
     let doc = api.clone();
     let router = router
         .merge(mcp::router(state.clone()))
@@ -102,6 +103,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .nest("/openai/v1", vendor::openai::router())
         .nest("/e2b", e2b::router())
         .merge(e2b::signed_urls())
+        .nest("/gemini", vendor::gemini::router())
+        .nest("/mistral", vendor::mistral::router())
         .route(
             "/v1/sessions/{id}/files/{*path}",
             get(files::get_file)

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
-use runcell_engine::{Execution, InputFile, Language, LimitsRequest, OneShot};
+use runcell_engine::{Execution, InputFile, Language, LimitsRequest, NetworkPolicy, OneShot};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -26,6 +26,9 @@ pub struct ExecuteOnceRequest {
     pub timeout_s: Option<f64>,
     #[serde(default, deserialize_with = "crate::extract::object")]
     pub limits: Option<LimitsRequest>,
+    /// As a session's (`{"type":"disabled"}` by default).
+    #[serde(default, deserialize_with = "crate::extract::object")]
+    pub network: Option<NetworkPolicy>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -55,6 +58,7 @@ pub async fn execute_once(
     one.timeout = crate::sessions::timeout(req.timeout_s)?
         .unwrap_or_else(|| state.engine.config().limits.one_shot_timeout());
     one.limits = req.limits.unwrap_or_default();
+    one.network = req.network.unwrap_or_default();
     one.stdin = req.stdin.unwrap_or_default().into_bytes();
     for f in req.files.unwrap_or_default() {
         let content = base64::engine::general_purpose::STANDARD

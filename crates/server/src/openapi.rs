@@ -321,3 +321,65 @@ fn property<'a>(
         _ => None,
     }
 }
+
+/// A session's (and a one-shot run's) `network`, exactly as this server takes it: with no
+/// `serve --egress-allow` bound, an allowlist can name no domain (and so hold no secret); with
+/// one, each entry is a domain pattern the bound must cover (400 `limit_exceeded` beyond it:
+/// coverage is not a JSON Schema rule). Replaces the derived schema, whose `oneOf` cannot say
+/// either.
+pub(crate) fn document_network(api: &mut OpenApi, bound: &[String]) {
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    let max = if bound.is_empty() { 0 } else { 256 };
+    let domain = serde_json::json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 255,
+        "description": "`pypi.org`, `*.example.com` (any name below it) or an IP literal",
+        "pattern": r"^(?:\*\.)?[A-Za-z0-9.:\[\]-]+$"
+    });
+    let schema = serde_json::json!({
+        "description": format!(
+            "No network (`disabled`, the default) or HTTP(S) through runcell's proxy to the allowed domains only. This server allows: {}.",
+            if bound.is_empty() { "no domain (serve --egress-allow)".to_owned() } else { bound.join(", ") }
+        ),
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "additionalProperties": false,
+                "properties": {"type": {"type": "string", "enum": ["disabled"]}}
+            },
+            {
+                "type": "object",
+                "required": ["type", "allowed_domains"],
+                "additionalProperties": false,
+                "properties": {
+                    "type": {"type": "string", "enum": ["allowlist"]},
+                    "allowed_domains": {"type": "array", "maxItems": max, "items": domain},
+                    "domain_secrets": {
+                        "type": "array",
+                        "maxItems": max,
+                        "description": "Headers the proxy adds for one exact domain of `allowed_domains`; values read back as `<redacted>`",
+                        "items": {
+                            "type": "object",
+                            "required": ["domain", "name", "value"],
+                            "additionalProperties": false,
+                            "properties": {
+                                "domain": domain,
+                                "name": {"type": "string", "pattern": r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"},
+                                "value": {"type": "string", "minLength": 1, "maxLength": 8192, "pattern": r"^[^\x00-\x08\x0a-\x1f\x7f]+$"}
+                            }
+                        }
+                    }
+                }
+            }
+        ]
+    });
+    if let Ok(schema) = serde_json::from_value::<Schema>(schema) {
+        components
+            .schemas
+            .insert("NetworkPolicy".to_owned(), RefOr::T(schema));
+    }
+}

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use runcell_engine::{
     CancelToken, CommandOutput, CreateSession, Engine, ExecEvent, Execution, Language,
-    LimitsRequest, SessionInfo, Start,
+    LimitsRequest, NetworkPolicy, SessionInfo, Start,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -36,6 +36,10 @@ pub struct CreateSessionRequest {
     /// `zygote` (default for Python: forked from the preloaded zygote, fast) or `cold` (an
     /// interpreter of its own: its own address-space layout and hash secret).
     pub start: Option<Start>,
+    /// `{"type":"disabled"}` (default: no network at all) or an allowlist within what the
+    /// server allows (`serve --egress-allow`; beyond it: 400 `limit_exceeded`).
+    #[serde(default, deserialize_with = "crate::extract::object")]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// An environment variable's name, for the document.
@@ -161,6 +165,7 @@ pub async fn create_session(
             env: req.env.unwrap_or_default(),
             metadata: req.metadata.unwrap_or_default(),
             start: req.start,
+            network: req.network.unwrap_or_default(),
         })
     })
     .await?;

@@ -4,7 +4,7 @@
 import * as api from './api.js';
 import { Editor, codeBlock } from './editor.js';
 import {
-  h, Output, formatBytes, formatMs, localTime, relTime, renderError, statusBadge, usageText,
+  h, Output, formatBytes, formatMs, localTime, networkText, relTime, renderError, statusBadge, usageText,
 } from './render.js';
 
 const main = document.getElementById('main');
@@ -316,7 +316,8 @@ function sessionView(id) {
       }
       cell.output.note('Output was truncated at the cap: its head and tail are shown.');
     }
-    cell.foot.replaceChildren(statusBadge(ex.status), h('span', { class: 'muted' }, usageText(ex.usage)));
+    cell.foot.replaceChildren(statusBadge(ex.status), h('span', { class: 'muted' }, usageText(ex.usage)),
+      ...(ex.network && ex.network.length ? [h('span', { class: 'muted' }, ' · ' + networkText(ex.network))] : []));
     cell.state.replaceChildren(statusBadge(ex.status), ex.usage ? ` ${formatMs(ex.usage.wall_ms)}` : '');
     cell.el.dataset.status = ex.status;
     fitOutput(cell);
@@ -500,7 +501,8 @@ function auditView(params) {
         h('span', { class: 'muted' }, ex.language),
         h('time', { class: 'muted', datetime: ex.finished_at, title: localTime(ex.finished_at) }, relTime(ex.finished_at))),
       codeBlock(ex.code || '', ex.language),
-      h('div', { class: 'entry-usage muted' }, usageText(ex.usage), files ? ` · files: ${files}` : ''),
+      h('div', { class: 'entry-usage muted' }, usageText(ex.usage), files ? ` · files: ${files}` : '',
+        ex.network && ex.network.length ? ` · ${networkText(ex.network)}` : ''),
       out.childNodes.length ? h('details', { open: true }, h('summary', {}, 'Output'), out) : null);
   }
 

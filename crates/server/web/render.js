@@ -215,6 +215,14 @@ export function statusBadge(status) {
   return h('span', { class: `badge badge-${status}` }, status);
 }
 
+/** The connections an execution made through the egress proxy, on one line ('' for none). */
+export function networkText(list) {
+  if (!list || !list.length) return '';
+  return 'network: ' + list.map((c) => c.allowed
+    ? `${c.domain}:${c.port} (${formatBytes(c.bytes_out)} out, ${formatBytes(c.bytes_in)} in)`
+    : `${c.domain}:${c.port} refused`).join(', ');
+}
+
 export function usageText(u) {
   if (!u) return '';
   const parts = [`${formatMs(u.wall_ms)} wall`, `${formatMs(u.cpu_ms)} CPU`];

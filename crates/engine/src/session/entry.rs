@@ -39,6 +39,8 @@ pub(super) struct Entry {
     pub(super) worker: Mutex<Option<thread::JoinHandle<()>>>,
     /// Shared with the runner: host-side file operations need no trip through the queue.
     pub(super) workspace: Arc<Workspace>,
+    /// The session's proxy state (with a network policy), for commands beside the kernel.
+    pub(super) egress: Option<runcell_egress::SessionEgress>,
     /// The session's share of the memory budget and of its owner's quota: given back when
     /// the session's sandbox is gone (see `end`).
     pub(super) reservation: Mutex<Option<Reservation>>,

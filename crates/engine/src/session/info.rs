@@ -37,6 +37,8 @@ pub struct SessionInfo {
     /// How its kernel started: `zygote` (forked from the preloaded zygote) or `cold` (asked
     /// for, or a language, CPU count or moment the zygote does not serve).
     pub start: Start,
+    /// What the sandbox may reach (secrets' values read back redacted).
+    pub network: crate::network::policy::NetworkPolicy,
     pub metadata: BTreeMap<String, String>,
     /// Who the session belongs to (the server's tenant); opaque to the engine.
     #[serde(skip)]
@@ -68,4 +70,6 @@ pub struct CreateSession {
     pub metadata: BTreeMap<String, String>,
     /// `None`: from the zygote for Python, cold for the other languages.
     pub start: Option<Start>,
+    /// Disabled by default; an allowlist must stay within the server's bound.
+    pub network: crate::network::policy::NetworkPolicy,
 }

@@ -241,6 +241,8 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         crate::bounds::check_metadata(&req.metadata)?;
         crate::bounds::check_env(&req.env)?;
+        // Checked (and its proxy state made) before anything is allocated; nothing starts yet.
+        let egress = self.core.network.session(&req.network)?;
         let _slot = self.creation_slot()?;
         let language = req.language.unwrap_or(Language::Python);
         let limits = self.core.resolve_session_limits(&req.limits)?;
@@ -265,9 +267,13 @@ impl SessionManager {
             .ledger
             .check_quota(&req.owner, &policy, limits.memory_mb)?;
         // A warm session fits a request that changes nothing fixed at the fork.
-        let warm = (language == Language::Python && req.env.is_empty() && start == Start::Zygote)
-            .then(|| self.pool.take(&limits))
-            .flatten();
+        // A warm one has no egress socket: a session with a network policy starts its own.
+        let warm = (language == Language::Python
+            && req.env.is_empty()
+            && start == Start::Zygote
+            && egress.is_none())
+        .then(|| self.pool.take(&limits))
+        .flatten();
         let (id, workspace, kernel, mut reservation) = match warm {
             Some(w) => (w.id, w.workspace, Some(w.kernel), w.reservation),
             None => {
@@ -292,10 +298,11 @@ impl SessionManager {
             expires_at: now + chrono::Duration::seconds(limits.idle_timeout_s as i64),
             limits,
             start,
+            network: req.network,
             metadata: req.metadata,
             owner: req.owner,
         };
-        let info = self.launch(info, workspace, env, kernel, reservation)?;
+        let info = self.launch(info, workspace, env, kernel, reservation, egress)?;
         if let Err(e) = self.record(&info) {
             // A session the store does not know would be lost at the next start, and the
             // caller, told it failed, would never delete it: end it now (a full disk, say).
@@ -421,10 +428,13 @@ impl SessionManager {
             expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
             limits: req.limits,
             start: req.start,
+            // The policy is not in the store (nor are its secrets): a recovered session comes
+            // back without a network, never with more than it had.
+            network: Default::default(),
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new(), None, reservation)
+        self.launch(info, workspace, Vec::new(), None, reservation, None)
     }
 
     /// Starts the kernel (unless a warm one is given) and the worker of a session and
@@ -436,6 +446,7 @@ impl SessionManager {
         env: Vec<(String, String)>,
         kernel: Option<Kernel>,
         reservation: Reservation,
+        egress: Option<runcell_egress::SessionEgress>,
     ) -> Result<SessionInfo, EngineError> {
         // What was asked for; `info.start` becomes what happened.
         let requested = info.start;
@@ -448,6 +459,7 @@ impl SessionManager {
                     &info.limits,
                     &env,
                     requested,
+                    egress.as_ref(),
                 )?;
                 info.start = how;
                 k
@@ -465,6 +477,7 @@ impl SessionManager {
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
             workspace: workspace.clone(),
+            egress: egress.clone(),
             reservation: Mutex::new(Some(reservation)),
             runner: Arc::new(tokio::sync::Mutex::new(Runner {
                 core: self.core.clone(),
@@ -472,6 +485,7 @@ impl SessionManager {
                 kernel: Some(kernel),
                 env,
                 start: requested,
+                egress,
             })),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -764,6 +778,14 @@ impl SessionManager {
         Ok(self.entry(id)?.workspace.clone())
     }
 
+    /// The session's proxy state, with a network policy.
+    pub(crate) fn egress(
+        &self,
+        id: &str,
+    ) -> Result<Option<runcell_egress::SessionEgress>, EngineError> {
+        Ok(self.entry(id)?.egress.clone())
+    }
+
     fn expire_idle(&self) {
         let now = Utc::now();
         let expired: Vec<String> = self
@@ -833,9 +855,14 @@ impl WarmSource for SessionManager {
         let reservation = self.reserve(limits.memory_mb, false)?;
         let id = new_id("ses");
         let workspace = self.new_workspace(&id, &limits)?;
-        let (kernel, _) =
-            self.core
-                .start_kernel(&workspace, Language::Python, &limits, &[], Start::Zygote)?;
+        let (kernel, _) = self.core.start_kernel(
+            &workspace,
+            Language::Python,
+            &limits,
+            &[],
+            Start::Zygote,
+            None,
+        )?;
         Ok(Warm {
             id,
             workspace,

@@ -29,6 +29,8 @@ pub(super) struct Runner {
     pub(super) env: Vec<(String, String)>,
     /// How the session asked its kernels to start.
     pub(super) start: Start,
+    /// The session's proxy state, with a network policy: each kernel's sandbox is served by it.
+    pub(super) egress: Option<runcell_egress::SessionEgress>,
 }
 
 /// What a cell's start noted, for its Execution.
@@ -49,9 +51,14 @@ impl Runner {
                 let s = shared.lock();
                 (s.info.limits, s.info.language)
             };
-            let kernel =
-                self.core
-                    .start_kernel(&self.workspace, language, &limits, &self.env, self.start);
+            let kernel = self.core.start_kernel(
+                &self.workspace,
+                language,
+                &limits,
+                &self.env,
+                self.start,
+                self.egress.as_ref(),
+            );
             let mut s = shared.lock();
             match kernel {
                 Ok((k, how)) => {
@@ -173,6 +180,12 @@ impl Runner {
         timeout: Duration,
     ) -> Result<(Execution, String), EngineError> {
         let limits = start.limits;
+        // The connections since the last cell's end: this cell's (before any restart below).
+        let network = self
+            .egress
+            .as_ref()
+            .map(|e| crate::network::connections(e.take_records()))
+            .unwrap_or_default();
         // A cell that was sent is recorded whatever became of its kernel: one whose channel
         // failed is ended like one that died.
         let (outcome, failure) = match outcome {
@@ -237,7 +250,7 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
-        let execution = ended.execution(Produced {
+        let mut execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
             status,
@@ -260,6 +273,7 @@ impl Runner {
             },
             killed_by,
         });
+        execution.network = network;
         Ok((execution, start.owner))
     }
 }

@@ -1,5 +1,6 @@
 //! E2B's needs of a session manager: another kernel on a session's workspace (code contexts,
-//! a second language beside the first) and a lifetime a client sets while the session lives.
+//! a second language beside the first: same files, same network policy) and a lifetime a
+//! client sets while the session lives.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,9 +27,9 @@ impl SessionManager {
         crate::bounds::check_metadata(&metadata)?;
         crate::bounds::check_env(&env)?;
         let parent = self.entry(of)?;
-        let (owner, limits) = {
+        let (owner, limits, network) = {
             let s = parent.lock();
-            (s.info.owner.clone(), s.info.limits)
+            (s.info.owner.clone(), s.info.limits, s.info.network.clone())
         };
         let _slot = self.creation_slot()?;
         let policy = self.core.tenant_policy(&owner)?;
@@ -54,8 +55,11 @@ impl SessionManager {
             },
             metadata,
             owner,
+            network,
         };
         let workspace = parent.workspace.clone();
+        // The parent's network policy, with records of its own.
+        let egress = parent.egress.as_ref().map(|e| e.sibling());
         drop(parent);
         self.launch(
             info,
@@ -63,6 +67,7 @@ impl SessionManager {
             env.into_iter().collect(),
             None,
             reservation,
+            egress,
         )
     }
 

@@ -173,6 +173,8 @@ pub(crate) async fn create(
             env: kernel_env,
             metadata,
             start: None,
+            // No way out: E2B's `allow_internet_access` and `network` are not mapped (yet).
+            network: Default::default(),
         })
     })
     .await

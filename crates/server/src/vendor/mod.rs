@@ -1,15 +1,20 @@
 //! Vendor-compatible prefixes (DESIGN.md §11): code written against a hosted code tool
-//! (Anthropic's `code_execution`, OpenAI's `code_interpreter`) switches to runcell by changing
-//! its SDK's base URL and key. runcell answers those requests itself: the conversation goes to
-//! the model the operator configured (`serve --agent-provider`), whose tool calls run in a
-//! runcell session of the caller's tenant (one per vendor container, listed in `/v1/sessions`,
-//! every cell in the audit log), and the reply comes back in the vendor's wire shapes and error
-//! envelopes.
+//! (Anthropic's `code_execution`, OpenAI's `code_interpreter`, Gemini's `code_execution`,
+//! Mistral's `code_interpreter`) switches to runcell by changing its SDK's base URL and key.
+//! runcell answers those requests itself: the conversation goes to the model the operator
+//! configured (`serve --agent-provider`), whose tool calls run in a runcell session of the
+//! caller's tenant (one per vendor container, interaction chain or conversation, listed in
+//! `/v1/sessions`, every cell in the audit log), and the reply comes back in the vendor's wire
+//! shapes and error envelopes.
 
 pub(crate) mod anthropic;
+mod code_loop;
 mod file_store;
+pub(crate) mod gemini;
+pub(crate) mod mistral;
 pub(crate) mod openai;
 mod sandbox;
+mod session;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +66,10 @@ pub(crate) fn refusal(path: &str, e: ApiError) -> Response {
         openai::Error::from(e).into_response()
     } else if under("/e2b") {
         crate::e2b::Error::from(e).into_response()
+    } else if under("/gemini") {
+        gemini::Error::from(e).into_response()
+    } else if under("/mistral") {
+        mistral::Error::from(e).into_response()
     } else {
         e.into_response()
     }

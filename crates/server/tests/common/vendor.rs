@@ -100,6 +100,42 @@ fn anthropic_view(body: &Value) -> (String, Vec<String>) {
     (task, outputs)
 }
 
+/// The same from a generateContent request.
+fn gemini_view(body: &Value) -> (String, Vec<String>) {
+    let contents = body["contents"].as_array().cloned().unwrap_or_default();
+    let at = contents
+        .iter()
+        .rposition(|c| c["role"] == "user" && c["parts"][0]["text"].is_string())
+        .unwrap_or(0);
+    let task = contents[at]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let mut outputs = Vec::new();
+    for c in &contents[at + 1..] {
+        for p in c["parts"].as_array().into_iter().flatten() {
+            let r = &p["functionResponse"]["response"];
+            if let Some(t) = r["output"].as_str().or_else(|| r["error"].as_str()) {
+                outputs.push(t.to_owned());
+            }
+        }
+    }
+    (task, outputs)
+}
+
+fn gemini_reply(n: usize, step: Step) -> String {
+    let part = match step {
+        Step::Call(name, args) => {
+            json!({"functionCall": {"id": format!("fc_{n}"), "name": name, "args": args}})
+        }
+        Step::Say(text) => json!({"text": text}),
+    };
+    json!({"candidates": [{"index": 0, "finishReason": "STOP",
+        "content": {"role": "model", "parts": [part]}}],
+        "usageMetadata": {"promptTokenCount": 100 + n, "candidatesTokenCount": 10}})
+    .to_string()
+}
+
 fn openai_reply(n: usize, step: Step) -> String {
     let (message, finish) = match step {
         Step::Call(name, args) => (
@@ -139,12 +175,24 @@ pub fn scripted(
         let (task, outputs) = match kind {
             ProviderKind::OpenAi => openai_view(&req.body),
             ProviderKind::Anthropic => anthropic_view(&req.body),
+            ProviderKind::Gemini => gemini_view(&req.body),
         };
         let step = script(&task, &outputs);
         let body = match kind {
             ProviderKind::OpenAi => openai_reply(n, step),
             ProviderKind::Anthropic => anthropic_reply(n, step),
+            ProviderKind::Gemini => gemini_reply(n, step),
         };
         (200, vec![], body)
     })
+}
+
+/// What a run printed, or else the value of its last expression.
+pub fn shown(out: &str) -> String {
+    let s = section(out, "stdout");
+    if s.is_empty() {
+        section(out, "result")
+    } else {
+        s
+    }
 }
