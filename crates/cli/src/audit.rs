@@ -10,11 +10,13 @@ use runcell_store::audit::keys::{self, CHAIN_KEY_FILE, SIGNING_KEY_FILE};
 use runcell_store::audit::signed::{AuditPublicKey, AuditSigner, Checkpoint};
 use runcell_store::{Expected, Store};
 
-/// Where the audit keys are, when not in `<data dir>/keys/` (the global flags).
+/// Where the audit keys are, when not in `<data dir>/keys/`, and the database, when not
+/// the data dir's SQLite file (the global flags).
 #[derive(Debug, Default, Clone)]
 pub struct KeyFiles {
     pub chain: Option<PathBuf>,
     pub signing: Option<PathBuf>,
+    pub database: Option<String>,
 }
 
 static KEY_FILES: OnceLock<KeyFiles> = OnceLock::new();
@@ -42,8 +44,48 @@ fn signing_key_file(data_dir: &Path) -> PathBuf {
         .unwrap_or_else(|| keys::default_dir(&db_path(data_dir)).join(SIGNING_KEY_FILE))
 }
 
-/// The data dir's database, its audit chain keyed with the chain key file.
+/// The database (`--database`, or the data dir's SQLite file), its audit chain keyed with the
+/// chain key file.
 pub fn open_store(data_dir: &Path) -> anyhow::Result<Store> {
+    open_store_as(data_dir, None)
+}
+
+/// [`open_store`] for `runcell serve`: on PostgreSQL the store is node `node_url`'s (or, without
+/// one, this host's and data dir's), which registers and beats, and owns the sessions it makes.
+pub fn open_serving_store(data_dir: &Path, node_url: Option<&str>) -> anyhow::Result<Store> {
+    if KEY_FILES.get().and_then(|k| k.database.as_ref()).is_none() {
+        if node_url.is_some() {
+            return Err(crate::args::invalid(
+                "--node-url needs --database postgres://... (nodes share a PostgreSQL database)",
+            ));
+        }
+        return open_store(data_dir);
+    }
+    let node = match node_url {
+        Some(url) => url.to_owned(),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}:{}", host.trim(), data_dir.display())
+        }
+    };
+    open_store_as(data_dir, Some(&node))
+}
+
+fn open_store_as(data_dir: &Path, node: Option<&str>) -> anyhow::Result<Store> {
+    if let Some(url) = KEY_FILES.get().and_then(|k| k.database.as_deref()) {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(crate::args::invalid(
+                "--database must be a PostgreSQL URL (postgres://...); without it runcell uses \
+                 SQLite in the data dir",
+            ));
+        }
+        let key = chain_key_file(data_dir);
+        return match node {
+            Some(node) => Store::open_postgres_node(url, &key, node),
+            None => Store::open_postgres(url, &key),
+        }
+        .context("cannot open the PostgreSQL database");
+    }
     Store::open_keyed(
         &db_path(data_dir),
         runcell_store::Durability::default(),

@@ -48,6 +48,11 @@ struct Cli {
         value_name = "FILE"
     )]
     audit_signing_key_file: Option<PathBuf>,
+    /// The database: a PostgreSQL URL (`postgres://USER:PASSWORD@HOST:PORT/DB`) shared by
+    /// several `runcell serve` nodes, their `keys` and `audit` commands [default: SQLite in the
+    /// data dir]. Every node needs the same audit key files (docs/scale.md).
+    #[arg(long, global = true, env = "RUNCELL_DATABASE_URL", value_name = "URL")]
+    database: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,6 +112,7 @@ fn main() -> ExitCode {
     audit::set_key_files(audit::KeyFiles {
         chain: cli.audit_key_file,
         signing: cli.audit_signing_key_file,
+        database: cli.database,
     });
     let result = match cli.command {
         Command::Serve(args) => serve::serve(explicit_data_dir.as_deref(), data_dir, *args),

@@ -108,6 +108,12 @@ pub struct ServeArgs {
     /// 1/RATE s more): slower uploads are cut with 408 [default: 8192].
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     body_min_rate: Option<u64>,
+    /// This node's URL as the other nodes on the same `--database` reach it (e.g.
+    /// http://runcell-0.runcell-nodes:8080): its id in the database, where it registers and
+    /// beats every 2 s; its sessions read as `dead` on every node 10 s after it stops
+    /// [default: the host name and data dir].
+    #[arg(long, value_name = "URL", env = "RUNCELL_NODE_URL")]
+    node_url: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -301,6 +307,19 @@ pub fn serve(
                 .map_err(|e| invalid(format!("allowed_hosts {name:?}: {e}")))?,
         );
     }
+    // The other nodes forward requests to this one under its node URL's name.
+    if let Some(node) = &args.node_url {
+        let authority = node
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split('/').next())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("--node-url must be http://HOST:PORT"))?;
+        allowed_hosts.push(
+            authority
+                .parse()
+                .map_err(|e| invalid(format!("--node-url {node:?}: {e}")))?,
+        );
+    }
     // Before any thread exists: every thread and process started from here on inherits it.
     if let Err(e) = runcell_sandbox::set_batch_scheduling(scheduling == Scheduling::Batch) {
         tracing::warn!(error = %e, policy = ?scheduling, "cannot set the scheduling policy");
@@ -364,7 +383,7 @@ pub fn serve(
             ),
         }
     }
-    let store = crate::audit::open_store(data_dir)?;
+    let store = crate::audit::open_serving_store(data_dir, args.node_url.as_deref())?;
     if store.is_exclusive() {
         tracing::warn!(
             data_dir = %data_dir.display(),

@@ -209,6 +209,7 @@ impl From<EngineError> for ApiError {
                 .retry_after(runcell_engine::RETRY_AFTER.as_secs()),
             EngineError::InsufficientStorage(m) => ApiError::no_space(m.to_string()),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
+            EngineError::Store(s) if s.is_unavailable() => ApiError::unavailable(DB_DOWN),
             EngineError::IsolationMissing { .. }
             | EngineError::Unavailable(_)
             | EngineError::NoThread { .. }
@@ -304,9 +305,13 @@ pub(crate) fn store_error(e: runcell_store::StoreError) -> ApiError {
         StoreError::Invalid(m) => ApiError::invalid(m),
         StoreError::NotFound(m) => ApiError::not_found(m),
         e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
+        e if e.is_unavailable() => ApiError::unavailable(DB_DOWN),
         other => ApiError::internal(runcell_engine::error_chain(&other)),
     }
 }
+
+/// What a client is told when the (PostgreSQL) database cannot be reached.
+const DB_DOWN: &str = "the database is unavailable (restarting or unreachable); retry shortly";
 
 /// What a client is told when the database cannot take a write.
 const NO_SPACE: &str =

@@ -10,6 +10,7 @@ mod error;
 mod executions;
 mod extract;
 mod files;
+mod forward;
 mod hosts;
 pub mod mcp;
 mod metrics;
@@ -125,6 +126,11 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
             ApiError::method_not_allowed(&method)
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // A session another node holds is served there (several nodes on one database).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
+        ))
         // Outside every route (the page and its assets too: a rebound page reads them) and
         // before any body is read.
         .layer(axum::middleware::from_fn_with_state(

@@ -79,6 +79,52 @@ pub enum StoreError {
     /// Any other SQLite error.
     #[error("sqlite error")]
     Sqlite(#[source] rusqlite::Error),
+    /// The PostgreSQL server could not be reached, or the connection broke mid-call: nothing
+    /// of the call was committed unless it says so, and the next call connects again.
+    #[error("the database is unavailable: {reason}")]
+    Unavailable {
+        /// What failed, e.g. `cannot connect` or `no connection free within 10 s`.
+        reason: String,
+        /// What the driver said, if it said anything.
+        #[source]
+        source: Option<tokio_postgres::Error>,
+    },
+    /// Any other PostgreSQL error.
+    #[error("postgresql error")]
+    Postgres(#[source] tokio_postgres::Error),
+    /// A PostgreSQL migration failed; nothing of it was applied.
+    #[error("applying postgresql schema migration {version} failed")]
+    PgMigration {
+        /// The migration's version.
+        version: i64,
+        /// What PostgreSQL said.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // Unavailable: a connection refused, broken or closed (an I/O error or none left),
+        // or the server saying it cannot serve now: connection exceptions (class 08),
+        // operator intervention such as a shutdown or a start-up in progress (57), resources
+        // such as connection slots exhausted (53). Anything else is an answer about the call.
+        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+        let class = e.code().map(|c| &c.code()[..2]);
+        if e.is_closed() || io || matches!(class, Some("08" | "57" | "53")) {
+            let reason = if e.is_closed() {
+                "the connection closed"
+            } else {
+                "the server cannot serve now"
+            };
+            StoreError::Unavailable {
+                reason: reason.into(),
+                source: Some(e),
+            }
+        } else {
+            StoreError::Postgres(e)
+        }
+    }
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -104,6 +150,12 @@ fn is_full(e: &rusqlite::Error) -> bool {
 }
 
 impl StoreError {
+    /// Whether the database could not be reached (PostgreSQL down, restarting or cut off):
+    /// the caller can say so (HTTP 503) and retry.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
     /// Whether the operation failed for want of space where the store writes (the database,
     /// its journal, a key file): the caller can say so (HTTP 507) rather than fail blindly,
     /// and retry once space is freed.

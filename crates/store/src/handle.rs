@@ -1,4 +1,5 @@
-//! [`Store`], the handle callers hold: some backend behind an `Arc`, opened as SQLite by default.
+//! [`Store`], the handle callers hold: some backend behind an `Arc`, opened as SQLite by
+//! default, or as PostgreSQL for several nodes.
 
 use std::fmt;
 use std::ops::Deref;
@@ -6,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::postgres::PgStore;
 use crate::sqlite::{Durability, SqliteStore};
 use crate::{Backend, DomainStore};
 
@@ -33,6 +35,21 @@ impl Store {
             path,
             durability,
             chain_key_file,
+        )?)))
+    }
+
+    /// Connects to the PostgreSQL database at `url`, its chain keyed with the key in
+    /// `chain_key_file` (see [`PgStore::open`]).
+    pub fn open_postgres(url: &str, chain_key_file: &Path) -> Result<Store> {
+        Ok(Store(Arc::new(PgStore::open(url, chain_key_file)?)))
+    }
+
+    /// Like [`Store::open_postgres`], as the server of node `node` (see [`PgStore::open_node`]).
+    pub fn open_postgres_node(url: &str, chain_key_file: &Path, node: &str) -> Result<Store> {
+        Ok(Store(Arc::new(PgStore::open_node(
+            url,
+            chain_key_file,
+            node,
         )?)))
     }
 

@@ -1,13 +1,16 @@
 //! Persistence for runcell: API keys, sessions, upload metadata and the executions audit log.
 //!
-//! SQLite is the default (and so far only) backend; this is the only crate that speaks SQL.
-//! The interface is two traits, so a PostgreSQL backend can be added later: [`DomainStore`],
+//! SQLite is the default backend ([`SqliteStore`]), PostgreSQL the one for several nodes
+//! sharing a database ([`PgStore`]); this is the only crate that speaks SQL. The interface is
+//! two traits that both implement: [`DomainStore`],
 //! the records the engine keeps (sessions, uploads, executions, tenants' settings), and
 //! [`Backend`], everything else (API keys, tenants' changes, checkpoints' chain heads) on top
 //! of it. Callers hold a [`Store`], a cheap-to-clone handle to some backend; the engine holds
 //! its [`DomainStore`] side ([`Store::domain`]).
 //!
 //! The API is synchronous. Async callers should wrap calls in `tokio::task::spawn_blocking`.
+//! (The PostgreSQL backend runs its async driver on a runtime of its own, so it needs none
+//! from its callers.)
 //!
 //! # Durability
 //! The SQLite database runs in WAL mode with `synchronous=NORMAL`: once a write method returns,
@@ -31,6 +34,8 @@ mod checkpoint;
 mod error;
 mod group;
 mod handle;
+mod pending;
+mod postgres;
 mod sqlite;
 mod time;
 mod validate;
@@ -42,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, StoreError};
 pub use handle::Store;
+pub use postgres::{PgStore, NODE_TIMEOUT};
 pub use sqlite::{Durability, SqliteStore};
 
 /// An API key as the store knows it (never the plaintext).
@@ -229,8 +235,7 @@ pub struct Expected {
 /// What the engine keeps of its domain: sessions, the uploads into them, executions in their
 /// tenants' audit chains, and tenants' settings as a session start reads them. The engine holds
 /// any backend this way (`Arc<dyn DomainStore>`, see [`Store::domain`]), so it speaks to the
-/// store in records, never in SQL. Implemented by [`SqliteStore`]; a PostgreSQL backend
-/// implements it too. All methods validate their input and return [`StoreError::Invalid`]
+/// store in records, never in SQL. Implemented by [`SqliteStore`] and [`PgStore`]. All methods validate their input and return [`StoreError::Invalid`]
 /// rather than panic.
 pub trait DomainStore: Send + Sync + fmt::Debug {
     // ---- tenants' quotas and default start ----
@@ -313,7 +318,7 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
 
 /// Everything the store does: the [`DomainStore`] records, and what only the operator and the
 /// HTTP layer need (API keys, changing tenants' settings, signed checkpoints' chain heads).
-/// Implemented by [`SqliteStore`]; a PostgreSQL backend would implement it too. All methods
+/// Implemented by [`SqliteStore`] and [`PgStore`]. All methods
 /// validate their input and return [`StoreError::Invalid`] rather than panic.
 pub trait Backend: DomainStore {
     // ---- API keys ----
@@ -380,4 +385,26 @@ pub trait Backend: DomainStore {
     fn appended_count(&self) -> u64 {
         0
     }
+
+    // ---- nodes sharing the database ----
+
+    /// The node this store is the server of (its `--node-url`), when nodes share the
+    /// database; `None` for a store of its own (SQLite) or a command that is no node.
+    fn node_id(&self) -> Option<&str> {
+        None
+    }
+    /// Which node owns session `id` (of any tenant), and whether that node is alive (it beat
+    /// within [`NODE_TIMEOUT`]); `None` for an unknown session or one no node owns.
+    fn session_node(&self, _id: &str) -> Result<Option<SessionNode>> {
+        Ok(None)
+    }
+}
+
+/// Where a session lives: see [`Backend::session_node`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionNode {
+    /// The owner's node id (its URL).
+    pub node: String,
+    /// Whether it beat within [`NODE_TIMEOUT`].
+    pub alive: bool,
 }

@@ -26,6 +26,15 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// A server started by the test itself, answering at `base`.
+    pub fn adopt(child: Child, base: String) -> Serve {
+        Serve {
+            child,
+            base,
+            stopped: false,
+        }
+    }
+
     /// `kill -9`: nothing is cleaned up, as after a crash.
     pub fn kill9(&mut self) {
         self.child.kill().expect("kill -9");
@@ -44,6 +53,30 @@ impl Drop for Serve {
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         let _ = self.child.wait();
+    }
+}
+
+/// Unmounts, when dropped, whatever is still mounted under a data dir — what a `kill -9`ed
+/// server leaves on purpose (its workspace images stay mounted for the next start to adopt).
+/// Without it every such test leaks its spare images' loop devices on the host.
+#[allow(dead_code)] // not every test binary that includes this module kills a server
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+            return;
+        };
+        let mut under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(1))
+            .filter(|m| Path::new(m).starts_with(&self.0))
+            .collect();
+        // Deepest first: a workspace bound inside another mount goes before it.
+        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in under {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
     }
 }
 

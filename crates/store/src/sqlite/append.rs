@@ -2,35 +2,12 @@
 //! the chain heads moved in the same IMMEDIATE transaction, and a failed group-commit batch
 //! retried row by row so one bad row fails alone.
 
-use std::borrow::Cow;
-
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::audit::{chain_mac, ChainFields, ChainKey, GENESIS_HASH};
 use crate::error::{Result, StoreError};
-use crate::{time, validate, AuditEntry, NewExecution};
-
-/// An execution waiting in the group commit, with its timestamp already formatted.
-#[derive(Debug)]
-pub(super) struct PendingAppend<'a> {
-    pub(super) rec: Cow<'a, NewExecution>,
-    pub(super) created_at: String,
-}
-
-/// Checks one record and formats its timestamp for the chain.
-pub(super) fn pending_append(rec: &NewExecution) -> Result<PendingAppend<'_>> {
-    validate::name("tenant", &rec.tenant)?;
-    validate::id("execution id", &rec.execution_id)?;
-    if let Some(s) = &rec.session_id {
-        validate::id("session id", s)?;
-    }
-    validate::word("status", &rec.status)?;
-    validate::json("execution_json", &rec.execution_json)?;
-    Ok(PendingAppend {
-        created_at: time::fmt(rec.created_at),
-        rec: Cow::Borrowed(rec),
-    })
-}
+pub(super) use crate::pending::{pending_append, PendingAppend};
+use crate::AuditEntry;
 
 /// Appends `batch` (in order) to the tenants' chains in one IMMEDIATE transaction and
 /// commits; all or nothing. `Conflict` if an execution id is already recorded.

@@ -1,6 +1,15 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+mod db;
+mod pg;
+
+// Each test binary uses some of these.
+#[allow(unused_imports)]
+pub use db::*;
+#[allow(unused_imports)]
+pub use pg::*;
+
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};

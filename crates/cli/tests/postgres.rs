@@ -1,0 +1,402 @@
+//! `--database postgres://...` end to end: `runcell keys` and two `runcell serve` nodes (data
+//! dirs of their own) on one real PostgreSQL (the store tests' server, started by the test):
+//! a key made by the CLI authenticates on both nodes, an execution on one node is listed and
+//! verified in the audit chain through the other, a node leaves the other's sessions alone and
+//! reports them dead once that node is killed, `runcell audit verify` agrees, and a node given
+//! another chain key refuses to start.
+
+mod common;
+#[allow(dead_code, reason = "the store tests use the rest")]
+#[path = "../../store/tests/common/pg.rs"]
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::serve::{data_dir, runcell, serve, UnmountOnDrop};
+use serde_json::{json, Value};
+
+/// The global flags every command on the shared database takes.
+fn shared(url: &str, keys: &Path) -> Vec<String> {
+    vec![
+        "--database".into(),
+        url.into(),
+        "--audit-key-file".into(),
+        keys.join("audit-chain.key").display().to_string(),
+        "--audit-signing-key-file".into(),
+        keys.join("audit-signing.key").display().to_string(),
+    ]
+}
+
+fn cli(data: &Path, flags: &[String]) -> Command {
+    let mut c = runcell(data);
+    c.args(flags);
+    c
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+fn get(base: &str, path: &str, key: &str) -> Value {
+    let r = http()
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .expect("get");
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().expect("json")
+}
+
+#[test]
+fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
+    let server = pg::pg_server();
+    let conninfo = server.new_database();
+    let db = conninfo.rsplit("dbname=").next().expect("dbname");
+    let url = format!(
+        "postgres://{}@/{db}?host={}",
+        pg::PG_USER,
+        server.socket_dir().display()
+    );
+    let keys = tempfile::tempdir().expect("tempdir");
+    let flags = shared(&url, keys.path());
+    let (data_a, data_b): (PathBuf, PathBuf) =
+        (data_dir("runcell-pg-a-"), data_dir("runcell-pg-b-"));
+    let _unmount_a = UnmountOnDrop(data_a.clone());
+
+    let out = cli(&data_a, &flags)
+        .args(["keys", "create", "--name", "ci", "--tenant", "team-a"])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let key = stdout.lines().last().expect("key line").to_owned();
+    assert!(
+        server
+            .psql(db, "SELECT count(*) FROM api_keys")
+            .expect("psql")
+            == "1",
+        "the key is in PostgreSQL"
+    );
+
+    let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    let node = |url: &'static str| {
+        let mut f = node_flags.clone();
+        f.extend(["--node-url", url]);
+        f
+    };
+    let mut a = serve(&data_a, &node("http://node-a"));
+    let c = http();
+
+    // One execution through node A, a one-shot and one in a session.
+    let e: Value = c
+        .post(format!("{}/v1/execute", a.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "print(6 * 7)"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute on A");
+    assert_eq!(e["stdout"], "42\n", "{e}");
+    let one_shot = e["id"].as_str().expect("id").to_owned();
+    let s: Value = c
+        .post(format!("{}/v1/sessions", a.base))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on A");
+    let sid = s["id"].as_str().expect("session id").to_owned();
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{sid}/execute", a.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "x = 5\nx * 2"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute in the session");
+    assert_eq!(e["status"], "ok", "{e}");
+
+    // Node B starts after it: what it recovers is its own, so A's session is left alone.
+    let b = serve(&data_b, &node("http://node-b"));
+    let status = |id: &str| {
+        server
+            .psql(
+                db,
+                &format!("SELECT status FROM sessions WHERE id = '{id}'"),
+            )
+            .expect("psql")
+    };
+    assert_eq!(status(&sid), "ready");
+    assert_eq!(
+        server
+            .psql(db, "SELECT id FROM nodes ORDER BY id")
+            .expect("psql"),
+        "http://node-a\nhttp://node-b"
+    );
+
+    // Node B authenticates the same key and reads the same executions and chain.
+    let listed = get(&b.base, "/v1/executions", &key);
+    let ids: Vec<&str> = listed["executions"]
+        .as_array()
+        .expect("executions")
+        .iter()
+        .filter_map(|x| x["id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    assert!(ids.contains(&one_shot.as_str()), "{listed}");
+    let got = get(&b.base, &format!("/v1/executions/{one_shot}"), &key);
+    assert_eq!(got["stdout"], "42\n");
+    for node in [&a, &b] {
+        let v = get(&node.base, "/v1/audit/verify", &key);
+        assert_eq!(v, json!({"ok": true, "checked": 2}), "{}", node.base);
+    }
+    let bad = c
+        .get(format!("{}/v1/executions", b.base))
+        .bearer_auth("rc_not-a-key")
+        .send()
+        .expect("get");
+    assert_eq!(bad.status(), 401);
+
+    // Node A dies: within its heartbeat's timeout, its session is dead through node B.
+    a.kill9();
+    let killed = std::time::Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/v1/sessions/{sid}", b.base))
+            .bearer_auth(&key)
+            .send()
+            .expect("get");
+        if r.status() == 200 {
+            let s: Value = r.json().expect("json");
+            assert_eq!(s["status"], "dead", "{s}");
+            // Not before its heartbeat could have gone stale (10 s, less one 2 s beat).
+            assert!(
+                killed.elapsed() >= Duration::from_secs(7),
+                "{:?}",
+                killed.elapsed()
+            );
+            eprintln!(
+                "node A's session read dead through node B {:?} after kill -9",
+                killed.elapsed()
+            );
+            break;
+        }
+        // Until its heartbeat is stale, node A counts as alive: B forwards, and fails fast.
+        assert_eq!(r.status(), 503, "not dead yet: node A cannot be reached");
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "still not dead after {:?}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(b);
+
+    let out = cli(&data_b, &flags)
+        .args(["audit", "verify"])
+        .output()
+        .expect("audit verify");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A node with a chain key of its own cannot join.
+    let other = tempfile::tempdir().expect("tempdir");
+    let out = cli(&data_b, &shared(&url, other.path()))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("keyed with key"), "{err}");
+}
+
+/// `runcell serve` on `port`, as node `http://127.0.0.1:PORT`.
+fn node_on(data: &Path, port: u16, flags: &[&str]) -> common::serve::Serve {
+    use std::io::{BufRead, BufReader};
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = runcell(data)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--node-url", &url])
+        .args(flags)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    loop {
+        let line = lines.next().expect("serve exited early").expect("log line");
+        if line.contains("runcell serving on") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+    common::serve::Serve::adopt(child, url)
+}
+
+/// Three nodes: a session made on A is reached through B and C, its NDJSON stream included,
+/// a file uploaded through C downloads through B, and once A is killed its session is dead
+/// through B.
+#[test]
+fn three_nodes_route_session_requests_to_their_owner() {
+    let server = pg::pg_server();
+    let conninfo = server.new_database();
+    let db = conninfo.rsplit("dbname=").next().expect("dbname");
+    let url = format!(
+        "postgres://{}@/{db}?host={}",
+        pg::PG_USER,
+        server.socket_dir().display()
+    );
+    let keys = tempfile::tempdir().expect("tempdir");
+    let flags = shared(&url, keys.path());
+    let out = cli(&data_dir("runcell-pg-k-"), &flags)
+        .args(["keys", "create", "--name", "ci"])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("key")
+        .to_owned();
+    let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    let data_a = data_dir("runcell-pg-a-");
+    let _unmount_a = UnmountOnDrop(data_a.clone());
+    let mut a = node_on(
+        &data_a,
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let b = node_on(
+        &data_dir("runcell-pg-b-"),
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let c_node = node_on(
+        &data_dir("runcell-pg-c-"),
+        common::serve::free_port(),
+        &node_flags,
+    );
+    let c = http();
+
+    let s: Value = c
+        .post(format!("{}/v1/sessions", a.base))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on A");
+    let sid = s["id"].as_str().expect("session id").to_owned();
+    let e: Value = c
+        .post(format!("{}/v1/sessions/{sid}/execute", b.base))
+        .bearer_auth(&key)
+        .json(&json!({"code": "x = 41"}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("execute through B");
+    assert_eq!(e["status"], "ok", "{e}");
+    // Streamed through C: the events come as they happen, the end last.
+    let stream = c
+        .post(format!("{}/v1/sessions/{sid}/execute", c_node.base))
+        .bearer_auth(&key)
+        .header("Accept", "application/x-ndjson")
+        .json(&json!({"code": "print('hi')\nx + 1"}))
+        .send()
+        .expect("stream through C");
+    assert_eq!(stream.status(), 200);
+    let events: Vec<Value> = stream
+        .text()
+        .expect("body")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("event"))
+        .collect();
+    assert_eq!(
+        events.first().map(|e| e["type"].clone()),
+        Some(json!("stdout"))
+    );
+    let end = events.last().expect("end");
+    assert_eq!(end["type"], "end", "{events:?}");
+    assert_eq!(
+        end["execution"]["results"][0]["data"]["text/plain"], "42",
+        "{end}"
+    );
+    // Uploaded through C (3 MiB), downloaded through B.
+    let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let up = c
+        .put(format!("{}/v1/sessions/{sid}/files/data.bin", c_node.base))
+        .bearer_auth(&key)
+        .body(data.clone())
+        .send()
+        .expect("upload through C");
+    assert!(up.status().is_success(), "{}", up.status());
+    let down = c
+        .get(format!("{}/v1/sessions/{sid}/files/data.bin", b.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("download through B");
+    assert_eq!(down.status(), 200);
+    assert!(down.bytes().expect("bytes").as_ref() == data.as_slice());
+    assert_eq!(
+        get(&b.base, &format!("/v1/sessions/{sid}"), &key)["status"],
+        "ready"
+    );
+    // What forwarding costs (printed, not asserted: the machine is shared): a session's GET
+    // at its owner and through another node, p50 of 50 each.
+    let p50 = |base: &str| {
+        let mut ms: Vec<f64> = (0..50)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                let r = c
+                    .get(format!("{base}/v1/sessions/{sid}"))
+                    .bearer_auth(&key)
+                    .send()
+                    .and_then(|r| r.error_for_status())
+                    .and_then(|r| r.bytes())
+                    .expect("get");
+                drop(r);
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        ms[25]
+    };
+    let (at_owner, through_b) = (p50(&a.base), p50(&b.base));
+    eprintln!("GET session p50: {at_owner:.2} ms at its node, {through_b:.2} ms through another");
+
+    a.kill9();
+    let killed = std::time::Instant::now();
+    loop {
+        let r = c
+            .get(format!("{}/v1/sessions/{sid}", b.base))
+            .bearer_auth(&key)
+            .send()
+            .expect("get");
+        if r.status() == 200 {
+            let s: Value = r.json().expect("json");
+            if s["status"] == "dead" {
+                break;
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "A's session still not dead through B after {:?}",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -1,0 +1,147 @@
+//! Requests for a session another node holds, forwarded to that node. With several nodes on
+//! one PostgreSQL database (docs/scale.md) each session lives on the node that made it; any
+//! node takes a request for it (`/v1/sessions/{id}/...`) and, when the store names another
+//! live node as the owner, passes the request on as it is (the client's own key
+//! authenticates it there; keys are shared) and streams the answer back, over connections
+//! kept open between requests. Neither body is buffered: an upload or an NDJSON stream goes
+//! through as it comes (a client that goes away drops the answer, and so the connection to
+//! the owner, which then sees its client gone). A session whose owner is
+//! dead is answered here (the store reads it `dead`).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderName, HeaderValue, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+use crate::error::{store_error, ApiError};
+use crate::state::AppState;
+
+/// Marks a request one node forwarded to another (its value: the forwarding node), so it is
+/// never forwarded again.
+const FORWARDED_BY: HeaderName = HeaderName::from_static("x-runcell-forwarded-by");
+/// How long the owner may take to accept a connection before the request fails.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The connections to the other nodes, kept open between requests (HTTP/1.1 keep-alive), so
+/// a forwarded request pays no connection set-up.
+fn client() -> &'static Client<HttpConnector, Body> {
+    static CLIENT: std::sync::OnceLock<Client<HttpConnector, Body>> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        Client::builder(TokioExecutor::new()).build(connector)
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+/// The session a path is about, if it is one of a session's (`/v1/sessions/{id}[/...]`).
+fn session_of(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/sessions/")?.split('/').next()?;
+    (!id.is_empty()).then_some(id)
+}
+
+/// The middleware: forwards when the session is another live node's, else serves here.
+pub(crate) async fn to_owner(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(me) = state.store.node_id().map(str::to_owned) else {
+        return next.run(req).await;
+    };
+    let Some(id) = session_of(req.uri().path()).map(str::to_owned) else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(&FORWARDED_BY) {
+        return next.run(req).await;
+    }
+    let store = state.store.clone();
+    let owner = match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
+        Ok(Ok(owner)) => owner,
+        Ok(Err(e)) => return store_error(e).into_response(),
+        Err(e) => return ApiError::internal(e).into_response(),
+    };
+    match owner {
+        Some(o) if o.alive && o.node != me => forward(&o.node, &me, req)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        _ => next.run(req).await,
+    }
+}
+
+/// Sends `req` to the node at `node` (`http://host:port`) and streams its answer back.
+async fn forward(node: &str, me: &str, req: Request) -> Result<Response, ApiError> {
+    let unreachable = |why: &str| {
+        ApiError::unavailable(format!(
+            "the node holding this session ({node}) cannot be reached: {why}"
+        ))
+    };
+    let authority = node
+        .parse::<Uri>()
+        .ok()
+        .filter(|u| u.scheme_str() == Some("http"))
+        .and_then(|u| u.authority().cloned())
+        .ok_or_else(|| unreachable("its node URL is not http://HOST:PORT"))?;
+    let (mut parts, body) = req.into_parts();
+    // The owner answers to its node URL's name (`serve --node-url` allows it). This node's
+    // guard has checked the request's Host and Origin already: the owner would judge the
+    // browser's Origin against its own names, so it is not passed on.
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(authority.as_str()).map_err(ApiError::internal)?,
+    );
+    for hop in [
+        header::ORIGIN,
+        HeaderName::from_static("sec-fetch-site"),
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+        HeaderName::from_static("keep-alive"),
+    ] {
+        parts.headers.remove(hop);
+    }
+    parts.headers.insert(
+        FORWARDED_BY,
+        HeaderValue::from_str(me).map_err(ApiError::internal)?,
+    );
+    parts.uri = Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
+        .build()
+        .map_err(ApiError::internal)?;
+    let answer = client()
+        .request(axum::http::Request::from_parts(parts, body))
+        .await
+        .map_err(|e| unreachable(&error_chain(&e)))?;
+    let (parts, body) = answer.into_parts();
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_of;
+
+    #[test]
+    fn session_paths() {
+        assert_eq!(session_of("/v1/sessions/ses_1"), Some("ses_1"));
+        assert_eq!(session_of("/v1/sessions/ses_1/files/a/b"), Some("ses_1"));
+        assert_eq!(session_of("/v1/sessions/"), None);
+        assert_eq!(session_of("/v1/sessions"), None);
+        assert_eq!(session_of("/v1/executions/ses_1"), None);
+    }
+}
