@@ -277,11 +277,7 @@ fn three_nodes_route_session_requests_to_their_owner() {
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
     let data_a = data_dir("runcell-pg-a-");
     let _unmount_a = UnmountOnDrop(data_a.clone());
-    let mut a = node_on(
-        &data_a,
-        common::serve::free_port(),
-        &node_flags,
-    );
+    let mut a = node_on(&data_a, common::serve::free_port(), &node_flags);
     let b = node_on(
         &data_dir("runcell-pg-b-"),
         common::serve::free_port(),
