@@ -37,7 +37,7 @@ fn chain_key_file(data_dir: &Path) -> PathBuf {
         .unwrap_or_else(|| keys::default_dir(&db_path(data_dir)).join(CHAIN_KEY_FILE))
 }
 
-fn signing_key_file(data_dir: &Path) -> PathBuf {
+pub fn signing_key_file(data_dir: &Path) -> PathBuf {
     KEY_FILES
         .get()
         .and_then(|k| k.signing.clone())
@@ -121,7 +121,7 @@ pub fn public_key(data_dir: &Path) -> anyhow::Result<ExitCode> {
 
 /// A public key given as 64 hex characters, or a file holding them (or the JSON
 /// `runcell audit public-key` and `GET /v1/audit/public-key` print).
-fn parse_public_key(arg: &str) -> anyhow::Result<AuditPublicKey> {
+pub fn parse_public_key(arg: &str) -> anyhow::Result<AuditPublicKey> {
     if let Some(pk) = AuditPublicKey::from_hex(arg) {
         return Ok(pk);
     }

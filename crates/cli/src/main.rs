@@ -14,6 +14,7 @@ mod run;
 mod runtime;
 mod serve;
 mod tools;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,6 +83,9 @@ enum Command {
     /// Read and verify the tamper-evident audit log of executions.
     #[command(subcommand)]
     Audit(keys::AuditCommand),
+    /// Check a file an execution produced against its signed provenance statement; non-zero
+    /// exit, with the reason, when the file or the statement was changed.
+    Verify(verify::VerifyArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -126,6 +130,7 @@ fn main() -> ExitCode {
         Command::Runtime(cmd) => runtime::runtime(&data_dir, cmd),
         Command::Keys(cmd) => keys::keys(&data_dir, cmd),
         Command::Audit(cmd) => keys::audit(&data_dir, cmd),
+        Command::Verify(args) => verify::verify(&data_dir, args),
     };
     match result {
         Ok(code) => code,

@@ -38,7 +38,8 @@ impl Began {
     pub(crate) fn end(self, workspace: &Workspace) -> Ended {
         let finished_at = Utc::now();
         let after = workspace.snapshot().ok();
-        let diff = diff_files(self.before.as_ref(), after.as_ref());
+        let mut diff = diff_files(self.before.as_ref(), after.as_ref());
+        crate::hashing::hash_files(workspace, &mut diff.files);
         sync_if_changed(workspace, self.before.as_ref(), after.as_ref(), &diff);
         Ended {
             diff,
@@ -171,6 +172,7 @@ fn diff_files(before: Option<&Snapshot>, after: Option<&Snapshot>) -> FileDiff {
             size: stat.size,
             mime: crate::mime_of(path),
             change,
+            sha256: None,
         });
     }
     if after.complete {
@@ -184,6 +186,7 @@ fn diff_files(before: Option<&Snapshot>, after: Option<&Snapshot>) -> FileDiff {
                 size: 0,
                 mime: crate::mime_of(path),
                 change: FileChangeKind::Deleted,
+                sha256: None,
             });
         }
     } else if before.files.keys().any(|p| !after.files.contains_key(p)) {

@@ -10,13 +10,16 @@ mod engine;
 mod error;
 mod execution;
 mod files;
+mod hashing;
 mod launch;
 mod limits;
 mod model;
 mod network;
 mod oneshot;
 mod pool;
+mod provenance;
 mod records;
+mod rich;
 mod session;
 mod spares;
 #[cfg(feature = "test-support")]
@@ -43,6 +46,7 @@ pub use bounds::{
 };
 pub use commands::{CommandOutput, WatchedCommand};
 pub use files::FileEntry;
+pub use hashing::{sha256_hex, sha256_of, MAX_HASHED_BYTES};
 pub use model::{
     new_id, new_ordered_id, ErrorInfo, Execution, ExecutionStatus, FileChange, FileChangeKind,
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
@@ -51,7 +55,9 @@ pub use network::{
     DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
+pub use provenance::producer;
 pub use records::ExecutionPage;
+pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,

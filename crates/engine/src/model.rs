@@ -91,12 +91,37 @@ pub struct Truncated {
     pub files: bool,
 }
 
-/// A Jupyter MIME bundle.
+/// A Jupyter MIME bundle, and the data of the chart it pictures.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultItem {
     pub is_main_result: bool,
     pub data: BTreeMap<String, String>,
+    /// What a matplotlib figure plots (E2B's chart shape: `type`, `title`, axes, `elements`),
+    /// beside its PNG; absent for anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub chart: Option<serde_json::Value>,
+}
+
+/// The key under which the Python kernel sends a figure's chart inside its bundle
+/// (`crates/kernel/python/runcell_charts.py`); [`ResultItem::new`] moves it to `chart`.
+const CHART_MIME: &str = "application/vnd.runcell.chart+json";
+
+impl ResultItem {
+    /// A result from a kernel's bundle: the chart it carries leaves `data` for `chart` (a
+    /// chart that is not a JSON object is dropped).
+    pub fn new(is_main_result: bool, mut data: BTreeMap<String, String>) -> ResultItem {
+        let chart = data
+            .remove(CHART_MIME)
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .filter(|chart| chart.is_object());
+        ResultItem {
+            is_main_result,
+            data,
+            chart,
+        }
+    }
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -123,6 +148,10 @@ pub struct FileChange {
     pub size: u64,
     pub mime: String,
     pub change: FileChangeKind,
+    /// SHA-256 of the content the run left, hex: absent for a deleted file, and for one the
+    /// run's hashing budget did not reach (see [`MAX_HASHED_BYTES`](crate::MAX_HASHED_BYTES)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -257,6 +286,7 @@ mod tests {
                 size: 3,
                 mime: "image/png".into(),
                 change: FileChangeKind::Created,
+                sha256: Some("ab".repeat(32)),
             }],
             usage: UsageInfo {
                 wall_ms: 1,
@@ -280,11 +310,32 @@ mod tests {
             serde_json::json!({"id":"ex_1","session_id":null,"language":"python","execution_count":1,
               "status":"error","stdout":"a","stderr":"b","truncated":{"stdout":false,"stderr":false,"results":false,"files":false},
               "results":[],"error":{"name":"ZeroDivisionError","value":"division by zero","traceback":"tb"},
-              "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created"}],
+              "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created","sha256":"ab".repeat(32)}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
               "network":[{"domain":"pypi.org","port":443,"allowed":true,"bytes_out":10,"bytes_in":20}],
               "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
         );
+    }
+
+    #[test]
+    fn a_bundles_chart_moves_to_the_result() {
+        let bundle = |chart: &str| {
+            BTreeMap::from([
+                ("image/png".to_owned(), "iVBO".to_owned()),
+                (CHART_MIME.to_owned(), chart.to_owned()),
+            ])
+        };
+        let r = ResultItem::new(false, bundle(r#"{"type":"line","elements":[]}"#));
+        assert_eq!(r.data.keys().collect::<Vec<_>>(), ["image/png"]);
+        assert_eq!(
+            serde_json::to_value(&r).expect("json"),
+            serde_json::json!({"is_main_result":false,"data":{"image/png":"iVBO"},
+              "chart":{"type":"line","elements":[]}})
+        );
+        for broken in ["[1]", "{", "null"] {
+            let r = ResultItem::new(true, bundle(broken));
+            assert_eq!((r.chart, r.data.len()), (None, 1), "{broken}");
+        }
     }
 
     #[test]

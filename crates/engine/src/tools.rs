@@ -326,26 +326,7 @@ impl ToolOutput {
     }
 }
 
-/// `text` cut to about `cap` characters: its head and tail around an explicit
-/// `[… N bytes truncated …]` line (the marker the engine uses for capped output).
-pub fn truncate_section(text: &str, cap: usize) -> String {
-    if text.chars().count() <= cap {
-        return text.to_owned();
-    }
-    let half = cap / 2;
-    let head_end = text.char_indices().nth(half).map_or(text.len(), |(i, _)| i);
-    let tail_start = text
-        .char_indices()
-        .rev()
-        .nth(half.saturating_sub(1))
-        .map_or(head_end, |(i, _)| i.max(head_end));
-    format!(
-        "{}\n[… {} bytes truncated …]\n{}",
-        &text[..head_end],
-        tail_start - head_end,
-        &text[tail_start..]
-    )
-}
+pub use crate::rich::truncate_section;
 
 /// `label:` then the body on the lines below (capped); a one-line body stays on the label's
 /// line when it is short.
@@ -376,32 +357,37 @@ pub fn execution_output(e: &Execution) -> ToolOutput {
         section(&mut text, "stderr", &e.stderr);
     }
     for r in &e.results {
-        if let Some(png) = r.data.get("image/png") {
-            images.push(ToolImage {
-                mime: "image/png".into(),
-                data_base64: png.clone(),
-            });
-            continue;
-        }
-        let Some(plain) = r.data.get("text/plain") else {
-            continue;
+        let label = if r.is_main_result {
+            "result"
+        } else {
+            "display"
         };
-        section(
-            &mut text,
-            if r.is_main_result {
-                "result"
-            } else {
-                "display"
-            },
-            plain,
-        );
+        let view = crate::rich::model_view(r, label);
+        if let Some((mime, data_base64)) = view.image {
+            images.push(ToolImage {
+                mime: mime.into(),
+                data_base64,
+            });
+        }
+        for (label, body) in &view.sections {
+            section(&mut text, label, body);
+        }
     }
     if !images.is_empty() {
+        let kinds: std::collections::BTreeSet<&str> = images
+            .iter()
+            .map(|i| i.mime.trim_start_matches("image/"))
+            .collect();
+        let kinds = kinds
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("/")
+            .to_uppercase();
         line(
             &mut text,
             "images",
             &format!(
-                "{} PNG image{} attached",
+                "{} {kinds} image{} attached",
                 images.len(),
                 if images.len() == 1 { "" } else { "s" }
             ),

@@ -49,6 +49,12 @@ except ImportError as _exc:  # a kernel copied without it still runs cells
     _snapshot_import_error = _exc
 
 try:
+    # Chart data of matplotlib figures (issue 24), beside this file like runcell_snapshot.
+    import runcell_charts
+except ImportError:  # figures still come back as PNGs
+    runcell_charts = None
+
+try:
     # The C functions behind `signal`: its Python wrappers convert every argument and result
     # to enums, which cost more than the system calls themselves on the per-cell path.
     import _signal as _sig
@@ -264,6 +270,7 @@ REPR_METHODS = (
     ("image/jpeg", "_repr_jpeg_"),
     ("text/latex", "_repr_latex_"),
     ("application/json", "_repr_json_"),
+    ("application/pdf", "_repr_pdf_"),
 )
 PRETTY_TYPES = (dict, list, tuple, set, frozenset)
 # Builtin types have no _repr_*_ methods (their attributes cannot be added) and no library
@@ -327,7 +334,15 @@ def _library_reprs(obj):
         except Exception as exc:
             _warn(f"could not render the figure: {type(exc).__name__}: {exc}")
             return {}
-        return {"image/png": png} if png is not None else {}
+        if png is None:
+            return {}
+        # After the PNG: drawing it settles tick labels. The host moves the chart out of the
+        # bundle into the result's `chart`.
+        try:
+            chart = runcell_charts.figure_chart(obj) if runcell_charts is not None else None
+        except Exception:
+            chart = None  # never a failed cell over its chart data
+        return {"image/png": png, runcell_charts.CHART_MIME: chart} if chart else {"image/png": png}
     return {}
 
 
@@ -583,9 +598,13 @@ class IPythonFallback:
         module.display = self.display
         if module.__name__ == "IPython":
             module.get_ipython = lambda: None  # "not inside IPython": libraries fall back to plain mode
+            # Libraries that find `IPython` imported read its version (matplotlib's first
+            # figure does): one recent enough that they ask no more of it than get_ipython().
+            module.version_info = (8, 24, 0, "")
+            module.__version__ = "8.24.0"
         elif module.__name__.endswith(".display"):
             module.clear_output = lambda wait=False: None
-            for cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+            for cls in (HTML, Markdown, Latex, Math, SVG, JSON, Image):
                 setattr(module, cls.__name__, cls)
 
 
@@ -625,6 +644,13 @@ class Markdown(_DisplayObject):
 class Latex(_DisplayObject):
     def _repr_latex_(self):
         return self.data
+
+
+class Math(_DisplayObject):
+    """A formula, as IPython writes it: display-style LaTeX between dollars."""
+
+    def _repr_latex_(self):
+        return f"$\\displaystyle {self.data.strip('$')}$"
 
 
 class SVG(_DisplayObject):
@@ -674,7 +700,7 @@ class Image(_DisplayObject):
         return None
 
 
-for _cls in (HTML, Markdown, Latex, SVG, JSON, Image):
+for _cls in (HTML, Markdown, Latex, Math, SVG, JSON, Image):
     _cls.__module__ = "IPython.display"
 del _cls
 
@@ -730,6 +756,9 @@ class Kernel:
             self.patch_pyplot(pyplot)
 
     def patch_pyplot(self, pyplot):
+        axes = sys.modules.get("matplotlib.axes")
+        if runcell_charts is not None and axes is not None:
+            runcell_charts.install(axes.Axes)  # box plots' statistics, for their chart data
         if getattr(pyplot.show, "_runcell", False):
             return
         kernel = self

@@ -535,6 +535,40 @@ NoRepr()
         outcome = self.run_ok("display({'text/html': '<p>x</p>', 'text/plain': 'x'}, raw=True)")
         self.assertEqual(outcome.displays, [{"text/html": "<p>x</p>", "text/plain": "x"}])
 
+    def test_every_rich_mime_type(self):
+        code = """
+class Doc:
+    def _repr_pdf_(self): return b'%PDF-1.4 fake'
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return {'application/vnd.vegalite.v5+json': {'mark': 'bar', 'data': {'values': [{'a': 1}]}},
+                'application/vnd.plotly.v1+json': {'data': [{'type': 'bar', 'y': [1, 2]}], 'layout': {}}}
+    def _repr_jpeg_(self): return b'\\xff\\xd8\\xff fake'
+Doc()
+"""
+        data = self.run_ok(code).result
+        self.assertEqual(base64.b64decode(data["application/pdf"]), b"%PDF-1.4 fake")
+        self.assertEqual(base64.b64decode(data["image/jpeg"]), b"\xff\xd8\xff fake")
+        self.assertEqual(json.loads(data["application/vnd.vegalite.v5+json"])["mark"], "bar")
+        self.assertEqual(json.loads(data["application/vnd.plotly.v1+json"])["data"][0]["y"], [1, 2])
+
+    @unittest.skipIf(has_module("IPython"), "the real IPython is installed")
+    def test_ipython_fallback_math_svg_json_and_jpeg(self):
+        code = (
+            "from IPython.display import Math, SVG, JSON, Image\n"
+            "display(Math('x^2'), SVG('<svg/>'), JSON({'a': 1}), Image(data=b'\\xff\\xd8\\xffjpeg'))"
+        )
+        displays = self.run_ok(code).displays
+        self.assertEqual(displays[0]["text/latex"], "$\\displaystyle x^2$")
+        self.assertEqual(displays[1]["image/svg+xml"], "<svg/>")
+        self.assertEqual(json.loads(displays[2]["application/json"]), {"a": 1})
+        self.assertEqual(base64.b64decode(displays[3]["image/jpeg"]), b"\xff\xd8\xffjpeg")
+
+    @unittest.skipIf(has_module("IPython") or not has_module("matplotlib"), "needs the fallback and matplotlib")
+    def test_figures_after_the_ipython_fallback_is_imported(self):
+        # matplotlib's first figure reads IPython.version_info once IPython is imported.
+        outcome = self.run_ok("from IPython.display import Markdown\nimport matplotlib.pyplot as plt\nplt.plot([1])\nplt.show()")
+        self.assertIn("image/png", outcome.displays[0])
+
     @unittest.skipIf(has_module("IPython"), "the real IPython is installed")
     def test_ipython_display_fallback(self):
         code = "from IPython.display import display, HTML, Markdown\nfrom IPython import get_ipython\ndisplay(HTML('<b>x</b>'), Markdown('*y*'))\nget_ipython()"
@@ -798,6 +832,190 @@ class MatplotlibTests(KernelTestCase):
     def test_empty_figure_is_text_only(self):
         outcome = self.run_ok("import matplotlib.pyplot as plt\nplt.figure()\nx = 0")
         self.assertEqual(outcome.displays, [{"text/plain": "<Figure size 640x480 with 0 Axes>"}])
+
+
+CHART_MIME = "application/vnd.runcell.chart+json"
+
+
+@unittest.skipUnless(has_module("matplotlib"), "matplotlib is not installed")
+class ChartTests(KernelTestCase):
+    """Chart data of figures (issue 24): the values extracted are the values plotted."""
+
+    def chart(self, code):
+        outcome = self.run_ok("import matplotlib.pyplot as plt\n" + code)
+        self.assertEqual(len(outcome.displays), 1, outcome.messages)
+        data = outcome.displays[0]
+        self.assertTrue(base64.b64decode(data["image/png"]).startswith(PNG_SIGNATURE))
+        return json.loads(data[CHART_MIME]) if CHART_MIME in data else None
+
+    def test_line(self):
+        chart = self.chart(
+            "plt.plot([1, 2, 3], [4.5, 5, -6], label='speed')\nplt.plot([0, 1], [1, 0])\n"
+            "plt.title('T')\nplt.xlabel('time (s)')\nplt.ylabel('v [m/s]')\nplt.grid(True)\n"
+            "plt.axhline(0)\nplt.xticks([1, 2, 3], ['a', 'b', 'c'])\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "line")
+        self.assertEqual((chart["title"], chart["x_label"], chart["y_label"]), ("T", "time (s)", "v [m/s]"))
+        self.assertEqual((chart["x_unit"], chart["y_unit"]), ("s", "m/s"))
+        self.assertEqual(chart["elements"], [
+            {"label": "speed", "points": [[1, 4.5], [2, 5], [3, -6]]},
+            {"label": "Line 2", "points": [[0, 1], [1, 0]]},
+        ])
+        self.assertEqual((chart["x_ticks"], chart["x_tick_labels"]), ([1, 2, 3], ["a", "b", "c"]))
+        self.assertEqual(chart["x_scale"], "linear")
+        self.assertEqual(len(chart["y_ticks"]), len(chart["y_tick_labels"]))
+
+    def test_line_of_dates_and_nan(self):
+        chart = self.chart(
+            "import datetime\nd = [datetime.datetime(2024, 1, 1), datetime.datetime(2024, 1, 2)]\n"
+            "plt.plot(d, [1, float('nan')])\nplt.show()"
+        )
+        self.assertEqual(chart["x_scale"], "datetime")
+        self.assertEqual(chart["elements"][0]["points"], [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", None]])
+        self.assertTrue(all(isinstance(t, str) for t in chart["x_ticks"]))
+
+    def test_long_series_are_bounded(self):
+        # 10 000 points a series at most, 50 000 a figure: six series keep 8 333 each.
+        chart = self.chart("for i in range(6):\n    plt.plot(range(12_000))\nplt.show()")
+        self.assertEqual([len(e["points"]) for e in chart["elements"]], [8_333] * 6)
+        self.assertEqual(chart["elements"][5]["points"][-1], [8_332, 8_332])
+
+    def test_scatter(self):
+        chart = self.chart("plt.scatter([1, 2, 3], [0.5, 0.25, 2], label='s')\nplt.scatter([9], [9])\nplt.yscale('log')\nplt.show()")
+        self.assertEqual(chart["type"], "scatter")
+        self.assertEqual(chart["y_scale"], "log")
+        self.assertEqual(chart["elements"], [
+            {"label": "s", "points": [[1, 0.5], [2, 0.25], [3, 2]]},
+            {"label": "Series 2", "points": [[9, 9]]},
+        ])
+
+    def test_bar_vertical_horizontal_and_grouped(self):
+        chart = self.chart("plt.bar(['x', 'y', 'z'], [3, 1.5, 2], label='n')\nplt.ylabel('count')\nplt.show()")
+        self.assertEqual(chart["type"], "bar")
+        self.assertEqual(chart["x_scale"], "categorical")
+        self.assertEqual(chart["elements"], [
+            {"label": "x", "group": "n", "value": 3},
+            {"label": "y", "group": "n", "value": 1.5},
+            {"label": "z", "group": "n", "value": 2},
+        ])
+        chart = self.chart("plt.barh(['p', 'q'], [5, 7])\nplt.show()")
+        self.assertEqual([(e["label"], e["value"]) for e in chart["elements"]], [("p", 5), ("q", 7)])
+        chart = self.chart(
+            "import numpy as np\nx = np.arange(2)\nplt.bar(x - 0.2, [1, 2], 0.4, label='a')\n"
+            "plt.bar(x + 0.2, [3, 4], 0.4, label='b')\nplt.xticks(x, ['m', 'n'])\nplt.show()"
+        )
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("m", "a", 1), ("n", "a", 2), ("m", "b", 3), ("n", "b", 4)])
+
+    def test_histogram(self):
+        chart = self.chart("plt.hist([1, 2, 2, 3, 3, 3, 4], bins=[1, 2, 3, 4], label='h')\nplt.show()")
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(chart["elements"], [{"label": "h", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 4]}])
+
+    def test_histograms_of_several_data_sets_stacked_and_steps(self):
+        chart = self.chart("plt.hist([[1, 2, 2], [2, 3, 3]], bins=[1, 2, 3, 4], label=['p', 'q'])\nplt.show()")
+        self.assertEqual(chart["elements"], [
+            {"label": "p", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 0]},
+            {"label": "q", "bin_edges": [1, 2, 3, 4], "counts": [0, 1, 2]},
+        ])
+        chart = self.chart("plt.hist([[1, 2, 2], [2, 3, 3]], bins=[1, 2, 3, 4], stacked=True)\nplt.show()")
+        self.assertEqual([e["counts"] for e in chart["elements"]], [[1, 2, 0], [0, 1, 2]])
+        chart = self.chart("plt.hist([1, 2, 2, 3], bins=[1, 2, 3, 4], histtype='step')\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "Series 1", "bin_edges": [1, 2, 3, 4], "counts": [1, 2, 1]}])
+
+    def test_error_bars_go_with_their_line(self):
+        chart = self.chart("plt.errorbar([1, 2, 3], [4, 5, 6], yerr=[0.1, 0.2, 0.3], label='m')\nplt.show()")
+        self.assertEqual((chart["type"], chart["elements"]), ("line", [{"label": "m", "points": [[1, 4], [2, 5], [3, 6]]}]))
+
+    def test_pie(self):
+        chart = self.chart("plt.pie([1, 2, 5], labels=['a', 'b', 'c'])\nplt.title('P')\nplt.show()")
+        self.assertEqual(chart, {"type": "pie", "title": "P", "elements": [
+            {"label": "a", "angle": 45, "radius": 1},
+            {"label": "b", "angle": 90, "radius": 1},
+            {"label": "c", "angle": 225, "radius": 1},
+        ]})
+
+    def test_box_and_whisker(self):
+        chart = self.chart(
+            "plt.boxplot([[1, 2, 3, 4, 5, 50], [2, 3, 4]], tick_labels=['p', 'q'])\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "box_and_whisker")
+        self.assertEqual(chart["elements"], [
+            {"label": "p", "min": 1, "first_quartile": 2.25, "median": 3.5, "third_quartile": 4.75, "max": 5, "outliers": [50]},
+            {"label": "q", "min": 2, "first_quartile": 2.5, "median": 3, "third_quartile": 3.5, "max": 4, "outliers": []},
+        ])
+
+    def test_subplots_are_a_superchart(self):
+        chart = self.chart(
+            "fig, (a, b) = plt.subplots(1, 2)\na.plot([1, 2], [3, 4])\nb.pie([1, 1])\n"
+            "fig.suptitle('both')\nplt.show()"
+        )
+        self.assertEqual((chart["type"], chart["title"]), ("superchart", "both"))
+        self.assertEqual([c["type"] for c in chart["elements"]], ["line", "pie"])
+        self.assertEqual(chart["elements"][0]["elements"][0]["points"], [[1, 3], [2, 4]])
+
+    def test_unclassifiable_is_unknown_and_empty_is_chartless(self):
+        chart = self.chart("plt.imshow([[0, 1], [1, 0]])\nplt.title('img')\nplt.show()")
+        self.assertEqual((chart["type"], chart["title"], chart["elements"]), ("unknown", "img", []))
+        chart = self.chart("plt.plot([1, 2])\nplt.scatter([0, 1], [0, 1])\nplt.show()")
+        self.assertEqual(chart["type"], "unknown")
+        chart = self.chart("plt.plot([1, 2])\nplt.fill_between([0, 1], [0, 1], alpha=0.2)\nplt.show()")
+        self.assertEqual((chart["type"], chart["elements"][0]["points"]), ("line", [[0, 1], [1, 2]]))
+        chart = self.chart("plt.gca().set_title('nothing')\nplt.show()")
+        self.assertIsNone(chart)
+
+    def test_a_figure_that_breaks_extraction_still_shows(self):
+        chart = self.chart(
+            "import runcell_charts\nruncell_charts._classify = lambda ax: 1 / 0\nplt.plot([1, 2])\nplt.show()"
+        )
+        self.assertEqual((chart["type"], chart["elements"]), ("unknown", []))
+        self.assertIsNone(self.chart("runcell_charts.figure_chart = None\nplt.plot([1, 2])\nplt.show()"))
+
+    @unittest.skipUnless(has_module("pandas"), "pandas is not installed")
+    def test_pandas_plots(self):
+        self.run_ok("import pandas as pd")
+        chart = self.chart("pd.DataFrame({'u': [1, 2], 'v': [3, 4]}, index=['r', 's']).plot.bar()\nplt.show()")
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("r", "u", 1), ("s", "u", 2), ("r", "v", 3), ("s", "v", 4)])
+        chart = self.chart(
+            "pd.Series([1, 3, 2], index=pd.date_range('2024-01-01', periods=3, freq='D')).plot()\nplt.show()"
+        )
+        self.assertEqual(chart["elements"][0]["points"],
+                         [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", 3], ["2024-01-03T00:00:00", 2]])
+        chart = self.chart("pd.DataFrame({'a': [1, 2, 3, 4, 5]}).plot.box()\nplt.show()")
+        self.assertEqual(chart["elements"][0]["label"], "a")
+        self.assertEqual(chart["elements"][0]["median"], 3)
+        chart = self.chart("pd.Series([1, 2, 2, 3]).plot.hist(bins=2)\nplt.show()")
+        self.assertEqual(chart["elements"][0]["counts"], [1, 3])
+
+    @unittest.skipUnless(has_module("seaborn") and has_module("pandas"), "seaborn is not installed")
+    def test_seaborn_plots(self):
+        self.run_ok("import seaborn as sns\nimport pandas as pd")
+        chart = self.chart("sns.barplot(x=['a', 'b', 'a', 'b'], y=[1, 2, 3, 4], hue=['h', 'h', 'k', 'k'])\nplt.show()")
+        self.assertEqual([(e["label"], e["group"], e["value"]) for e in chart["elements"]],
+                         [("a", "h", 1), ("b", "h", 2), ("a", "k", 3), ("b", "k", 4)])
+        chart = self.chart("sns.boxplot(x=['a', 'a', 'a', 'b', 'b', 'b'], y=[1, 2, 3, 4, 5, 6])\nplt.show()")
+        self.assertEqual([(e["label"], e["median"]) for e in chart["elements"]], [("a", 2), ("b", 5)])
+        chart = self.chart("sns.histplot([1, 2, 2, 3, 3, 3], bins=3)\nplt.show()")
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(chart["elements"][0]["counts"], [1, 2, 3])
+        chart = self.chart("sns.scatterplot(x=[1, 2], y=[3, 4])\nplt.show()")
+        self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4]])
+        chart = self.chart("sns.lineplot(x=[1, 2, 3], y=[3, 4, 5])\nplt.show()")
+        self.assertEqual(chart["elements"][0]["points"], [[1, 3], [2, 4], [3, 5]])
+        # hue: series named by the legend seaborn draws apart from them
+        chart = self.chart("sns.lineplot(x=[1, 2, 1, 2], y=[1, 2, 3, 4], hue=['p', 'p', 'q', 'q'])\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "p", "points": [[1, 1], [2, 2]]}, {"label": "q", "points": [[1, 3], [2, 4]]}])
+        chart = self.chart("sns.scatterplot(x=[1, 2, 3, 4], y=[1, 3, 2, 4], hue=['x', 'y', 'x', 'y'])\nplt.show()")
+        self.assertEqual(chart["elements"], [{"label": "x", "points": [[1, 1], [3, 2]]}, {"label": "y", "points": [[2, 3], [4, 4]]}])
+        chart = self.chart(
+            "d = pd.DataFrame({'a': [1., 2, 2, 3, 3, 3, 1, 2], 'g': ['x', 'y'] * 4})\n"
+            "sns.histplot(data=d, x='a', hue='g', bins=3, kde=True)\nplt.show()"
+        )
+        self.assertEqual(chart["type"], "histogram")
+        self.assertEqual(sorted((e["label"], e["counts"]) for e in chart["elements"]), [("x", [2, 1, 1]), ("y", [0, 2, 2])])
+        chart = self.chart("sns.violinplot(x=['a', 'a', 'b', 'b'], y=[1, 2, 3, 4])\nplt.show()")
+        self.assertEqual(chart["type"], "unknown", "a violin is no line")
 
 
 if __name__ == "__main__":

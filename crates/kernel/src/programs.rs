@@ -87,6 +87,13 @@ pub const SNAPSHOT_MODULE: (&str, &str) = (
     include_str!("../python/runcell_snapshot.py"),
 );
 
+/// Chart data of matplotlib figures (issue 24), a module the Python kernel imports from its own
+/// directory.
+const CHARTS_MODULE: (&str, &str) = (
+    "runcell_charts.py",
+    include_str!("../python/runcell_charts.py"),
+);
+
 /// The framing the Python and bash kernels share (`import runcell_wire`). A module, not a
 /// program: found beside them on `sys.path`, the script's directory when a kernel runs cold and
 /// the directory the zygote inserts before it imports the Python kernel.
@@ -100,13 +107,14 @@ const JAVASCRIPT_SOURCE: (&str, &str) = (
 
 /// Every file of the kernel directory, as (name, content): the kernels' programs and the
 /// modules they import from beside them.
-pub const KERNEL_FILES: [(&str, &str); 6] = [
+pub const KERNEL_FILES: [(&str, &str); 7] = [
     (PYTHON.file, PYTHON.source),
     PYTHON_WIRE,
     (BASH.file, BASH.source),
     (JAVASCRIPT.file, JAVASCRIPT.source),
     JAVASCRIPT_SOURCE,
     SNAPSHOT_MODULE,
+    CHARTS_MODULE,
 ];
 
 #[cfg(test)]

@@ -303,6 +303,25 @@ impl Workspace {
     /// Reads `rel`; never through a symlink.
     pub fn read_file(&self, rel: &str, max_bytes: u64) -> Result<Vec<u8>, WorkspaceError> {
         use std::io::Read;
+        let (file, size) = self.open_file(rel)?;
+        let io_err = |action, source| WorkspaceError::Io {
+            action,
+            path: PathBuf::from(rel),
+            source,
+        };
+        if size > max_bytes {
+            return Err(io_err("read", io::Error::from(io::ErrorKind::FileTooLarge)));
+        }
+        let mut data = Vec::with_capacity(size as usize);
+        file.take(max_bytes)
+            .read_to_end(&mut data)
+            .map_err(|e| io_err("read", e))?;
+        Ok(data)
+    }
+
+    /// Opens the regular file `rel` for reading, and its size; never through a symlink (a
+    /// FIFO the sandbox planted is not waited on: it is refused as not a regular file).
+    pub fn open_file(&self, rel: &str) -> Result<(fs::File, u64), WorkspaceError> {
         let (dir, name) = self.open_parent(rel)?;
         let io_err = |action, source| WorkspaceError::Io {
             action,
@@ -325,14 +344,7 @@ impl Workspace {
         if !meta.is_file() {
             return Err(io_err("read", io::Error::from(io::ErrorKind::InvalidInput)));
         }
-        if meta.len() > max_bytes {
-            return Err(io_err("read", io::Error::from(io::ErrorKind::FileTooLarge)));
-        }
-        let mut data = Vec::with_capacity(meta.len() as usize);
-        file.take(max_bytes)
-            .read_to_end(&mut data)
-            .map_err(|e| io_err("read", e))?;
-        Ok(data)
+        Ok((file, meta.len()))
     }
 
     /// Removes the file (or empty directory) `rel`; never through a symlink (a symlink itself

@@ -121,16 +121,58 @@ pub async fn upload_multipart(
     Ok((StatusCode::CREATED, Json(FileList { files })))
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct GetFileQuery {
+    /// Present (with any value, usually none: `?provenance`): instead of the bytes, a signed
+    /// statement of the execution that left the file as it is now.
+    pub provenance: Option<String>,
+}
+
+/// A signed provenance statement (the shape of runcell_store's `Provenance`, which is what
+/// is served; docs/api.md gives the signed encoding).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(
+    dead_code,
+    reason = "the OpenAPI shape of runcell_store's Provenance, which is what is served"
+)]
+pub struct ProvenanceDoc {
+    /// `runcell.provenance`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub version: u32,
+    pub path: String,
+    pub size: u64,
+    /// SHA-256 of the file's content, hex.
+    pub sha256: String,
+    pub mime: String,
+    pub execution_id: String,
+    /// SHA-256 of the code that ran, hex.
+    pub code_sha256: String,
+    pub session_id: Option<String>,
+    pub tenant: String,
+    /// When the execution finished (RFC 3339).
+    pub time: String,
+    /// The signing key's id (`GET /v1/audit/public-key`).
+    pub key_id: String,
+    /// Ed25519 signature, hex.
+    pub signature: String,
+}
+
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
-    params(("id" = String, Path), ("path" = String, Path)),
-    responses((status = 200, content_type = "*/*", body = Vec<u8>, description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown)"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
+    params(("id" = String, Path), ("path" = String, Path), GetFileQuery),
+    responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn get_file(
     State(state): State<AppState>,
     tenant: Tenant,
     Path((id, path)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<GetFileQuery>,
 ) -> ApiResult<Response> {
     owned(&state, &tenant, &id).await?;
+    if q.provenance.is_some() {
+        return provenance(&state, tenant, id, path).await;
+    }
     let engine = state.engine.clone();
     let p = path.clone();
     let data = blocking(move || engine.read_file(&id, &p)).await?;
@@ -149,6 +191,22 @@ pub async fn get_file(
         data,
     )
         .into_response())
+}
+
+/// `?provenance`: the origin of the file's current content, signed with the audit key.
+async fn provenance(
+    state: &AppState,
+    tenant: Tenant,
+    id: String,
+    path: String,
+) -> ApiResult<Response> {
+    let signer = state.audit_signer.clone().ok_or_else(|| {
+        ApiError::not_found("provenance statements (this server has no signing key)")
+    })?;
+    let engine = state.engine.clone();
+    let origin =
+        blocking(move || engine.file_origin(&tenant.0, &id, &path).map(|(o, _)| o)).await?;
+    Ok(Json(signer.sign_provenance(origin)).into_response())
 }
 
 /// `attachment` with the file's name for any name code can create (RFC 6266): a quoted ASCII

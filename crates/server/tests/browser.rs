@@ -164,6 +164,11 @@ async fn the_page_works_in_headless_chromium() {
     tokio::task::spawn_blocking(move || run_phase("long", &base, &[]))
         .await
         .expect("long phase");
+    // SVG, Markdown, JSON, LaTeX, Vega-Lite, PDF and a chart's data, rendered safely.
+    let base = srv.base.clone();
+    tokio::task::spawn_blocking(move || run_phase("rich", &base, &[]))
+        .await
+        .expect("rich phase");
 
     // What the browser did really reached the engine and the audit log.
     let (rows, _) = srv

@@ -122,28 +122,200 @@ function copyChildren(from, to, depth) {
   }
 }
 
-/** One Jupyter MIME bundle: the richest type this page can show safely. */
-export function renderBundle(data) {
-  if (data['image/png']) {
-    return h('img', {
-      class: 'out-image',
-      src: `data:image/png;base64,${data['image/png']}`,
-      alt: data['text/plain'] || 'image output',
-    });
+const VEGA_LITE = /^application\/vnd\.vegalite\.v\d+\+json$/;
+const PLOTLY = 'application/vnd.plotly.v1+json';
+
+/** One Jupyter MIME bundle: the richest type this page can show safely. Images, SVG included,
+ * are `<img>`s of data URLs (an SVG in an image never runs script); HTML goes through the
+ * sanitizer; Markdown is rebuilt as elements, never parsed as markup; JSON, LaTeX and the
+ * specs of Vega-Lite and Plotly charts (whose libraries this offline page does not carry)
+ * are shown as text and tables. */
+export function renderBundle(data, chart) {
+  const alt = data['text/plain'] || 'image output';
+  for (const mime of ['image/png', 'image/jpeg']) {
+    if (data[mime]) {
+      const img = h('img', { class: 'out-image', src: `data:${mime};base64,${data[mime]}`, alt });
+      return chart ? h('div', {}, img, renderChart(chart)) : img;
+    }
   }
-  if (data['image/jpeg']) {
-    return h('img', {
-      class: 'out-image',
-      src: `data:image/jpeg;base64,${data['image/jpeg']}`,
-      alt: data['text/plain'] || 'image output',
-    });
+  if (data['image/svg+xml']) {
+    return h('img', { class: 'out-image out-svg', src: `data:image/svg+xml;base64,${utf8Base64(data['image/svg+xml'])}`, alt });
   }
   if (data['text/html']) {
     return h('div', { class: 'out-html' }, sanitizeHtml(data['text/html']));
   }
+  if (data['text/markdown'] != null) return h('div', { class: 'out-markdown' }, renderMarkdown(data['text/markdown']));
+  if (data['text/latex'] != null) return h('pre', { class: 'out-latex', title: 'LaTeX' }, data['text/latex']);
+  const vega = Object.keys(data).find((m) => VEGA_LITE.test(m));
+  if (vega) return renderSpec('Vega-Lite chart', data[vega], (v) => v?.data?.values);
+  if (data[PLOTLY]) return renderSpec('Plotly chart', data[PLOTLY], (v) => plotlyRows(v));
+  if (data['application/json'] != null) return renderJson(data['application/json']);
+  if (data['application/pdf']) return renderPdf(data['application/pdf']);
   if (data['text/plain'] != null) return h('pre', { class: 'out-text' }, stripAnsi(data['text/plain']));
   const types = Object.keys(data).join(', ');
   return h('pre', { class: 'out-text muted' }, `[${types}]`);
+}
+
+function utf8Base64(text) {
+  const bytes = new TextEncoder().encode(text);
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(bin);
+}
+
+function parseJson(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+function renderJson(text) {
+  const v = parseJson(text);
+  return h('pre', { class: 'out-json' }, v === undefined ? String(text) : JSON.stringify(v, null, 2));
+}
+
+function renderPdf(b64) {
+  const bin = atob(b64);
+  const bytes = Uint8Array.from(bin, (c) => c.charCodeAt(0));
+  const url = URL.createObjectURL(new Blob([bytes], { type: 'application/pdf' }));
+  return h('div', { class: 'out-pdf' }, h('a', { href: url, download: 'output.pdf' }, `PDF document (${formatBytes(bytes.length)})`));
+}
+
+/** Rows of records as a table (the first 50, columns of the first 20 keys). */
+function recordsTable(rows) {
+  const records = (Array.isArray(rows) ? rows : []).filter((r) => r && typeof r === 'object').slice(0, 50);
+  if (!records.length) return null;
+  const cols = [...new Set(records.flatMap((r) => Object.keys(r)))].slice(0, 20);
+  const cell = (v) => (v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v ?? ''));
+  return h(
+    'table',
+    { class: 'data-table' },
+    h('thead', {}, h('tr', {}, cols.map((c) => h('th', {}, c)))),
+    h('tbody', {}, records.map((r) => h('tr', {}, cols.map((c) => h('td', {}, cell(r[c])))))),
+  );
+}
+
+function plotlyRows(fig) {
+  const rows = [];
+  for (const t of fig?.data || []) {
+    const xs = t.x || t.labels || [];
+    const ys = t.y || t.values || [];
+    for (let i = 0; i < Math.max(xs.length, ys.length) && rows.length < 50; i++) {
+      rows.push({ trace: t.name ?? t.type ?? 'trace', x: xs[i], y: ys[i] });
+    }
+  }
+  return rows;
+}
+
+function renderSpec(kind, text, rowsOf) {
+  const v = parseJson(text);
+  const title = typeof v?.title === 'string' ? v.title : v?.title?.text || v?.layout?.title?.text || '';
+  const head = h('div', { class: 'out-spec-head' }, title ? `${kind}: ${title}` : kind);
+  return h(
+    'div',
+    { class: 'out-spec' },
+    head,
+    recordsTable(rowsOf(v)),
+    h('details', {}, h('summary', {}, 'specification'), renderJson(text)),
+  );
+}
+
+/** A figure's chart data (results[].chart) as a table under its image. */
+export function renderChart(chart) {
+  const charts = chart.type === 'superchart' ? chart.elements || [] : [chart];
+  const rows = [];
+  charts.forEach((c, i) => {
+    for (const e of c.elements || []) {
+      if (rows.length >= 100) return;
+      const where = charts.length > 1 ? `${i + 1}. ` : '';
+      if (e.points) rows.push({ series: where + e.label, values: e.points.slice(0, 8).map((p) => `(${p[0]}, ${p[1]})`).join(' ') + (e.points.length > 8 ? ' …' : '') });
+      else if (e.counts) rows.push({ series: where + e.label, values: e.counts.map((n, j) => `[${e.bin_edges[j]}, ${e.bin_edges[j + 1]}): ${n}`).slice(0, 8).join(' ') });
+      else if ('angle' in e) rows.push({ series: where + e.label, values: `${((e.angle / 360) * 100).toFixed(1)}%` });
+      else if ('median' in e) rows.push({ series: where + e.label, values: `min ${e.min} · q1 ${e.first_quartile} · median ${e.median} · q3 ${e.third_quartile} · max ${e.max}` });
+      else if ('value' in e) rows.push({ series: where + (e.group ? `${e.group} · ` : '') + e.label, values: String(e.value) });
+    }
+  });
+  const kinds = [...new Set(charts.map((c) => c.type))].join(', ');
+  const title = chart.title ? ` “${chart.title}”` : '';
+  return h(
+    'details',
+    { class: 'out-chart', dataset: { chartType: chart.type } },
+    h('summary', {}, `chart data: ${kinds}${title}`),
+    recordsTable(rows) || h('div', { class: 'muted' }, 'no values extracted'),
+  );
+}
+
+/** Markdown as elements: headings, paragraphs, lists, quotes, fenced code, rules, and inline
+ * code, emphasis and http(s) links. Inline HTML stays text. */
+export function renderMarkdown(md) {
+  const out = document.createDocumentFragment();
+  const lines = String(md).replace(/\r\n?/g, '\n').split('\n');
+  let i = 0;
+  let para = [];
+  const flush = () => {
+    if (para.length) out.append(h('p', {}, inline(para.join(' '))));
+    para = [];
+  };
+  while (i < lines.length) {
+    const line = lines[i];
+    let m;
+    if ((m = line.match(/^\s*(```|~~~)/))) {
+      flush();
+      const fence = m[1];
+      const body = [];
+      for (i++; i < lines.length && !lines[i].trim().startsWith(fence); i++) body.push(lines[i]);
+      i++;
+      out.append(h('pre', { class: 'md-code' }, h('code', {}, body.join('\n'))));
+      continue;
+    }
+    if ((m = line.match(/^(#{1,6})\s+(.*?)\s*#*\s*$/))) {
+      flush();
+      out.append(h(`h${m[1].length}`, {}, inline(m[2])));
+    } else if (/^\s*([-*_])(\s*\1){2,}\s*$/.test(line)) {
+      flush();
+      out.append(h('hr'));
+    } else if (/^\s*>/.test(line)) {
+      flush();
+      const body = [];
+      for (; i < lines.length && /^\s*>/.test(lines[i]); i++) body.push(lines[i].replace(/^\s*>\s?/, ''));
+      out.append(h('blockquote', {}, renderMarkdown(body.join('\n'))));
+      continue;
+    } else if ((m = line.match(/^\s*([-*+]|\d+[.)])\s+/))) {
+      flush();
+      const ordered = /\d/.test(m[1]);
+      const list = h(ordered ? 'ol' : 'ul');
+      for (; i < lines.length && (m = lines[i].match(/^\s*([-*+]|\d+[.)])\s+(.*)$/)); i++) list.append(h('li', {}, inline(m[2])));
+      out.append(list);
+      continue;
+    } else if (!line.trim()) {
+      flush();
+    } else {
+      para.push(line.trim());
+    }
+    i++;
+  }
+  flush();
+  return out;
+}
+
+function inline(text) {
+  const out = [];
+  const re = /`([^`]+)`|\*\*([^*]+)\*\*|__([^_]+)__|\*([^*]+)\*|_([^_]+)_|\[([^\]]+)\]\(([^)\s]+)\)/g;
+  let at = 0;
+  let m;
+  while ((m = re.exec(text))) {
+    if (m.index > at) out.push(text.slice(at, m.index));
+    if (m[1] != null) out.push(h('code', {}, m[1]));
+    else if (m[2] != null || m[3] != null) out.push(h('strong', {}, inline(m[2] ?? m[3])));
+    else if (m[4] != null || m[5] != null) out.push(h('em', {}, inline(m[4] ?? m[5])));
+    else if (/^https?:\/\//i.test(m[7])) out.push(h('a', { href: m[7], rel: 'noopener noreferrer', target: '_blank' }, m[6]));
+    else out.push(m[6]);
+    at = re.lastIndex;
+  }
+  if (at < text.length) out.push(text.slice(at));
+  return out;
 }
 
 export function renderError(err) {
@@ -186,7 +358,7 @@ export class Output {
 
   result(r) {
     this.last = null;
-    this.el.append(h('div', { class: 'out-result' }, renderBundle(r.data || {})));
+    this.el.append(h('div', { class: 'out-result' }, renderBundle(r.data || {}, r.chart)));
     this.grew();
   }
 

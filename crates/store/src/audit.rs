@@ -44,6 +44,7 @@
 //! fixed by the anchor); a rewrite made *before* keying cannot be detected.
 
 pub mod keys;
+pub mod provenance;
 pub mod signed;
 
 use hmac::Mac;

@@ -129,10 +129,10 @@ impl Runner {
                 CellEvent::Result {
                     is_main_result,
                     data,
-                } => sink(ExecEvent::Result(&ResultItem {
+                } => sink(ExecEvent::Result(&ResultItem::new(
                     is_main_result,
-                    data: data.clone(),
-                })),
+                    data.clone(),
+                ))),
                 CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
                     name: err.name.clone(),
                     value: err.value.clone(),
@@ -260,10 +260,7 @@ impl Runner {
             results: outcome
                 .results
                 .into_iter()
-                .map(|(is_main_result, data)| ResultItem {
-                    is_main_result,
-                    data,
-                })
+                .map(|(is_main_result, data)| ResultItem::new(is_main_result, data))
                 .collect(),
             results_dropped: outcome.dropped.count > 0,
             usage: runcell_sandbox::Usage {

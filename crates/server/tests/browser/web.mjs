@@ -1,5 +1,5 @@
 // The web page as an analyst uses it, in headless Chromium (driven by playwright-core).
-// Run by tests/browser.rs with RUNCELL_URL, PHASE (analyst | keys | long), ARTIFACTS, CHROMIUM and
+// Run by tests/browser.rs with RUNCELL_URL, PHASE (analyst | keys | long | rich), ARTIFACTS, CHROMIUM and
 // PLAYWRIGHT_DIR (where npm installed the pinned playwright-core). Exits non-zero on the first
 // failed check; screenshots go to ARTIFACTS either way.
 
@@ -215,7 +215,7 @@ async function analyst(browser) {
   await plotEntry.waitFor();
   await plotEntry.locator('.badge-ok').waitFor();
   await plotEntry.locator('img.out-image').waitFor();
-  await plotEntry.locator('summary').click();
+  await plotEntry.locator('summary', { hasText: 'Output' }).click();
   assert.ok(await plotEntry.locator('img.out-image').isHidden(), 'the output folds away');
   assert.equal(await page.locator('.entry').count(), 6);
   await page.selectOption('#audit-status', 'error');
@@ -380,6 +380,70 @@ async function long(browser) {
   await context.close();
 }
 
+
+// Every rich MIME type a cell can show, each rendered safely: the SVG's script, the
+// Markdown's inline HTML and javascript: link never run.
+const RICH = [
+  'import matplotlib.pyplot as plt',
+  'from IPython.display import SVG, Markdown, JSON, Latex',
+  `display(SVG('<svg xmlns="http://www.w3.org/2000/svg" width="120" height="60"><rect width="120" height="60" fill="teal"/><script>window.top.pwned=1</script></svg>'))`,
+  `display(Markdown('# Report\\n\\n**bold** and \`code\` <img src=x onerror="window.pwned=2"> [safe](https://example.com/) [bad](javascript:window.pwned=3)\\n\\n- one\\n- two'))`,
+  "display(JSON({'answer': 42}))",
+  "display(Latex('$e^{i\\\\pi}+1=0$'))",
+  "display({'application/vnd.vegalite.v5+json': {'mark': 'bar', 'title': 'poll', 'data': {'values': [{'a': 'x', 'b': 3}]}}, 'text/plain': 'vega'}, raw=True)",
+  "display({'application/pdf': b'%PDF-1.4 tiny', 'text/plain': 'pdf'}, raw=True)",
+  "plt.bar(['p', 'q'], [3, 5])",
+  "plt.title('votes')",
+  'plt.show()',
+].join('\n');
+
+async function rich(browser) {
+  const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+  const page = await context.newPage();
+  watch(page);
+  await page.goto(BASE + '/');
+  await page.getByRole('button', { name: 'New session' }).click();
+  await page.waitForURL(/#\/s\/ses_/);
+  const cell = page.locator('.cell').first();
+  await typeInto(page, cell, RICH);
+  await page.keyboard.press('Control+Enter');
+  await cell.locator('.cell-foot .badge-ok').waitFor({ timeout: LONG });
+
+  const svg = cell.locator('img.out-svg');
+  await svg.waitFor();
+  assert.match(await svg.getAttribute('src'), /^data:image\/svg\+xml;base64,/);
+  await page.waitForFunction((el) => el.complete && el.naturalWidth === 120, await svg.elementHandle());
+
+  const md = cell.locator('.out-markdown');
+  assert.equal(await md.locator('h1').textContent(), 'Report');
+  assert.equal(await md.locator('strong').textContent(), 'bold');
+  assert.equal(await md.locator('code').textContent(), 'code');
+  assert.equal(await md.locator('li').count(), 2);
+  assert.equal(await md.locator('img').count(), 0, 'inline HTML stays text');
+  assert.match(await md.textContent(), /<img src=x onerror=/);
+  const links = await md.locator('a').evaluateAll((as) => as.map((a) => a.getAttribute('href')));
+  assert.deepEqual(links, ['https://example.com/'], 'only the http(s) link is a link');
+
+  assert.deepEqual(JSON.parse(await cell.locator('.out-json').first().textContent()), { answer: 42 });
+  assert.equal(await cell.locator('.out-latex').textContent(), '$e^{i\\pi}+1=0$');
+  const spec = cell.locator('.out-spec');
+  assert.equal(await spec.locator('.out-spec-head').textContent(), 'Vega-Lite chart: poll');
+  assert.deepEqual(await spec.locator('tbody td').allTextContents(), ['x', '3']);
+  const pdf = cell.locator('.out-pdf a');
+  assert.equal(await pdf.getAttribute('download'), 'output.pdf');
+  assert.match(await pdf.getAttribute('href'), /^blob:/);
+
+  const chart = cell.locator('details.out-chart');
+  assert.equal(await chart.getAttribute('data-chart-type'), 'bar');
+  assert.match(await chart.locator('summary').textContent(), /chart data: bar “votes”/);
+  await chart.locator('summary').click();
+  assert.deepEqual(await chart.locator('tbody td').allTextContents(), ['Group 1 · p', '3', 'Group 1 · q', '5']);
+
+  assert.equal(await page.evaluate(() => window.pwned), undefined, 'no output ran script');
+  await shot(page, '13-rich-outputs-1366');
+  await context.close();
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM,
   headless: true,
@@ -391,6 +455,7 @@ try {
   if (PHASE === 'analyst') await analyst(browser);
   else if (PHASE === 'keys') await keys(browser);
   else if (PHASE === 'long') await long(browser);
+  else if (PHASE === 'rich') await rich(browser);
   else throw new Error(`unknown PHASE ${PHASE}`);
 } catch (e) {
   failed = e;

@@ -150,6 +150,10 @@ impl AuditSigner {
         })
     }
 
+    pub(super) fn key(&self) -> &SigningKey {
+        &self.key
+    }
+
     /// The public half, to publish.
     pub fn public_key(&self) -> AuditPublicKey {
         AuditPublicKey(self.key.verifying_key())
@@ -200,6 +204,10 @@ impl AuditPublicKey {
             .map(AuditPublicKey)
     }
 
+    pub(super) fn verifying_key(&self) -> &VerifyingKey {
+        &self.0
+    }
+
     /// The key as 64 hex characters.
     pub fn to_hex(&self) -> String {
         hex(self.0.as_bytes())
@@ -235,7 +243,7 @@ impl AuditPublicKey {
     }
 }
 
-fn parse_sig(s: &str) -> Option<[u8; 64]> {
+pub(super) fn parse_sig(s: &str) -> Option<[u8; 64]> {
     if s.len() != 128 {
         return None;
     }
