@@ -171,6 +171,7 @@ async fn charts_come_back_as_png_and_dataframes_as_html_and_text() {
             .any(|f| f == "png"),
         "{r}"
     );
+    assert_eq!(r["chart"], serde_json::json!(["line", "squares"]), "{r}");
     assert_eq!(r["df_main"], true);
     assert_eq!(r["df_html"], true);
     let text = r["df_text"].as_str().expect("a string");

@@ -525,6 +525,7 @@ mod tests {
         let v = result_json(&ResultItem {
             is_main_result: true,
             data,
+            chart: Some(serde_json::json!({"type": "line", "title": "t", "elements": []})),
         });
         assert_eq!(v["type"], "result");
         assert_eq!(v["text"], "df");
@@ -533,6 +534,7 @@ mod tests {
         assert_eq!(v["json"]["a"], 1);
         assert_eq!(v["extra"]["application/x-custom"], "x");
         assert_eq!(v["is_main_result"], true);
+        assert_eq!(v["chart"]["type"], "line");
     }
 
     #[test]

@@ -71,6 +71,9 @@ def chart_and_dataframe():
         "pngs": len(pngs),
         "png_magic": base64.b64decode(pngs[0])[:8].hex() if pngs else None,
         "formats": sorted(ex.results[0].formats()) if ex.results else [],
+        "chart": [ex.results[0].chart.type.value, ex.results[0].chart.title]
+        if ex.results and ex.results[0].chart
+        else None,
     }
     ex = sbx.run_code(
         "import pandas as pd\n"
