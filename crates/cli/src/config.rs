@@ -43,6 +43,8 @@ pub struct ServeFile {
     pub max_disk_mb: Option<u64>,
     pub max_exec_timeout_s: Option<u64>,
     pub max_idle_timeout_s: Option<u64>,
+    pub max_pause_after_s: Option<u64>,
+    pub max_expire_after_s: Option<u64>,
     pub max_committed_memory_mb: Option<u64>,
     pub default_memory_mb: Option<u64>,
     pub default_cpu: Option<f64>,
@@ -50,6 +52,8 @@ pub struct ServeFile {
     pub default_disk_mb: Option<u64>,
     pub default_exec_timeout_s: Option<u64>,
     pub default_idle_timeout_s: Option<u64>,
+    pub default_pause_after_s: Option<u64>,
+    pub default_expire_after_s: Option<u64>,
 }
 
 impl ServeFile {

@@ -17,7 +17,7 @@ pub fn sweep_orphans(data_dir: &Path, engine: &runcell_engine::Engine) -> anyhow
     let db = data_dir.join("runcell.db");
     let known: HashSet<String> = if db.exists() {
         crate::audit::open_store(data_dir)?
-            .sessions_with_status(&["starting", "ready", "busy", "dead", "expired"])?
+            .sessions_with_status(&["starting", "ready", "busy", "paused", "dead", "expired"])?
             .into_iter()
             .map(|s| s.id)
             .collect()

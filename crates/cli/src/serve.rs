@@ -22,7 +22,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Modules the zygote imports before forking Python sessions (comma-separated)
-    /// [default: numpy,pandas,matplotlib,matplotlib.pyplot].
+    /// [default: numpy,pandas,matplotlib,matplotlib.pyplot,sklearn.ensemble,cloudpickle].
     #[arg(long, value_delimiter = ',')]
     preload: Option<Vec<String>>,
     /// Start every Python session cold, without the preloaded zygote.
@@ -142,6 +142,12 @@ struct LimitArgs {
     /// Longest idle timeout a session may ask for, seconds [default: 86400].
     #[arg(long, value_name = "S")]
     max_idle_timeout_s: Option<u64>,
+    /// Longest idle time before pausing a session may ask for, seconds [default: 86400].
+    #[arg(long, value_name = "S")]
+    max_pause_after_s: Option<u64>,
+    /// Longest time a paused session may ask to be kept, seconds [default: 7776000, 90 days].
+    #[arg(long, value_name = "S")]
+    max_expire_after_s: Option<u64>,
     /// Memory all live sandboxes together may be granted (sessions, warm ones, one-shot
     /// runs), MiB; a start past it is refused, never overcommitted [default: the host's
     /// memory less a tenth, at least 1 GiB].
@@ -165,6 +171,12 @@ struct LimitArgs {
     /// A session's idle timeout when it does not ask, seconds [default: 1200].
     #[arg(long, value_name = "S")]
     default_idle_timeout_s: Option<u64>,
+    /// Seconds idle before a session pauses, when it does not ask [default: 300].
+    #[arg(long, value_name = "S")]
+    default_pause_after_s: Option<u64>,
+    /// Seconds a paused session is kept, when it does not ask [default: 2592000, 30 days].
+    #[arg(long, value_name = "S")]
+    default_expire_after_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -206,6 +218,14 @@ fn limit_policy(
         .max_idle_timeout_s
         .or(file.max_idle_timeout_s)
         .unwrap_or(m.idle_timeout_s);
+    m.pause_after_s = flags
+        .max_pause_after_s
+        .or(file.max_pause_after_s)
+        .unwrap_or(m.pause_after_s);
+    m.expire_after_s = flags
+        .max_expire_after_s
+        .or(file.max_expire_after_s)
+        .unwrap_or(m.expire_after_s);
     // A default nobody set is DESIGN's, lowered to its maximum; one that was set is checked.
     let d = SessionLimits::DESIGN_DEFAULTS.within(m);
     p.defaults = SessionLimits {
@@ -227,6 +247,14 @@ fn limit_policy(
             .default_idle_timeout_s
             .or(file.default_idle_timeout_s)
             .unwrap_or(d.idle_timeout_s),
+        pause_after_s: flags
+            .default_pause_after_s
+            .or(file.default_pause_after_s)
+            .unwrap_or(d.pause_after_s),
+        expire_after_s: flags
+            .default_expire_after_s
+            .or(file.default_expire_after_s)
+            .unwrap_or(d.expire_after_s),
     };
     p.validate().map_err(|e| invalid(format!("limits: {e}")))?;
     // The operator may know better (a shared config file, a host about to grow); say so.

@@ -76,6 +76,9 @@ pub enum EngineError {
     /// The caller called the request off before it ran.
     #[error("the execution was cancelled before it started")]
     Cancelled,
+    /// A pause or resume that cannot be done (durable.rs).
+    #[error("{0}")]
+    Unresumable(Unresumable),
     /// Where runcell keeps its data (the database, the data dir) has no room: nothing was
     /// recorded or written, and the same request works again once space is freed.
     #[error("insufficient storage: {0}")]
@@ -278,6 +281,10 @@ pub enum Busy {
     /// Its worker cannot take another job (a restart).
     #[error("session {id} is busy")]
     Worker { id: String },
+    /// A cell runs or waits, and a pause or a fork needs the session idle (409): it never
+    /// waits behind a cell that may run for an hour.
+    #[error("session {id} is running an execution; pause or fork it once it is idle")]
+    Running { id: String },
 }
 
 /// The session cap of this server.
@@ -309,6 +316,21 @@ pub enum NoSpace {
     /// The store the audit log is in ([`RecordError::NoSpace`]).
     #[error("cannot record the execution: {}", RecordError::NoSpace)]
     Audit,
+    /// A pause's (or fork's) snapshot found no room in the session's workspace or the data
+    /// dir: the session keeps running, as it was.
+    #[error("cannot pause session {id}: its snapshot found no room in the {place}; the session keeps running")]
+    Snapshot { id: String, place: &'static str },
+}
+
+/// Why a session cannot be paused or resumed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresumable {
+    /// Its runtime was removed from this server since it paused.
+    #[error("session {id} cannot resume: its runtime ({runtime}) is not installed on this server any more; install it again (runcell runtime install) or delete the session")]
+    RuntimeMissing { id: String, runtime: String },
+    /// The kernel could not write its snapshot (the session keeps running).
+    #[error("cannot snapshot session {id}: {reason}; the session keeps running")]
+    SnapshotFailed { id: String, reason: String },
 }
 
 /// Why the audit log could not record an execution.

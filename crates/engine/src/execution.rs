@@ -128,6 +128,7 @@ impl Ended {
             network: Vec::new(),
             started_at: self.started_at,
             finished_at: self.finished_at,
+            restored: None,
         }
     }
 

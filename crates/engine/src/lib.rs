@@ -6,6 +6,7 @@ mod audit;
 mod bounds;
 mod commands;
 mod core;
+mod durable;
 mod engine;
 mod error;
 mod execution;
@@ -16,9 +17,11 @@ mod limits;
 mod model;
 mod network;
 mod oneshot;
+mod paused;
 mod pool;
 mod provenance;
 mod records;
+mod restored;
 mod rich;
 mod session;
 mod spares;
@@ -31,7 +34,7 @@ pub use crate::core::{workspaces_dir, EngineConfig};
 pub use crate::engine::Engine;
 pub use crate::error::{
     Amount, Busy, Capacity, Cause, Committed, Ended, EngineError, Invalid, Limit, NoSpace,
-    Oversize, Quota, RecordError, Resource, WorkspaceConflict,
+    Oversize, Quota, RecordError, Resource, Unresumable, WorkspaceConflict,
 };
 pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
@@ -57,6 +60,7 @@ pub use network::{
 pub use oneshot::{InputFile, OneShot, OneShotOutcome};
 pub use provenance::producer;
 pub use records::ExecutionPage;
+pub use restored::{Restored, Skipped};
 pub use rich::chart_summary;
 pub use runcell_sandbox::{Stream, MAX_PATH_CHARS};
 pub use session::{

@@ -24,6 +24,12 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// holds its memory and its workspace (RAM); a day covers "come back after lunch" and
 /// "tomorrow morning" without letting forgotten sessions pile up for a week.
 pub const MAX_IDLE_S: u64 = 24 * 3600;
+/// The default maximum of `pause_after_s` (`serve --max-pause-after-s`): a day, as for the
+/// idle timeout (a session not paused holds its memory).
+pub const MAX_PAUSE_AFTER_S: u64 = 24 * 3600;
+/// The default maximum of `expire_after_s` (`serve --max-expire-after-s`): 90 days. A paused
+/// session holds only disk (its workspace image and snapshot).
+pub const MAX_EXPIRE_AFTER_S: u64 = 90 * 24 * 3600;
 /// The default maximum of processes and threads per session.
 pub const MAX_PIDS: u64 = 4096;
 /// A one-shot run's time limit when it names none (DESIGN.md §7), at most the maximum.
@@ -59,6 +65,28 @@ pub struct LimitsRequest {
     pub exec_timeout_s: Option<u64>,
     #[serde(default, deserialize_with = "whole_number")]
     pub idle_timeout_s: Option<u64>,
+    /// Seconds idle before the session pauses by itself (docs/api.md, "Pause and resume").
+    #[serde(default, deserialize_with = "whole_number")]
+    pub pause_after_s: Option<u64>,
+    /// Seconds a paused session is kept before it expires (its files and snapshot go).
+    #[serde(default, deserialize_with = "whole_number")]
+    pub expire_after_s: Option<u64>,
+}
+
+impl From<&SessionLimits> for LimitsRequest {
+    /// A request for exactly these limits (a fork asks for its source's).
+    fn from(l: &SessionLimits) -> Self {
+        LimitsRequest {
+            memory_mb: Some(l.memory_mb),
+            cpu: Some(l.cpu),
+            pids: Some(l.pids),
+            disk_mb: Some(l.disk_mb),
+            exec_timeout_s: Some(l.exec_timeout_s),
+            idle_timeout_s: Some(l.idle_timeout_s),
+            pause_after_s: Some(l.pause_after_s),
+            expire_after_s: Some(l.expire_after_s),
+        }
+    }
 }
 
 /// An integer as JSON Schema counts them: `4` or `4.0` (a number with no fraction), which
@@ -92,7 +120,23 @@ pub struct SessionLimits {
     pub pids: u64,
     pub disk_mb: u64,
     pub exec_timeout_s: u64,
+    /// An idle session that has not paused first ends after this.
     pub idle_timeout_s: u64,
+    /// An idle session pauses after this (its sandbox and memory are freed).
+    #[serde(default = "default_pause_after_s")]
+    pub pause_after_s: u64,
+    /// A paused session expires after this.
+    #[serde(default = "default_expire_after_s")]
+    pub expire_after_s: u64,
+}
+
+/// Sessions recorded before pausing existed take the defaults.
+fn default_pause_after_s() -> u64 {
+    SessionLimits::DESIGN_DEFAULTS.pause_after_s
+}
+
+fn default_expire_after_s() -> u64 {
+    SessionLimits::DESIGN_DEFAULTS.expire_after_s
 }
 
 impl SessionLimits {
@@ -104,6 +148,8 @@ impl SessionLimits {
         disk_mb: 1024,
         exec_timeout_s: 30,
         idle_timeout_s: 20 * 60,
+        pause_after_s: 300,
+        expire_after_s: 30 * 24 * 3600,
     };
 
     /// What the sandbox enforces for each process of this session (or one-shot run): the one
@@ -139,6 +185,8 @@ pub struct Maxima {
     pub disk_mb: u64,
     pub exec_timeout_s: u64,
     pub idle_timeout_s: u64,
+    pub pause_after_s: u64,
+    pub expire_after_s: u64,
 }
 
 /// What this host can give, read once at start-up.
@@ -224,6 +272,8 @@ impl LimitPolicy {
             disk_mb: budget,
             exec_timeout_s: MAX_TIMEOUT.as_secs(),
             idle_timeout_s: MAX_IDLE_S,
+            pause_after_s: MAX_PAUSE_AFTER_S,
+            expire_after_s: MAX_EXPIRE_AFTER_S,
         };
         LimitPolicy {
             defaults: SessionLimits::DESIGN_DEFAULTS.within(&max),
@@ -237,7 +287,7 @@ impl LimitPolicy {
     /// and no session allowed that the budget could never admit.
     pub fn validate(&self) -> Result<(), String> {
         let (d, m) = (&self.defaults, &self.max);
-        let checks: [(&str, f64, f64, f64); 6] = [
+        let checks: [(&str, f64, f64, f64); 8] = [
             (
                 "memory_mb",
                 d.memory_mb as f64,
@@ -257,6 +307,18 @@ impl LimitPolicy {
                 "idle_timeout_s",
                 d.idle_timeout_s as f64,
                 m.idle_timeout_s as f64,
+                1.0,
+            ),
+            (
+                "pause_after_s",
+                d.pause_after_s as f64,
+                m.pause_after_s as f64,
+                1.0,
+            ),
+            (
+                "expire_after_s",
+                d.expire_after_s as f64,
+                m.expire_after_s as f64,
                 1.0,
             ),
         ];
@@ -288,7 +350,7 @@ impl LimitPolicy {
 
     /// Each limit a request may name, with the least and the most [`LimitPolicy::resolve`]
     /// accepts (the OpenAPI document states them).
-    pub fn ranges(&self) -> [(&'static str, f64, f64); 6] {
+    pub fn ranges(&self) -> [(&'static str, f64, f64); 8] {
         let m = &self.max;
         [
             ("memory_mb", MIN_MEMORY_MB as f64, m.memory_mb as f64),
@@ -297,6 +359,8 @@ impl LimitPolicy {
             ("disk_mb", 1.0, m.disk_mb as f64),
             ("exec_timeout_s", 1.0, m.exec_timeout_s as f64),
             ("idle_timeout_s", 1.0, m.idle_timeout_s as f64),
+            ("pause_after_s", 1.0, m.pause_after_s as f64),
+            ("expire_after_s", 1.0, m.expire_after_s as f64),
         ]
     }
 
@@ -378,6 +442,20 @@ impl LimitPolicy {
             1,
             m.idle_timeout_s,
         )?;
+        let pause_after_s = self.whole(
+            "pause_after_s",
+            req.pause_after_s,
+            d.pause_after_s,
+            1,
+            m.pause_after_s,
+        )?;
+        let expire_after_s = self.whole(
+            "expire_after_s",
+            req.expire_after_s,
+            d.expire_after_s,
+            1,
+            m.expire_after_s,
+        )?;
         Ok(SessionLimits {
             memory_mb,
             cpu,
@@ -385,6 +463,8 @@ impl LimitPolicy {
             disk_mb,
             exec_timeout_s,
             idle_timeout_s,
+            pause_after_s,
+            expire_after_s,
         })
     }
 
@@ -422,6 +502,8 @@ impl SessionLimits {
             disk_mb: self.disk_mb.min(m.disk_mb),
             exec_timeout_s: self.exec_timeout_s.min(m.exec_timeout_s),
             idle_timeout_s: self.idle_timeout_s.min(m.idle_timeout_s),
+            pause_after_s: self.pause_after_s.min(m.pause_after_s),
+            expire_after_s: self.expire_after_s.min(m.expire_after_s),
         }
     }
 }
@@ -457,11 +539,9 @@ struct Counts {
 /// Whether a reservation may go past the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admit {
-    /// Refused past the budget or the quota.
+    /// Refused past the budget or the quota. (Sessions of a previous run come back paused,
+    /// holding no memory: a resume is checked like a create.)
     Checked,
-    /// Counted but never refused: a session of a previous run being recovered (its memory
-    /// is already in use, refusing it would not free any).
-    Always,
 }
 
 impl Ledger {

@@ -187,6 +187,10 @@ pub struct Execution {
     pub started_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
     pub finished_at: DateTime<Utc>,
+    /// On the first execution after a session resumed by itself (a request to a paused
+    /// session, a server restart): what came back of its variables (docs/api.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<crate::restored::Restored>,
 }
 
 pub(crate) fn rfc3339<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
@@ -303,6 +307,7 @@ mod tests {
             }],
             started_at: t,
             finished_at: t,
+            restored: None,
         };
         let v = serde_json::to_value(&e).expect("json");
         assert_eq!(

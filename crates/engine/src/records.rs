@@ -21,8 +21,9 @@ use crate::{chain, EngineError, Execution, OPEN_TENANT};
 
 /// Every status the store may hold for a session, and those of a session that was live when
 /// its server stopped.
-const ALL_STATUSES: [&str; 5] = ["starting", "ready", "busy", "dead", "expired"];
-const LIVE_STATUSES: [&str; 3] = ["starting", "ready", "busy"];
+const ALL_STATUSES: [&str; 6] = ["starting", "ready", "busy", "paused", "dead", "expired"];
+/// Paused ones too: they come back paused (durable.rs).
+const LIVE_STATUSES: [&str; 4] = ["starting", "ready", "busy", "paused"];
 
 /// An engine's store, and how much of the domain it keeps there.
 #[derive(Debug, Clone)]
@@ -291,6 +292,8 @@ pub(crate) fn stale_sessions(store: &dyn DomainStore) -> Result<Vec<Stale>, Engi
                     limits,
                     start: s.start.parse().unwrap_or_default(),
                     metadata,
+                    last_active_at: s.last_active_at,
+                    paused_until: (s.status == "paused").then_some(s.expires_at),
                 }),
                 (Err(e), _) => Err(e.to_string()),
                 (_, Err(e)) => Err(e),

@@ -346,10 +346,36 @@ fn line(out: &mut String, label: &str, value: &str) {
     let _ = writeln!(out, "{label}: {value}");
 }
 
+/// What a resume brought back, for a model to read: it must know which variables are gone.
+fn restored_text(r: &crate::Restored) -> String {
+    let mut t = match &r.files_only {
+        Some(why) => format!("files only, no variables ({why})"),
+        None => format!("{} names restored", r.names.len()),
+    };
+    if !r.skipped.is_empty() {
+        let names: Vec<String> = r
+            .skipped
+            .iter()
+            .map(|s| format!("{} ({})", s.name, s.reason))
+            .collect();
+        t.push_str(&format!("; not restored: {}", names.join(", ")));
+    }
+    if !r.lost_executions.is_empty() {
+        t.push_str(&format!(
+            "; the effects on variables of {} earlier execution(s) were lost in a server restart",
+            r.lost_executions.len()
+        ));
+    }
+    t
+}
+
 /// An Execution as a model should read it.
 pub fn execution_output(e: &Execution) -> ToolOutput {
     let mut text = String::new();
     let mut images = Vec::new();
+    if let Some(r) = &e.restored {
+        line(&mut text, "session resumed", &restored_text(r));
+    }
     if !e.stdout.is_empty() {
         section(&mut text, "stdout", &e.stdout);
     }

@@ -7,8 +7,18 @@ use std::time::{Duration, Instant};
 
 use runcell_sandbox::Zygote;
 
-/// Modules a zygote imports unless configured otherwise.
-pub const DEFAULT_PRELOAD: &[&str] = &["numpy", "pandas", "matplotlib", "matplotlib.pyplot"];
+/// Modules a zygote imports unless configured otherwise: the data stack, and what resuming
+/// a paused data session needs (issue 17): restoring a fitted scikit-learn model into a kernel
+/// without it imports it first, 2.5 s of a resume that otherwise takes tens of milliseconds;
+/// cloudpickle is the snapshots' serializer (docs/benchmarks.md, "Pause and resume").
+pub const DEFAULT_PRELOAD: &[&str] = &[
+    "numpy",
+    "pandas",
+    "matplotlib",
+    "matplotlib.pyplot",
+    "sklearn.ensemble",
+    "cloudpickle",
+];
 
 /// How long preloading may take (a cold disk can make the first imports slow).
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);

@@ -338,17 +338,23 @@ def scan(head, tail_x):
             if "r" not in perms or "[vvar]" in line or "[vsyscall]" in line:
                 continue
             lo, hi = (int(x, 16) for x in addr.split("-"))
-            try:
-                mem.seek(lo)
-                data = mem.read(hi - lo)
-            except (OSError, ValueError, OverflowError):
-                continue
-            i = data.find(head)
-            while i >= 0:
-                after = data[i + len(head):i + len(head) + len(tail_x)]
-                if bytes(c ^ 0x5a for c in after) == tail_x:
-                    found += 1
-                i = data.find(head, i + 1)
+            # In windows (overlapping by a match's length): a mapping can be larger than
+            # the session's memory (the preloaded libraries reserve some).
+            window, keep = 16 << 20, len(head) + len(tail_x)
+            at = lo
+            while at < hi:
+                try:
+                    mem.seek(at)
+                    data = mem.read(min(window + keep, hi - at))
+                except (OSError, ValueError, OverflowError):
+                    break
+                i = data.find(head)
+                while 0 <= i < window:
+                    after = data[i + len(head):i + len(head) + len(tail_x)]
+                    if bytes(c ^ 0x5a for c in after) == tail_x:
+                        found += 1
+                    i = data.find(head, i + 1)
+                at += window
     return found
 scan(b"{head}", bytes.fromhex("{tail_x}")) > 0
 "#

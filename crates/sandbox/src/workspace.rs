@@ -41,7 +41,10 @@ pub enum WorkspaceError {
 #[derive(Debug)]
 pub struct Workspace {
     path: PathBuf,
-    lease: UidLease,
+    /// Taken only by [`Workspace::unmount_keeping`], which leaves nothing to drop.
+    lease: Option<UidLease>,
+    /// The host uid of `lease`.
+    uid: u32,
     size_bytes: u64,
     /// The filesystem image under the mount, for a workspace on disk; `None` for a tmpfs.
     image: Option<PathBuf>,
@@ -57,6 +60,8 @@ pub struct Workspace {
     max_entries: usize,
     /// Walks of the tree so far (snapshots and listings): an upload must not cost one.
     scans: std::sync::atomic::AtomicU64,
+    /// Kept at drop ([`Workspace::keep`]): a server stopping with paused sessions.
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// The regular files of a workspace at one moment, and whether the walk saw all of them.
@@ -108,13 +113,15 @@ impl Workspace {
         }
         Ok(Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes,
             image: None,
             unsynced_names: Default::default(),
             root: std::sync::Mutex::new(None),
             max_entries: inodes as usize,
             scans: Default::default(),
+            keep: Default::default(),
         })
     }
 
@@ -129,13 +136,15 @@ impl Workspace {
     ) -> Workspace {
         Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes,
             image: Some(image),
             unsynced_names: std::sync::Mutex::new(unsynced_names),
             root: std::sync::Mutex::new(None),
             max_entries: inodes.max(MIN_WALK_ENTRIES),
             scans: Default::default(),
+            keep: Default::default(),
         }
     }
 
@@ -173,13 +182,15 @@ impl Workspace {
         }
         Ok(Workspace {
             path: path.to_owned(),
-            lease,
+            uid: lease.uid(),
+            lease: Some(lease),
             size_bytes: st.f_blocks * st.f_bsize as u64,
             image: None,
             unsynced_names: Default::default(),
             root: std::sync::Mutex::new(None),
             max_entries: (st.f_files as usize).max(MIN_WALK_ENTRIES),
             scans: Default::default(),
+            keep: Default::default(),
         })
     }
 
@@ -195,7 +206,7 @@ impl Workspace {
 
     /// The host uid the sandbox user maps to for this workspace.
     pub fn host_uid(&self) -> u32 {
-        self.lease.uid()
+        self.uid
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -281,7 +292,7 @@ impl Workspace {
         .map_err(|e| io_err("create", e))?;
         // SAFETY: openat succeeded; the descriptor is ours.
         let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let uid = self.lease.uid();
+        let uid = self.uid;
         // SAFETY: fchown on our own descriptor.
         cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
         if self.image.is_some() {
@@ -421,7 +432,7 @@ impl Workspace {
     }
 
     fn chown_at(&self, dir: &OwnedFd, name: &CString) -> io::Result<()> {
-        let uid = self.lease.uid();
+        let uid = self.uid;
         // SAFETY: valid descriptor and name; AT_SYMLINK_NOFOLLOW never touches a link target.
         cvt(unsafe {
             libc::fchownat(
@@ -461,8 +472,48 @@ impl Workspace {
     }
 }
 
+impl Workspace {
+    /// Keeps the files when the workspace is dropped (a server stopping while its session
+    /// is paused, to be adopted by the next one): an image is synced and unmounted, its mount
+    /// point and image left in place; a tmpfs stays mounted (unmounting would lose it).
+    pub fn keep(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Unmounts an image workspace at once, keeping its image and mount point, and gives back
+    /// its uid lease (a session paused for a while: mounted again at its resume). Refused
+    /// (the workspace back) for a tmpfs, which would lose its files, and while something
+    /// still uses the filesystem: a lazy unmount would leave it attached while a later mount
+    /// of the same image wrote to it too.
+    pub fn unmount_keeping(mut self: Box<Self>) -> Result<UidLease, Box<Workspace>> {
+        if self.image.is_none() || self.sync().is_err() {
+            return Err(self);
+        }
+        self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Ok(c) = cstr(&self.path) else {
+            return Err(self);
+        };
+        // SAFETY: a valid path; no flags: fails with EBUSY rather than detaching.
+        if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+            return Err(self);
+        }
+        self.keep();
+        self.image = None;
+        self.lease.take().ok_or(self)
+    }
+}
+
 impl Drop for Workspace {
     fn drop(&mut self) {
+        if self.keep.load(std::sync::atomic::Ordering::SeqCst) {
+            // `image` is none once `unmount_keeping` unmounted it.
+            if self.image.is_some() {
+                let _ = self.sync();
+                self.root.lock().unwrap_or_else(|p| p.into_inner()).take();
+                crate::removal::unmount(&self.path);
+            }
+            return;
+        }
         // An image: descriptors on its filesystem keep it alive past the unmount below, which
         // then only detaches the mount point (as for a tmpfs); the filesystem's shutdown and
         // the image's deletion happen on the removal thread (`removal::remove_later`).

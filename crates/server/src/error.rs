@@ -199,7 +199,12 @@ impl From<EngineError> for ApiError {
             EngineError::SessionEnded(m) => ApiError::ended(m.to_string()),
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::new(ErrorCode::Conflict, m.to_string()),
+            // A pause or fork of a session running a cell: it is not queued, so 409, not 429.
+            EngineError::SessionBusy(m @ runcell_engine::Busy::Running { .. }) => {
+                ApiError::ended(m.to_string())
+            }
             EngineError::SessionBusy(m) => ApiError::new(ErrorCode::SessionBusy, m.to_string()),
+            EngineError::Unresumable(m) => ApiError::new(ErrorCode::Conflict, m.to_string()),
             EngineError::LimitExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m.to_string()),
             EngineError::QuotaExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m.to_string()),
             EngineError::PayloadTooLarge(m) => ApiError::too_large(m.to_string()),

@@ -17,6 +17,7 @@ mod metrics;
 mod misc;
 mod oneshot;
 mod openapi;
+mod pause;
 mod sessions;
 mod state;
 mod vendor;
@@ -79,6 +80,9 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::interrupt_session))
         .routes(routes!(sessions::restart_session))
+        .routes(routes!(pause::pause_session))
+        .routes(routes!(pause::resume_session))
+        .routes(routes!(pause::fork_session))
         .routes(routes!(sessions::execute))
         .routes(routes!(sessions::run_command))
         .routes(routes!(files::list_files, files::upload_multipart))

@@ -94,7 +94,7 @@ impl Metrics {
 
     /// The Prometheus text exposition, with session gauges set from `sessions` now.
     pub fn render(&self, sessions: &[SessionStatus]) -> String {
-        for state in ["starting", "ready", "busy", "dead", "expired"] {
+        for state in ["starting", "ready", "busy", "paused", "dead", "expired"] {
             let n = sessions
                 .iter()
                 .filter(|s| {

@@ -20,6 +20,8 @@ fn policy(committed_memory_mb: u64) -> LimitPolicy {
             disk_mb: 64,
             exec_timeout_s: 30,
             idle_timeout_s: 600,
+            pause_after_s: 300,
+            expire_after_s: 3600,
         },
         max: Maxima {
             memory_mb: 1024,
@@ -28,6 +30,8 @@ fn policy(committed_memory_mb: u64) -> LimitPolicy {
             disk_mb: 128,
             exec_timeout_s: 60,
             idle_timeout_s: 3600,
+            pause_after_s: 3600,
+            expire_after_s: 7200,
         },
         committed_memory_mb,
         server: true,
@@ -101,6 +105,8 @@ async fn a_limit_over_the_maximum_is_refused_naming_it_and_one_at_it_works() {
         ("disk_mb", json!(129), "disk_mb 129 exceeds this server's maximum of 128 (serve --max-disk-mb)"),
         ("exec_timeout_s", json!(61), "exec_timeout_s 61 exceeds this server's maximum of 60 (serve --max-exec-timeout-s)"),
         ("idle_timeout_s", json!(3601), "idle_timeout_s 3601 exceeds this server's maximum of 3600 (serve --max-idle-timeout-s)"),
+        ("pause_after_s", json!(3601), "pause_after_s 3601 exceeds this server's maximum of 3600 (serve --max-pause-after-s)"),
+        ("expire_after_s", json!(7201), "expire_after_s 7201 exceeds this server's maximum of 7200 (serve --max-expire-after-s)"),
     ];
     for (name, value, message) in cases {
         let (s, v, _) = create(&srv, None, json!({"limits": {name: value}})).await;
@@ -125,7 +131,8 @@ async fn a_limit_over_the_maximum_is_refused_naming_it_and_one_at_it_works() {
 
     // Exactly at every maximum: a session, with those limits.
     let at = json!({"memory_mb": 1024, "cpu": 1.0, "pids": 256, "disk_mb": 128,
-                    "exec_timeout_s": 60, "idle_timeout_s": 3600});
+                    "exec_timeout_s": 60, "idle_timeout_s": 3600,
+                    "pause_after_s": 3600, "expire_after_s": 7200});
     let (s, v, _) = create(&srv, None, json!({"limits": at})).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     assert_eq!(v["limits"], at, "{v}");

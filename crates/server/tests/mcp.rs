@@ -81,6 +81,23 @@ async fn mcp_over_http_is_a_session_of_the_tenant() {
         .as_str()
         .expect("session id")
         .to_owned();
+    // A paused session resumes on a tool call, and the model is told what came back.
+    let paused: Value = reqwest::Client::new()
+        .post(format!("{}/v1/sessions/{session}/pause", srv.base))
+        .send()
+        .await
+        .expect("pause")
+        .json()
+        .await
+        .expect("session");
+    assert_eq!(paused["status"], "paused", "{paused}");
+    let r = call(&client, "python", json!({"code": "x + 2"})).await;
+    assert!(text(&r).contains("43"), "{}", text(&r));
+    assert!(
+        text(&r).contains("session resumed: ") && text(&r).contains("names restored"),
+        "{}",
+        text(&r)
+    );
 
     let r = call(
         &client,
@@ -102,8 +119,8 @@ async fn mcp_over_http_is_a_session_of_the_tenant() {
     let audited = srv
         .get(&format!("/v1/executions?session_id={session}"), None)
         .await;
-    assert_eq!(audited["executions"].as_array().map(Vec::len), Some(4));
-    assert_eq!(audited["executions"][3]["code"], "x = 41");
+    assert_eq!(audited["executions"].as_array().map(Vec::len), Some(5));
+    assert_eq!(audited["executions"][4]["code"], "x = 41");
 
     // Closing the connection (DELETE of the MCP session) ends the session.
     client.cancel().await.expect("close");

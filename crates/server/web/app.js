@@ -167,6 +167,16 @@ function sessionsView() {
 
 // ---------------------------------------------------------------- a session as a notebook
 
+/** What a resume brought back, as the first cell after it says (Execution.restored). */
+function restoredText(r) {
+  const parts = [];
+  if (r.files_only) parts.push(`Resumed with files only: ${r.files_only}.`);
+  else parts.push(`Resumed: ${r.names.length} name${r.names.length === 1 ? '' : 's'} restored${r.names.length ? ` (${r.names.slice(0, 8).join(', ')}${r.names.length > 8 ? ', …' : ''})` : ''}.`);
+  if (r.skipped && r.skipped.length) parts.push(`Not restored: ${r.skipped.map((s) => `${s.name} (${s.reason})`).join('; ')}.`);
+  if (r.lost_executions && r.lost_executions.length) parts.push(`The effects on variables of ${r.lost_executions.length} execution(s) after the last snapshot were lost: ${r.lost_executions.join(', ')}.`);
+  return parts.join(' ');
+}
+
 function sessionView(id) {
   let info = null;
   // Leaving the view does not cancel running cells (closing the request would interrupt
@@ -191,6 +201,11 @@ function sessionView(id) {
         setStatus(info.status);
         showNote('The kernel restarted: variables are gone, files are kept.');
       }), { id: 'restart' }),
+      btn('Pause', () => guarded('Cannot pause', async () => {
+        info = await api.postJson(api.sessionPath(id, '/pause'));
+        setStatus(info.status);
+        showNote('Paused: variables are saved to disk and the sandbox is freed. Running a cell resumes it.');
+      }), { id: 'pause' }),
       h('a', { class: 'btn', href: `#/audit?session=${id}` }, 'Audit log'),
       btn('Delete', () => guarded('Cannot delete the session', async () => {
         if (!confirm(`Delete session ${id} and its files?`)) return;
@@ -316,6 +331,7 @@ function sessionView(id) {
       }
       cell.output.note('Output was truncated at the cap: its head and tail are shown.');
     }
+    if (ex.restored) cell.output.note(restoredText(ex.restored));
     cell.foot.replaceChildren(statusBadge(ex.status), h('span', { class: 'muted' }, usageText(ex.usage)),
       ...(ex.network && ex.network.length ? [h('span', { class: 'muted' }, ' · ' + networkText(ex.network))] : []));
     cell.state.replaceChildren(statusBadge(ex.status), ex.usage ? ` ${formatMs(ex.usage.wall_ms)}` : '');

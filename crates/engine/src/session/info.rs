@@ -16,6 +16,8 @@ pub enum SessionStatus {
     Starting,
     Ready,
     Busy,
+    /// Snapshotted to disk, without a sandbox (durable.rs); any request resumes it.
+    Paused,
     Dead,
     Expired,
 }
@@ -57,6 +59,9 @@ pub(crate) struct RecoverSession {
     /// What the session asked for (a cold session stays cold).
     pub(crate) start: Start,
     pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) last_active_at: DateTime<Utc>,
+    /// The expiry of a session paused when its server stopped; `None`: it was live.
+    pub(crate) paused_until: Option<DateTime<Utc>>,
 }
 
 /// What `create` takes.

@@ -11,6 +11,7 @@
 mod cell;
 mod entry;
 mod info;
+pub(crate) mod pause;
 mod runner;
 mod shared;
 mod sibling;
@@ -45,6 +46,10 @@ use crate::EngineError;
 /// Executions waiting behind the running one, per session; past it the session is busy.
 pub const QUEUE_DEPTH: usize = 8;
 
+/// How long a stopping server waits for its sessions to pause (SIGTERM; issue 17: 100
+/// sessions in at most 10 s).
+const PAUSE_ALL_WITHIN: Duration = Duration::from_secs(10);
+
 /// Owns every session of an engine.
 pub struct SessionManager {
     core: Arc<Core>,
@@ -64,6 +69,8 @@ pub struct SessionManager {
     /// Creates under way and one-shot runs, counted against `max_sessions` (see
     /// [`SessionManager::reserve_sandbox`]).
     creating: Arc<std::sync::atomic::AtomicUsize>,
+    /// Sessions paused to disk (durable.rs).
+    paused: crate::paused::PausedSessions,
     me: std::sync::Weak<SessionManager>,
 }
 
@@ -85,6 +92,7 @@ impl SessionManager {
             spares: Arc::default(),
             max_sessions: std::sync::atomic::AtomicUsize::new(0),
             creating: Arc::default(),
+            paused: Default::default(),
         })
     }
 
@@ -219,14 +227,21 @@ impl SessionManager {
     fn start_sweeper(&self) {
         let weak = self.me.clone();
         self.sweeper.call_once(|| {
-            let spawned =
-                thread::Builder::new()
-                    .name("session-expiry".into())
-                    .spawn(move || loop {
+            let spawned = thread::Builder::new()
+                .name("session-expiry".into())
+                .spawn(move || {
+                    // When each session's last idle snapshot was of (its last activity then).
+                    let mut snapshots = HashMap::new();
+                    loop {
                         thread::sleep(Duration::from_secs(1));
                         let Some(m) = weak.upgrade() else { return };
                         m.expire_idle();
-                    });
+                        m.paused.unmount_idle(m.core.images.as_ref());
+                        if m.core.session_store().is_some() {
+                            m.idle_snapshots(&mut snapshots);
+                        }
+                    }
+                });
             if let Err(e) = spawned {
                 tracing::error!(error = %e, "cannot start the session expiry thread");
             }
@@ -350,9 +365,10 @@ impl SessionManager {
         self.creation_slot()
     }
 
-    /// Sessions a previous server process left behind (killed with -9, say): their kernels
-    /// died with it, their workspaces did not. Each one whose workspace is still mounted gets
-    /// a fresh kernel (recovered: files intact, variables lost); the others are marked dead.
+    /// Sessions a previous server process left behind (stopped, or killed with -9): their
+    /// kernels died with it, their workspaces did not. Each one whose workspace can be
+    /// adopted comes back paused (durable.rs): its first request resumes it from its last
+    /// snapshot, and names the executions after that snapshot; the others are marked dead.
     /// Session workspaces the store has no record of are removed. Returns (recovered, dead);
     /// (0, 0) when sessions are not recorded. A server calls this once, before it serves.
     pub fn recover_previous(&self) -> Result<(usize, usize), EngineError> {
@@ -369,7 +385,7 @@ impl SessionManager {
                 Ok(info) => {
                     recovered += 1;
                     let (at, until) = (info.last_active_at, info.expires_at);
-                    crate::records::settle(store, &rec.id, "ready", at, until)?;
+                    crate::records::settle(store, &rec.id, "paused", at, until)?;
                 }
                 Err(why) => {
                     dead += 1;
@@ -388,8 +404,9 @@ impl SessionManager {
         Ok((recovered, dead))
     }
 
-    /// Brings back a session whose server died: its workspace (still mounted, owned by its host
-    /// uid) gets a fresh kernel. Variables are gone; files are intact.
+    /// Brings back a session whose server stopped or died: its workspace (still mounted, or
+    /// its image, owned by its host uid) is adopted and the session is paused, to resume
+    /// from its last snapshot on its first request.
     fn recover(&self, req: RecoverSession) -> Result<SessionInfo, EngineError> {
         self.start_sweeper();
         let path = self.core.config.workspace_path(&req.id);
@@ -400,32 +417,28 @@ impl SessionManager {
         })?;
         let lease = UidLease::acquire_uid(&self.core.config.run_dir.join("uids"), uid)
             .map_err(EngineError::unavailable)?;
-        let workspace = Arc::new(
-            self.core
-                .adopt_workspace(&path, lease)
-                .map_err(EngineError::unavailable)?,
-        );
-        // Its memory is counted, never refused: the workspace already holds it, and the
-        // operator may have lowered the budget since.
-        let mut reservation = self.core.ledger.reserve(
-            req.limits.memory_mb,
-            self.core.config.limits.committed_memory_mb,
-            Admit::Always,
-        )?;
-        self.core.ledger.assign(
-            &mut reservation,
-            &req.owner,
-            &Default::default(),
-            Admit::Always,
-        )?;
+        // Mounted at its resume; an image that is not there is a session that cannot come back.
+        if let Some(images) = &self.core.images {
+            let mounted = is_mount_point(&path);
+            if !mounted && !images.image_of(&path).exists() {
+                return Err(EngineError::NotFound(Resource::Workspace {
+                    session: req.id.clone(),
+                }));
+            }
+        }
         let now = Utc::now();
+        // Paused at the stop: its expiry stands; a live one's starts now.
+        let expires_at = match req.paused_until {
+            Some(until) => until,
+            None => now + chrono::Duration::seconds(req.limits.expire_after_s as i64),
+        };
         let info = SessionInfo {
             id: req.id,
             language: req.language,
-            status: SessionStatus::Ready,
+            status: SessionStatus::Paused,
             created_at: req.created_at,
-            last_active_at: now,
-            expires_at: now + chrono::Duration::seconds(req.limits.idle_timeout_s as i64),
+            last_active_at: req.last_active_at,
+            expires_at,
             limits: req.limits,
             start: req.start,
             // The policy is not in the store (nor are its secrets): a recovered session comes
@@ -434,7 +447,8 @@ impl SessionManager {
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.launch(info, workspace, Vec::new(), None, reservation, None)
+        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some());
+        Ok(info)
     }
 
     /// Starts the kernel (unless a warm one is given) and the worker of a session and
@@ -473,6 +487,7 @@ impl SessionManager {
                 running: None,
                 handle: Some(kernel.handle()),
                 deleted: false,
+                restored: None,
             }),
             jobs: Mutex::new(Some(tx)),
             worker: Mutex::new(None),
@@ -505,21 +520,34 @@ impl SessionManager {
         Ok(info)
     }
 
+    /// A live session; a paused one is resumed first (any request resumes it).
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        if let Some(e) = self.map().get(id) {
+            return Ok(e.clone());
+        }
+        if let Some(resumed) = self.resume_paused(id) {
+            resumed?;
+        }
         self.map()
             .get(id)
             .cloned()
             .ok_or_else(|| EngineError::no_session(id))
     }
 
-    /// A live session (in memory: no I/O).
+    /// A live or paused session (in memory: no I/O).
     pub fn get(&self, id: &str) -> Result<SessionInfo, EngineError> {
-        Ok(self.entry(id)?.lock().info.clone())
+        if let Some(e) = self.map().get(id) {
+            return Ok(e.lock().info.clone());
+        }
+        self.paused
+            .get(id)
+            .ok_or_else(|| EngineError::no_session(id))
     }
 
-    /// Every live session, oldest first.
+    /// Every live and paused session, oldest first.
     pub fn list(&self) -> Vec<SessionInfo> {
         let mut v: Vec<SessionInfo> = self.map().values().map(|e| e.lock().info.clone()).collect();
+        v.extend(self.paused.list());
         v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         v
     }
@@ -726,12 +754,13 @@ impl SessionManager {
         // and the caller can retry; the other way round the session would be gone yet still
         // recorded, and come back `dead` at the next start.
         let forgotten = self.forget(id)?;
+        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
         match self.take(id) {
             Some(entry) => {
                 self.end(entry);
                 Ok(())
             }
-            None if forgotten => Ok(()),
+            None if self.end_paused(id) || forgotten => Ok(()),
             None => Err(EngineError::no_session(id)),
         }
     }
@@ -745,8 +774,9 @@ impl SessionManager {
                 self.end(entry);
                 true
             }
-            None => false,
+            None => self.end_paused(id),
         };
+        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
         let forgotten = self.forget(id).unwrap_or_else(|e| {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
             false
@@ -788,6 +818,7 @@ impl SessionManager {
 
     fn expire_idle(&self) {
         let now = Utc::now();
+        self.pause_idle(now);
         let expired: Vec<String> = self
             .map()
             .iter()
@@ -804,6 +835,7 @@ impl SessionManager {
             if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
+                crate::paused::discard_snapshot(&self.core.config.data_dir, &id);
                 tracing::info!(session = %id, "idle session expired");
                 if let Err(e) = self.forget(&id) {
                     // The next start finds its workspace gone: it is reported dead until its
@@ -814,14 +846,34 @@ impl SessionManager {
         }
     }
 
-    /// Ends every session and waits (up to 30 s) for teardowns other threads started. Their
-    /// records stay: the next start reports them dead (their workspaces are gone).
+    /// Ends every session and waits (up to 30 s) for teardowns other threads started. A
+    /// server's (sessions recorded, workspaces on disk) pauses every live session first, all
+    /// at once, for at most `PAUSE_ALL_WITHIN`, and keeps their workspaces: the next start
+    /// brings them back paused. One that could not be paused keeps its workspace and last
+    /// idle snapshot too, as after a kill -9. Otherwise sessions end and their workspaces go.
     pub fn shutdown(&self) {
         self.pool.stop();
         self.spares.stop(&self.core);
+        // Workspaces in memory would have to stay mounted to be kept: they end as before.
+        let durable = self.core.session_store().is_some() && self.core.images.is_some();
+        if durable {
+            let t = std::time::Instant::now();
+            let paused = self.pause_all(PAUSE_ALL_WITHIN);
+            tracing::info!(
+                paused,
+                ms = t.elapsed().as_millis() as u64,
+                "paused the sessions at the stop"
+            );
+            for id in self.paused.ids() {
+                self.paused.keep_and_remove(&id);
+            }
+        }
         let ids: Vec<String> = self.map().keys().cloned().collect();
         for id in ids {
             if let Some(entry) = self.take(&id) {
+                if durable {
+                    entry.workspace.keep();
+                }
                 self.end(entry);
             }
         }

@@ -250,6 +250,7 @@ impl Runner {
             s.info.last_active_at = now;
             s.info.expires_at = now + chrono::Duration::seconds(limits.idle_timeout_s as i64);
         }
+        let restored = shared.lock().restored.take();
         let mut execution = ended.execution(Produced {
             language: start.language,
             execution_count: outcome.execution_count,
@@ -270,6 +271,7 @@ impl Runner {
             },
             killed_by,
         });
+        execution.restored = restored;
         execution.network = network;
         Ok((execution, start.owner))
     }

@@ -14,6 +14,8 @@ pub(super) struct Shared {
     /// Interrupts or kills the current kernel from outside the worker.
     pub(super) handle: Option<RunningHandle>,
     pub(super) deleted: bool,
+    /// What a resume nobody asked for brought back, for the next Execution to say.
+    pub(super) restored: Option<crate::restored::Restored>,
 }
 
 /// [`Shared`] behind its lock; a panic while it was held does not poison it.

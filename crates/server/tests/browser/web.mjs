@@ -186,6 +186,22 @@ async function analyst(browser) {
   await cell6.locator('.out-error-head', { hasText: "NameError: name 'xs' is not defined" }).waitFor({ timeout: LONG });
   await cell6.locator('.out-stdout', { hasText: "'sales.csv'" }).waitFor();
 
+  // Pause: the badge says so; running a cell resumes the session with its variables.
+  await page.getByRole('button', { name: '+ Code cell' }).click();
+  const cellP = page.locator('.cell').nth(6);
+  await typeInto(page, cellP, 'kept = 41');
+  await page.keyboard.press('Control+Enter');
+  await cellP.locator('.cell-foot .badge-ok').waitFor({ timeout: LONG });
+  await page.click('#pause');
+  await page.locator('.toolbar-title .badge-paused', { hasText: 'paused' }).waitFor({ timeout: LONG });
+  await page.getByRole('button', { name: '+ Code cell' }).click();
+  const cellR = page.locator('.cell').nth(7);
+  await typeInto(page, cellR, 'kept + 1');
+  await page.keyboard.press('Control+Enter');
+  await cellR.locator('.cell-output', { hasText: '42' }).waitFor({ timeout: LONG });
+  await cellR.locator('.cell-output', { hasText: 'Resumed: ' }).waitFor();
+  await page.locator('.toolbar-title .badge-ready').waitFor({ timeout: LONG });
+
   // Download a file (fetched with the key, saved under its name); delete another.
   const [download] = await Promise.all([
     page.waitForEvent('download'),
@@ -210,21 +226,21 @@ async function analyst(browser) {
   // The audit log: the entries, the chain's state, the filters.
   await page.getByRole('link', { name: 'Audit log' }).first().click();
   await page.locator('#verify.verify-ok').waitFor();
-  assert.match(await page.locator('#verify').textContent(), /verified: 6 records/);
+  assert.match(await page.locator('#verify').textContent(), /verified: 8 records/);
   const plotEntry = page.locator('.entry', { hasText: "plt.title('squares')" });
   await plotEntry.waitFor();
   await plotEntry.locator('.badge-ok').waitFor();
   await plotEntry.locator('img.out-image').waitFor();
   await plotEntry.locator('summary', { hasText: 'Output' }).click();
   assert.ok(await plotEntry.locator('img.out-image').isHidden(), 'the output folds away');
-  assert.equal(await page.locator('.entry').count(), 6);
+  assert.equal(await page.locator('.entry').count(), 8);
   await page.selectOption('#audit-status', 'error');
   assert.equal(await page.locator('.entry').count(), 2, 'the status filter keeps the failed cells');
   assert.equal(await page.locator('.entry .badge-error').count(), 2);
   await page.selectOption('#audit-status', 'interrupted');
   assert.equal(await page.locator('.entry').count(), 1);
   await page.selectOption('#audit-status', '');
-  assert.equal(await page.locator('.entry').count(), 6);
+  assert.equal(await page.locator('.entry').count(), 8);
   await shot(page, '04-audit-1366');
   await page.setViewportSize({ width: 390, height: 844 });
   await noHorizontalScroll(page, 'audit at 390 px');

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Pause and resume through the HTTP API (issue 17's speed goal): a session holding a 10 MB
+DataFrame and a fitted scikit-learn model (a 50-tree forest), on a real `runcell serve`.
+
+Usage: bench/pause.py [BINARY=target/release/runcell] [N=20] [PAUSED=1000] [PRELOAD]
+  RUNTIMES  a directory of installed runtimes, linked into the bench's data dir (default
+            target/tmp/runcell-test-runtimes/runtimes, what the tests install)
+  PRELOAD   the zygote's modules (serve --preload); default: the server's own default
+
+Prints, in one run (a shared machine's absolute numbers move; compare within a run):
+  create     POST /v1/sessions, p50/p90 (what the preload costs a create)
+  pause      POST .../pause of the session, p50/p90 (snapshot, copy to the data dir, kernel end)
+  resume     POST .../execute `df.shape` on the paused session, to its reply: resume to the
+             first result (a zygote fork, the snapshot read back, the cell)
+  explicit   POST .../resume, then the first execute, each
+  snapshot   the snapshot's size on disk
+  paused     PAUSED small sessions paused at once: the server's committed memory, the sandbox
+             processes left, and the server's RSS before and after
+"""
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import urllib.request
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(here)
+binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "target/release/runcell")
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+paused_n = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
+preload = sys.argv[4] if len(sys.argv) > 4 else None
+runtimes = os.environ.get("RUNTIMES", os.path.join(root, "target/tmp/runcell-test-runtimes/runtimes"))
+
+STATE = """
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import RandomForestClassifier
+rng = np.random.default_rng(0)
+rows = 10 * 1024 * 1024 // (5 * 8)
+df = pd.DataFrame(rng.normal(size=(rows, 5)), columns=list("abcde"))
+X = df.to_numpy()[:5000]
+model = RandomForestClassifier(n_estimators=50, max_depth=8, random_state=0).fit(X, X[:, 0] > 0)
+int(df.memory_usage(deep=True).sum())
+"""
+
+
+def call(method, url, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        out = json.loads(r.read() or b"null")
+    return out, (time.perf_counter() - t) * 1000
+
+
+def stats(name, xs):
+    xs = sorted(xs)
+    p90 = xs[min(len(xs) - 1, int(len(xs) * 0.9))]
+    print(f"{name:10} p50 {statistics.median(xs):8.1f} ms   p90 {p90:8.1f} ms   (n={len(xs)})")
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def descendants(pid):
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+    children = {}
+    for line in out.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    n, todo = 0, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            n += 1
+            todo.append(c)
+    return n
+
+
+def metric(base, name):
+    with urllib.request.urlopen(base + "/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name):
+                return line
+    return None
+
+
+def main():
+    data = tempfile.mkdtemp(prefix="runcell-bench-pause-")
+    os.symlink(runtimes, os.path.join(data, "runtimes"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    args = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--warm-sessions", "0"]
+    if preload:
+        args += ["--preload", preload]
+    srv = subprocess.Popen(args, env=dict(os.environ, RUNCELL_DATA_DIR=data, RUST_LOG="warn"),
+                           stderr=subprocess.PIPE, text=True)
+    for line in srv.stderr:
+        if "runcell serving on" in line:
+            break
+    # The zygote preloads in the background: wait for it (a create before it starts cold).
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        s, _ = call("POST", base + "/v1/sessions", {})
+        urllib.request.urlopen(urllib.request.Request(f"{base}/v1/sessions/{s['id']}", method="DELETE"))
+        if s.get("start") == "zygote":
+            break
+        time.sleep(1)
+    try:
+        creates, pauses, resumes, explicit, first, sizes = [], [], [], [], [], []
+        for i in range(n):
+            s, ms = call("POST", base + "/v1/sessions", {"limits": {"memory_mb": 2048}})
+            creates.append(ms)
+            sid = s["id"]
+            e, _ = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": STATE, "timeout_s": 120})
+            assert e["status"] == "ok", e
+            p, ms = call("POST", f"{base}/v1/sessions/{sid}/pause")
+            assert p["status"] == "paused", p
+            pauses.append(ms)
+            sizes.append(os.path.getsize(os.path.join(data, "snapshots", f"{sid}.snap")))
+            e, ms = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": "df.shape, model.n_estimators"})
+            assert e["results"][0]["data"]["text/plain"] == "((262144, 5), 50)", e
+            assert "model" in e["restored"]["names"], e
+            resumes.append(ms)
+            call("POST", f"{base}/v1/sessions/{sid}/pause")
+            r, ms = call("POST", f"{base}/v1/sessions/{sid}/resume")
+            assert not r["restored"].get("files_only"), r
+            explicit.append(ms)
+            e, ms = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": "df.shape"})
+            first.append(ms)
+            urllib.request.urlopen(urllib.request.Request(f"{base}/v1/sessions/{sid}", method="DELETE"))
+        print(f"preload: {preload or 'the default'}")
+        stats("create", creates)
+        stats("pause", pauses)
+        stats("resume", resumes)
+        stats("explicit", explicit)
+        stats("then cell", first)
+        print(f"snapshot   {statistics.median(sizes) / 1e6:.1f} MB")
+
+        if paused_n:
+            rss0 = rss_kb(srv.pid)
+            ids = []
+            t = time.perf_counter()
+            for i in range(paused_n):
+                s, _ = call("POST", base + "/v1/sessions", {"limits": {"memory_mb": 64, "disk_mb": 16}})
+                call("POST", f"{base}/v1/sessions/{s['id']}/execute", {"code": f"v = {i}"})
+                call("POST", f"{base}/v1/sessions/{s['id']}/pause")
+                ids.append(s["id"])
+            made = time.perf_counter() - t
+            gauge = metric(base, 'runcell_sessions{state="paused"}')
+            mounts = sum(1 for l in open("/proc/self/mountinfo") if os.path.join(data, "workspaces") in l)
+            print(f"paused     {paused_n} sessions in {made:.1f} s; {gauge}; processes under the server: "
+                  f"{descendants(srv.pid)} (the zygote and its helpers); workspaces mounted: {mounts}; "
+                  f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB")
+            # Each still resumes.
+            e, ms = call("POST", f"{base}/v1/sessions/{ids[-1]}/execute", {"code": "v"})
+            assert e["results"][0]["data"]["text/plain"] == str(paused_n - 1), e
+            print(f"           the last one resumed to its first result in {ms:.1f} ms")
+            t = time.perf_counter()
+            srv.send_signal(signal.SIGTERM)
+            srv.wait(timeout=120)
+            print(f"SIGTERM    with {paused_n - 1} paused and 1 live: the server stopped in {time.perf_counter() - t:.1f} s")
+    finally:
+        if srv.poll() is None:
+            srv.send_signal(signal.SIGTERM)
+            srv.wait(timeout=120)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+main()
