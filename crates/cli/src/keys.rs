@@ -16,6 +16,10 @@ pub enum KeysCommand {
         /// The tenant the key acts for (sessions, files, executions are per tenant).
         #[arg(long, default_value = "default")]
         tenant: String,
+        /// `runcell` (`rc_...`), or `e2b` (`e2b_` and hex digits: the E2B SDKs accept only
+        /// keys of that shape as `E2B_API_KEY`; docs/e2b.md).
+        #[arg(long, default_value = "runcell", value_parser = ["runcell", "e2b"])]
+        format: String,
         #[command(flatten)]
         settings: TenantArgs,
     },
@@ -148,9 +152,14 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
         KeysCommand::Create {
             name,
             tenant,
+            format,
             settings,
         } => {
-            let (info, key) = store.create_key(&name, &tenant)?;
+            let format = match format.as_str() {
+                "e2b" => runcell_store::KeyFormat::E2b,
+                _ => runcell_store::KeyFormat::Runcell,
+            };
+            let (info, key) = store.create_key_in_format(&name, &tenant, format)?;
             eprintln!(
                 "created key {} ({}) for tenant {}; it is shown once:",
                 info.id, info.name, info.tenant

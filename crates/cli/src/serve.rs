@@ -556,6 +556,9 @@ pub fn serve(
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
         eprintln!("runcell serving on http://{addr}");
+        tracing::info!(
+            "E2B SDKs: E2B_API_URL=http://{addr}/e2b E2B_SANDBOX_URL=http://{addr}/e2b/sandbox (docs/e2b.md)"
+        );
         runcell_server::audit::spawn_checkpoints(store.clone(), signer.clone(), checkpoints);
         let mut state = runcell_server::state(engine.clone(), store, addr)
             .with_batch_limits(max_batch_runs.into(), max_tests_per_run.into())

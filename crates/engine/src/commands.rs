@@ -1,9 +1,13 @@
 //! Shell commands beside a session's kernel: same workspace, same sandbox user and limits, a
-//! sandbox of their own (so a command cannot disturb the kernel's process tree).
+//! sandbox of their own (so a command cannot disturb the kernel's process tree). A caller may
+//! watch one run (E2B's process service): its output as it comes, extra environment variables,
+//! a flag that ends it early ([`Engine::run_watched`]).
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
-use runcell_sandbox::{KillReason, RunOptions, RunOutcome};
+use runcell_sandbox::{KillReason, RunOptions, RunOutcome, Stream};
 use serde::Serialize;
 
 use crate::engine::Engine;
@@ -35,10 +39,48 @@ impl Engine {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<CommandOutput, EngineError> {
-        crate::bounds::check_command(command)?;
+        self.run_watched(
+            session,
+            &WatchedCommand {
+                command: command.to_owned(),
+                timeout,
+                ..Default::default()
+            },
+            &mut |_, _| {},
+        )
+    }
+}
+
+/// One watched command.
+#[derive(Debug, Clone, Default)]
+pub struct WatchedCommand {
+    /// Run as `bash -c COMMAND` in /workspace.
+    pub command: String,
+    /// After runcell's own variables, never replacing one of them.
+    pub env: std::collections::BTreeMap<String, String>,
+    /// `None`: the session's execution limit. Longer than the server allows is refused.
+    pub timeout: Option<Duration>,
+    /// Set to end the command (killed, `KilledBy::Signal`); checked every 100 ms.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl Engine {
+    /// Runs `cmd` in the session's sandbox; `on_output` gets each chunk of stdout and stderr
+    /// as it is read (on this thread: block it and the command's pipes fill). Blocking.
+    pub fn run_watched(
+        &self,
+        session: &str,
+        cmd: &WatchedCommand,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<CommandOutput, EngineError> {
+        crate::bounds::check_command(&cmd.command)?;
+        crate::bounds::check_env(&cmd.env)?;
+        let env: Vec<(String, String)> = cmd.env.clone().into_iter().collect();
         let info = self.sessions().get(session)?;
         let workspace = self.sessions().workspace(session)?;
-        let timeout = timeout.unwrap_or(Duration::from_secs(info.limits.exec_timeout_s));
+        let timeout = cmd
+            .timeout
+            .unwrap_or(Duration::from_secs(info.limits.exec_timeout_s));
         let timeout = self.core.config.limits.check_timeout(timeout)?;
         // A command is a sandbox of its own, beside the kernel: its memory is committed too.
         let _reserved = self.core.ledger.reserve(
@@ -49,10 +91,10 @@ impl Engine {
         // The session's policy, with records of its own: the command's connections are its own.
         let egress = self.sessions().egress(session)?.map(|e| e.sibling());
         let launch = self.core.launch(
-            Program::Command(command),
+            Program::Command(&cmd.command),
             &workspace,
             &info.limits,
-            &[],
+            &env,
             egress.is_some(),
         )?;
         let mut serving = None;
@@ -72,9 +114,10 @@ impl Engine {
                 &RunOptions {
                     timeout,
                     output_cap: OUTPUT_CAP_BYTES,
+                    cancel: cmd.cancel.clone(),
                     ..RunOptions::default()
                 },
-                &mut |_, _| {},
+                on_output,
                 &mut on_start,
             )
             .map_err(EngineError::sandbox)?;
@@ -84,7 +127,7 @@ impl Engine {
         if let Some(e) = &egress {
             record.network = crate::network::connections(e.take_records());
         }
-        self.core.audit(&info.owner, &record, command)?;
+        self.core.audit(&info.owner, &record, &cmd.command)?;
         Ok(CommandOutput {
             stdout: record.stdout,
             stderr: record.stderr,
@@ -101,7 +144,7 @@ impl Engine {
 
 /// A command's record: language bash, execution_count 0 as it is not a cell of the kernel,
 /// and an `ExitCode` error unless it exited 0.
-fn command_execution(ended: Ended, out: &RunOutcome) -> Execution {
+pub(crate) fn command_execution(ended: Ended, out: &RunOutcome) -> Execution {
     let exit_code = out.exit.shell_code();
     let status = match (out.killed_by, exit_code) {
         (Some(KillReason::Timeout), _) => ExecutionStatus::Timeout,

@@ -54,7 +54,7 @@ pub use bounds::{
     MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS, MAX_REQUEST_BYTES,
     MAX_RESULTS, MAX_RESULTS_BYTES, MAX_RESULT_BYTES,
 };
-pub use commands::CommandOutput;
+pub use commands::{CommandOutput, WatchedCommand};
 pub use files::FileEntry;
 pub use hashing::{sha256_hex, sha256_of, MAX_HASHED_BYTES};
 pub use model::{

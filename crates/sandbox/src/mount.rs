@@ -18,6 +18,9 @@ use std::os::unix::fs::{symlink, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::spec::{Spec, HOSTNAME, SANDBOX_UID, SANDBOX_USER, WORKSPACE};
+
+/// Where E2B's sandboxes keep the user's files: the workspace, bound a second time.
+const E2B_HOME: &str = "/home/user";
 use crate::sys::{cstr, cvt};
 
 /// The mount point used for the new root before pivot_root. Only this mount namespace sees it.
@@ -196,6 +199,15 @@ pub(crate) fn plan(spec: &Spec) -> Result<Plan, MountError> {
     plan.push(Planned {
         source: Source::Fd(open_path(&spec.workspace)?, true),
         target: WORKSPACE.into(),
+        kind: BindKind::ReadWrite,
+    });
+    // The same directory again where E2B's sandboxes keep the user's files, for code written
+    // for them (docs/e2b.md): a bind, not a symlink, so that `ls -l`, `find` and `getcwd` see
+    // a directory. Landlock's rule for /workspace covers it (rules follow the directory, not
+    // the path it is reached by).
+    plan.push(Planned {
+        source: Source::Fd(open_path(&spec.workspace)?, true),
+        target: E2B_HOME.into(),
         kind: BindKind::ReadWrite,
     });
     for b in &spec.ro_binds {

@@ -8,6 +8,7 @@ pub mod batch;
 mod batches;
 mod chat;
 mod connections;
+mod e2b;
 mod error;
 mod executions;
 mod extract;
@@ -114,6 +115,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(mcp::router(state.clone()))
         .nest("/anthropic", vendor::anthropic::router())
         .nest("/openai/v1", vendor::openai::router())
+        .nest("/e2b", e2b::router())
+        .merge(e2b::signed_urls())
         .nest("/gemini", vendor::gemini::router())
         .nest("/mistral", vendor::mistral::router())
         .route(
@@ -280,5 +283,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         audit_signer: None,
         approvals: Arc::default(),
         batches: Arc::default(),
+        e2b: Arc::default(),
     }
 }

@@ -47,6 +47,8 @@ pub struct AppState {
     pub approvals: Arc<crate::pending::Approvals>,
     /// Batch bounds and each tenant's cap on batch runs in flight (`POST /v1/batch`).
     pub batches: Arc<crate::batches::Batches>,
+    /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
+    pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
 }
 
 impl AppState {

@@ -67,6 +67,16 @@ pub struct KeyInfo {
     pub prefix: String,
 }
 
+/// How a new API key's plaintext looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyFormat {
+    /// `rc_` + 40 base62 characters.
+    #[default]
+    Runcell,
+    /// `e2b_` + 64 lowercase hex digits: what E2B's SDKs check a key against (`e2b_[0-9a-f]+`).
+    E2b,
+}
+
 /// A session as persisted. Status and language are free-form words owned by the engine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRecord {
@@ -317,6 +327,21 @@ pub trait Backend: DomainStore {
     /// (only its SHA-256) and cannot be recovered later. Key and tenant names must be 1..=64
     /// characters of `[A-Za-z0-9_.-]`. Names need not be unique.
     fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)>;
+    /// [`Backend::create_key`] with the plaintext in `format` (E2B's SDKs accept only keys
+    /// that look like theirs). A backend that cannot issue a format refuses it.
+    fn create_key_in_format(
+        &self,
+        name: &str,
+        tenant: &str,
+        format: KeyFormat,
+    ) -> Result<(KeyInfo, String)> {
+        match format {
+            KeyFormat::Runcell => self.create_key(name, tenant),
+            KeyFormat::E2b => Err(StoreError::Invalid(
+                "this store cannot issue keys in E2B's format".into(),
+            )),
+        }
+    }
     /// Changes whenever a key is created or revoked through this store, so callers caching
     /// authentication outcomes can tell theirs is stale. (Changes made by other processes are
     /// not seen: such caches also expire.)

@@ -84,6 +84,18 @@ pub(crate) fn new_key() -> Result<String> {
     Ok(format!("rc_{}", random_base62(KEY_RANDOM_LEN)?))
 }
 
+/// A fresh plaintext API key in `format`.
+pub(crate) fn new_key_in(format: crate::KeyFormat) -> Result<String> {
+    match format {
+        crate::KeyFormat::Runcell => new_key(),
+        crate::KeyFormat::E2b => {
+            let mut bytes = [0u8; 32];
+            getrandom::fill(&mut bytes).map_err(StoreError::Random)?;
+            Ok(format!("e2b_{}", hex(&bytes)))
+        }
+    }
+}
+
 /// A fresh key id: `key_` + 16 base62 characters.
 pub(crate) fn new_key_id() -> Result<String> {
     Ok(format!("key_{}", random_base62(16)?))
@@ -126,6 +138,12 @@ mod tests {
         assert!(k.starts_with("rc_"));
         assert!(k[3..].bytes().all(|b| b.is_ascii_alphanumeric()));
         assert_ne!(new_key().ok(), new_key().ok());
+        let e = new_key_in(crate::KeyFormat::E2b).unwrap_or_default();
+        assert_eq!(e.len(), 4 + 64);
+        assert!(e.starts_with("e2b_"));
+        assert!(e[4..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(
             sha256(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

@@ -14,6 +14,7 @@ mod info;
 pub(crate) mod pause;
 mod runner;
 mod shared;
+mod sibling;
 mod worker;
 
 use std::collections::HashMap;

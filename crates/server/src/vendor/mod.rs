@@ -64,6 +64,8 @@ pub(crate) fn refusal(path: &str, e: ApiError) -> Response {
         anthropic::Error::from(e).into_response()
     } else if under("/openai") {
         openai::Error::from(e).into_response()
+    } else if under("/e2b") {
+        crate::e2b::Error::from(e).into_response()
     } else if under("/gemini") {
         gemini::Error::from(e).into_response()
     } else if under("/mistral") {

@@ -324,12 +324,21 @@ impl Backend for PgStore {
     }
 
     fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
+        self.create_key_in_format(name, tenant, crate::KeyFormat::Runcell)
+    }
+
+    fn create_key_in_format(
+        &self,
+        name: &str,
+        tenant: &str,
+        format: crate::KeyFormat,
+    ) -> Result<(KeyInfo, String)> {
         // Before the change and after it (see the SQLite backend): a cached "no key needed"
         // cannot outlive it.
         self.keys_generation.fetch_add(1, Ordering::SeqCst);
         let (name, tenant) = (own(name), own(tenant));
         let r = self.pg.run(|pool| async move {
-            records::create_key(&mut *pool.get().await?, &name, &tenant).await
+            records::create_key(&mut *pool.get().await?, &name, &tenant, format).await
         });
         self.keys_generation.fetch_add(1, Ordering::SeqCst);
         r

@@ -42,10 +42,11 @@ pub(super) async fn create_key(
     c: &mut PgConn,
     name: &str,
     tenant: &str,
+    format: crate::KeyFormat,
 ) -> Result<(KeyInfo, String)> {
     validate::name("key name", name)?;
     validate::name("tenant", tenant)?;
-    let key = validate::new_key()?;
+    let key = validate::new_key_in(format)?;
     let info = KeyInfo {
         id: validate::new_key_id()?,
         name: name.to_owned(),

@@ -39,6 +39,7 @@ pub(super) fn create_key(
     store: &SqliteStore,
     name: &str,
     tenant: &str,
+    format: crate::KeyFormat,
 ) -> Result<(KeyInfo, String)> {
     // Before the change, so a cached "no key needed" cannot outlive it (and after: below).
     store
@@ -47,7 +48,7 @@ pub(super) fn create_key(
     let _bump = BumpOnDrop(&store.keys_generation);
     validate::name("key name", name)?;
     validate::name("tenant", tenant)?;
-    let key = validate::new_key()?;
+    let key = validate::new_key_in(format)?;
     let info = KeyInfo {
         id: validate::new_key_id()?,
         name: name.to_owned(),

@@ -125,7 +125,16 @@ impl Backend for SqliteStore {
     }
 
     fn create_key(&self, name: &str, tenant: &str) -> Result<(KeyInfo, String)> {
-        api_keys::create_key(self, name, tenant)
+        api_keys::create_key(self, name, tenant, crate::KeyFormat::Runcell)
+    }
+
+    fn create_key_in_format(
+        &self,
+        name: &str,
+        tenant: &str,
+        format: crate::KeyFormat,
+    ) -> Result<(KeyInfo, String)> {
+        api_keys::create_key(self, name, tenant, format)
     }
 
     fn list_keys(&self) -> Result<Vec<KeyInfo>> {
