@@ -190,6 +190,9 @@ pub enum WorkspaceConflict {
     /// A device, a socket, a pipe: nothing a file operation takes.
     #[error("{path} is not a regular file")]
     NotARegularFile { path: String },
+    /// A name within the API's 255 characters that is over the filesystem's 255 bytes.
+    #[error("{path}: a name in it is longer than the workspace filesystem's 255 bytes")]
+    NameTooLong { path: String },
 }
 
 /// Which limit a request went past, with its values.

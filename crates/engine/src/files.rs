@@ -56,6 +56,9 @@ fn map_workspace_error(op: Op, e: WorkspaceError) -> EngineError {
         Some(20) | Some(40) => conflict(WorkspaceConflict::NotADirectory { path }),
         Some(21) => conflict(WorkspaceConflict::IsADirectory { path }),
         Some(39) => conflict(WorkspaceConflict::NotEmpty { path }),
+        // ENAMETOOLONG: a name of wide characters, within the API's 255 characters but over
+        // the filesystem's 255 bytes.
+        Some(36) => conflict(WorkspaceConflict::NameTooLong { path }),
         Some(28) => EngineError::LimitExceeded(Limit::WorkspaceFull { path }),
         _ if kind == std::io::ErrorKind::FileTooLarge => {
             EngineError::LimitExceeded(Limit::FileTooLarge {

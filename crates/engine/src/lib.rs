@@ -43,8 +43,8 @@ pub use crate::error::{
 };
 pub use crate::launch::SANDBOX_PYTHON;
 pub use crate::limits::{
-    HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy, MAX_IDLE_S,
-    MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
+    whole_number, HostCapacity, LimitPolicy, LimitsRequest, Maxima, SessionLimits, TenantPolicy,
+    MAX_IDLE_S, MAX_TIMEOUT, MAX_TIMEOUT_CEILING, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES, RETRY_AFTER,
 };
 pub use crate::records::APPROVAL_PREFIX;
 pub use batch::{BatchRun, Gate, MAX_BATCH_CONCURRENCY, MAX_BATCH_RUNS};

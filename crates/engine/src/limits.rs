@@ -91,7 +91,7 @@ impl From<&SessionLimits> for LimitsRequest {
 
 /// An integer as JSON Schema counts them: `4` or `4.0` (a number with no fraction), which
 /// JSON clients and generated ones may send alike.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+pub fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     use serde::de::Error;
     #[derive(Deserialize)]
     #[serde(untagged)]

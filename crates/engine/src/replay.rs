@@ -109,7 +109,8 @@ const PAGE: usize = 1000;
 impl Engine {
     /// Re-runs `owner`'s recorded session `session` in a fresh session with the uploads
     /// restored (from `supplied`, or the live original's workspace: see the module docs) and
-    /// compares every cell. `NotFound` when the owner has no recorded cell in that session.
+    /// compares every cell. `NotFound` when the owner has no such session; a session that ran
+    /// nothing gives an empty report.
     pub fn replay(
         &self,
         owner: &str,
@@ -117,6 +118,18 @@ impl Engine {
         supplied: &[InputFile],
     ) -> Result<ReplayReport, EngineError> {
         let recorded = self.recorded_cells(owner, session)?;
+        if recorded.is_empty() {
+            // A session of this owner that ran nothing replays as nothing: no sandbox needed.
+            return Ok(ReplayReport {
+                object: "replay",
+                session_id: session.to_owned(),
+                replay_session_id: String::new(),
+                matched: 0,
+                differed: 0,
+                uploads: Vec::new(),
+                cells: Vec::new(),
+            });
+        }
         let language = recorded
             .first()
             .map_or(Language::Python, |(e, _)| e.language);
@@ -165,7 +178,13 @@ impl Engine {
             }
         }
         if rows.is_empty() {
-            return Err(not_found());
+            // No cell: an empty replay if the session is this owner's, live or recorded.
+            let known = self.sessions().find(owner, session).is_some();
+            return if known {
+                Ok(Vec::new())
+            } else {
+                Err(not_found())
+            };
         }
         rows.reverse();
         Ok(rows

@@ -742,8 +742,18 @@ pub fn validate_relative(rel: &str) -> Result<Vec<&str>, WorkspaceError> {
     for c in Path::new(rel).components() {
         match c {
             Component::Normal(s) => {
+                if s.as_bytes().len() > 255 && s.to_string_lossy().chars().count() > 255 {
+                    return Err(bad("a path component is longer than 255 characters"));
+                }
                 if s.as_bytes().len() > 255 {
-                    return Err(bad("a path component is longer than 255 bytes"));
+                    // A name the document allows (255 characters) that the filesystem cannot
+                    // hold (NAME_MAX is 255 bytes): the kernel's own ENAMETOOLONG, which the
+                    // engine answers as a conflict with the workspace, not a malformed path.
+                    return Err(WorkspaceError::Io {
+                        action: "name",
+                        path: PathBuf::from(rel.chars().take(200).collect::<String>()),
+                        source: io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+                    });
                 }
                 parts.push(s.to_str().unwrap_or_default());
             }
@@ -780,7 +790,17 @@ mod tests {
             }
         }
         let long = "a".repeat(256);
-        assert!(validate_relative(&long).is_err());
+        assert!(matches!(
+            validate_relative(&long),
+            Err(WorkspaceError::InvalidPath { .. })
+        ));
+        // 255 characters the document allows, over NAME_MAX's 255 bytes: the kernel's error.
+        match validate_relative(&"é".repeat(200)) {
+            Err(WorkspaceError::Io { source, .. }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENAMETOOLONG))
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(validate_relative(&"a/".repeat(600)).is_err());
         // The whole path's bound is in characters: 11 names of 85 three-byte characters (255
         // bytes each, the most a name takes) are 945 characters and 2,805 bytes.

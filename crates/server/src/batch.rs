@@ -30,6 +30,7 @@ pub struct BatchRequest {
     /// Runs at once (default: the server's CPUs); a tenant's runs in flight, all of its
     /// batches together, stay under the server's per-tenant cap whatever this says.
     #[schema(minimum = 1, maximum = 64)]
+    #[serde(default, deserialize_with = "runcell_engine::whole_number")]
     pub concurrency: Option<u64>,
 }
 

@@ -40,8 +40,8 @@ pub struct ChatInfo {
 }
 
 const NOT_CONFIGURED: &str = "chat is not configured on this server: start it with \
-`runcell serve --agent-provider openai|anthropic` (and the provider's key in OPENAI_API_KEY \
-or ANTHROPIC_API_KEY)";
+`runcell serve --agent-provider openai|anthropic|gemini` (and the provider's key in OPENAI_API_KEY, \
+ANTHROPIC_API_KEY or GEMINI_API_KEY)";
 
 #[utoipa::path(get, path = "/v1/chat", tag = "chat",
     responses((status = 200, body = ChatInfo, description = "whether the chat is on, and with which model")))]

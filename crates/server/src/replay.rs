@@ -13,7 +13,7 @@ use crate::state::{AppState, Tenant};
     params(("id" = String, Path)),
     responses(
         (status = 200, body = ReplayReport, description = "each recorded cell re-run in order in a fresh session, with the session's uploads restored from its live workspace where their content still has the recorded SHA-256; per cell whether stdout, the main result, the error and the files match, diffs where they do not, and the known sources of difference found in the code"),
-        (status = 404, body = ErrorBody, description = "this tenant has no recorded execution in that session"),
+        (status = 404, body = ErrorBody, description = "this tenant has no such session (one that ran nothing replays as an empty report)"),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn replay_session(
     State(state): State<AppState>,

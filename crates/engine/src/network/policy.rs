@@ -30,8 +30,20 @@ pub enum NetworkPolicy {
 struct RawPolicy {
     #[serde(rename = "type")]
     kind: PolicyKind,
+    #[serde(default, deserialize_with = "present")]
     allowed_domains: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
     domain_secrets: Option<Vec<DomainSecretSpec>>,
+}
+
+/// A field that may be missing but, when given, is a list: `null` is refused (the document
+/// says array), not read as "missing".
+fn present<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Vec::<T>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]

@@ -1066,7 +1066,7 @@ pub(super) async fn create(
     let offer = parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
     let Some(config) = state.vendor.clone() else {
         return Err(Error::not_found(
-            "this server has no model configured: its operator starts it with `runcell serve --agent-provider openai|anthropic`",
+            "this server has no model configured: its operator starts it with `runcell serve --agent-provider openai|anthropic|gemini`",
         ));
     };
     let store = file_store(&state);
