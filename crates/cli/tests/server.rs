@@ -121,9 +121,10 @@ fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     }
     let verify: Value = get_json(&c, format!("{}/v1/audit/verify", second.base), "verify");
     assert_eq!(verify["ok"], true, "{verify}");
-    // The session is not missing: it was recovered with its files, and a fresh kernel.
+    // The session is not missing: it was recovered with its files, paused (durable sessions:
+    // its next request resumes it, with a fresh kernel and what its last snapshot held).
     let s: Value = get_json(&c, format!("{}/v1/sessions/{id}", second.base), "session");
-    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["status"], "paused", "{s}");
     assert_eq!(s["metadata"]["test"], "crash");
     let body = c
         .get(format!("{}/v1/sessions/{id}/files/upload.txt", second.base))
@@ -402,7 +403,7 @@ fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     // when it stops).
     let again = serve(&data);
     let s: Value = get_json(&c, format!("{}/v1/sessions/{id}", again.base), "session");
-    assert_eq!(s["status"], "ready", "{s}");
+    assert_eq!(s["status"], "paused", "{s}");
     for w in &warm {
         assert!(
             !runcell_engine::workspaces_dir(&data).join(w).exists()
