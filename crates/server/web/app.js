@@ -688,9 +688,18 @@ async function converse(question, files, ask, approve) {
 // A cell waiting for a decision (`approval: always`): Run, Edit (then run the edited code) or
 // Decline (with an optional reason the model is told).
 function approvalControls(pending, out) {
+  // The note goes up before the answer is sent: the cell's result can stream in before the
+  // POST's reply arrives, and must not be covered by "Running…" afterwards.
   const decide = (body) => guarded('Cannot answer the approval', async () => {
-    await api.postJson(`/v1/approvals/${encodeURIComponent(pending.id)}`, body);
-    out.replaceChildren(h('div', { class: 'muted small' }, body.decision === 'decline' ? 'Declined.' : 'Running…'));
+    const before = [...out.childNodes];
+    const note = h('div', { class: 'muted small' }, body.decision === 'decline' ? 'Declined.' : 'Running…');
+    out.replaceChildren(note);
+    try {
+      await api.postJson(`/v1/approvals/${encodeURIComponent(pending.id)}`, body);
+    } catch (e) {
+      if (out.firstChild === note) out.replaceChildren(...before);
+      throw e;
+    }
   });
   const run = h('button', { class: 'btn btn-small primary', type: 'button', 'data-approval': 'run', onclick: () => decide({ decision: 'approve' }) }, 'Run');
   const edit = h('button', {
