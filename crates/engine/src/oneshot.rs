@@ -104,8 +104,17 @@ impl Engine {
         policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
         for f in &req.files {
-            runcell_sandbox::validate_relative(&f.path)
-                .map_err(crate::files::map_err(crate::files::Op::Write))?;
+            // A name over the filesystem's 255 bytes is a session's 409 (its workspace cannot
+            // hold it); a one-shot has no workspace yet, so it is a bad request, as it was.
+            runcell_sandbox::validate_relative(&f.path).map_err(|e| match e {
+                runcell_sandbox::WorkspaceError::Io { .. } => {
+                    EngineError::InvalidRequest(Invalid::Path {
+                        path: f.path.chars().take(200).collect(),
+                        reason: "a name is longer than the filesystem's 255 bytes",
+                    })
+                }
+                e => crate::files::map_err(crate::files::Op::Write)(e),
+            })?;
         }
         check_args(&req.args)
     }
