@@ -105,7 +105,7 @@ pub struct AuthCache(
     std::sync::Mutex<std::collections::HashMap<Credential, (std::time::Instant, u64, Outcome)>>,
 );
 
-type Outcome = Result<String, &'static str>;
+type Outcome = Result<Principal, &'static str>;
 
 /// What a request's `Authorization` header presents.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -168,11 +168,44 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        Ok(Principal::from_request_parts(parts, state).await?.tenant)
+    }
+}
+
+/// The API key a request was made with, as much of it as handlers need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRef {
+    pub id: String,
+    pub name: String,
+    /// The key's approval default (`runcell keys create --approval`), a floor for requests.
+    pub approval: Option<runcell_store::ApprovalMode>,
+}
+
+/// Who is asking: the tenant, and the key that says so (none on an open server, which has
+/// no keys).
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: Tenant,
+    pub key: Option<KeyRef>,
+}
+
+impl Principal {
+    /// How the audit log names this caller as the one who decided on a cell: the key (id and
+    /// name) on a server with keys, else the tenant.
+    pub fn decided_by(&self) -> String {
+        match &self.key {
+            Some(k) => format!("key:{} ({})", k.id, k.name),
+            None => format!("api:{}", self.tenant.0),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let key = Credential::of(parts.headers.get(axum::http::header::AUTHORIZATION));
-        resolve(state, key)
-            .await?
-            .map(Tenant)
-            .map_err(ApiError::unauthorized)
+        resolve(state, key).await?.map_err(ApiError::unauthorized)
     }
 }
 
@@ -186,6 +219,19 @@ impl Tenant {
         vendor_header: Option<&str>,
         state: &AppState,
     ) -> Result<Result<Tenant, &'static str>, ApiError> {
+        Ok(Principal::of_vendor_request(headers, vendor_header, state)
+            .await?
+            .map(|p| p.tenant))
+    }
+}
+
+impl Principal {
+    /// [`Tenant::of_vendor_request`], with the key.
+    pub(crate) async fn of_vendor_request(
+        headers: &axum::http::HeaderMap,
+        vendor_header: Option<&str>,
+        state: &AppState,
+    ) -> Result<Result<Principal, &'static str>, ApiError> {
         let key = match vendor_header.and_then(|h| headers.get(h)) {
             Some(v) => match v.to_str().map(str::trim) {
                 Ok(k) if !k.is_empty() => Credential::Bearer(k.to_owned()),
@@ -193,7 +239,7 @@ impl Tenant {
             },
             None => Credential::of(headers.get(axum::http::header::AUTHORIZATION)),
         };
-        Ok(resolve(state, key).await?.map(Tenant))
+        resolve(state, key).await
     }
 }
 
@@ -215,12 +261,12 @@ async fn resolve(state: &AppState, key: Credential) -> Result<Outcome, ApiError>
     Ok(o)
 }
 
-/// The tenant `key` acts for, or why the request is refused.
+/// Who `key` is (its tenant, and the key itself), or why the request is refused.
 fn authenticate(
     store: &Store,
     loopback: bool,
     key: Credential,
-) -> Result<Result<String, &'static str>, runcell_store::StoreError> {
+) -> Result<Outcome, runcell_store::StoreError> {
     if !store.has_active_keys()? {
         if !loopback {
             // Every key was revoked while serving beyond loopback: serve nobody.
@@ -230,11 +276,21 @@ fn authenticate(
         }
         // Open mode: there is no key to check anything against, so whatever `Authorization`
         // says (a stale key, the placeholder an SDK insists on, Basic) is ignored alike.
-        return Ok(Ok(OPEN_TENANT.to_owned()));
+        return Ok(Ok(Principal {
+            tenant: Tenant(OPEN_TENANT.to_owned()),
+            key: None,
+        }));
     }
     Ok(match key {
         Credential::Bearer(key) => match store.authenticate(&key)? {
-            Some(info) => Ok(info.tenant),
+            Some(info) => Ok(Principal {
+                tenant: Tenant(info.tenant),
+                key: Some(KeyRef {
+                    id: info.id,
+                    name: info.name,
+                    approval: info.approval,
+                }),
+            }),
             None => Err("invalid or revoked API key"),
         },
         Credential::None => Err("an API key is required: Authorization: Bearer KEY"),
