@@ -212,6 +212,20 @@ fn openai_args(srv: &common::Server, scenario: &str, key: &str, how: &str) -> Ru
     ("openai_client.py", args)
 }
 
+fn gemini_args(srv: &common::Server, how: &str, key: &str) -> Run {
+    let base = format!("{}/gemini", srv.base);
+    let args = ["approval", &base, key, how].map(str::to_owned).to_vec();
+    ("gemini_client.py", args)
+}
+
+fn mistral_args(srv: &common::Server, key: &str) -> Run {
+    let base = format!("{}/mistral", srv.base);
+    let args = ["approval", &base, key, "header"]
+        .map(str::to_owned)
+        .to_vec();
+    ("mistral_client.py", args)
+}
+
 fn start((script, args): Run) -> tokio::task::JoinHandle<Value> {
     sdk(script, args)
 }
@@ -466,5 +480,64 @@ async fn a_client_gone_while_its_cell_waits_declines_it() {
         stand_in.requests().len(),
         1,
         "the model was not asked again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_and_mistral_cells_wait_for_a_reviewer_too() {
+    let stand_in = scripted(ProviderKind::OpenAi, model("python"));
+    let srv = server(&stand_in).await;
+    let keys = keys(&srv);
+    let told = |r: &Value| check_model_saw(r["answer"].as_str().expect("answer"));
+
+    for how in ["header", "body"] {
+        let client = start(gemini_args(&srv, how, &keys.app));
+        let (r, seen) = review(&srv, &keys, "gemini", "python", client).await;
+        assert_eq!(seen.len(), 3, "{how}: {seen:?}");
+        assert_eq!(r["codes"], json!([A, B, C_EDITED]), "{how}: {r}");
+        let outcomes: Vec<&Value> = r["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|x| &x[0])
+            .collect();
+        assert_eq!(
+            outcomes,
+            ["OUTCOME_OK", "OUTCOME_FAILED", "OUTCOME_OK"],
+            "{how}: {r}"
+        );
+        assert_eq!(r["results"][0][1], "A=42\n", "{how}: {r}");
+        assert_eq!(
+            r["results"][1][1],
+            format!("the user declined to run this code: {REASON}"),
+            "{how}: {r}"
+        );
+        assert_eq!(r["results"][2][1], "C=2\n", "{how}: {r}");
+        told(&r);
+        check_audit(
+            &srv,
+            seen[0]["session_id"].as_str().expect("session"),
+            &keys,
+        );
+    }
+
+    let client = start(mistral_args(&srv, &keys.app));
+    let (r, seen) = review(&srv, &keys, "mistral", "python", client).await;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(r["codes"], json!([A, B, C_EDITED]), "{r}");
+    assert_eq!(
+        r["outputs"],
+        json!([
+            "A=42\n",
+            format!("the user declined to run this code: {REASON}"),
+            "C=2\n"
+        ]),
+        "{r}"
+    );
+    told(&r);
+    check_audit(
+        &srv,
+        seen[0]["session_id"].as_str().expect("session"),
+        &keys,
     );
 }
