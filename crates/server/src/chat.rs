@@ -130,10 +130,11 @@ fn call_source(name: &str, input: &serde_json::Value, raw: &str) -> String {
 }
 
 #[utoipa::path(post, path = "/v1/chat", tag = "chat",
-    request_body(content_type = "multipart/form-data", description = "a `question` text part, an optional `approval` part (`never`, the default, or `always`: each cell waits for `POST /v1/approvals/{id}`) and any number of file parts, uploaded into /workspace under their file names"),
+    request_body(content_type = "multipart/form-data", description = "a `question` text part, an optional `approval` part (`never` or `always`: each cell waits for `POST /v1/approvals/{id}`; also accepted as the `runcell-approval` header; when neither says, the key's default, else `never`) and any number of file parts, uploaded into /workspace under their file names"),
     responses(
         (status = 200, content_type = "application/x-ndjson", description = "events as the loop runs: `session`, then per step `model`, `tool_call`, (with an `approval` part `always`) `approval` with the pending cell to answer at `POST /v1/approvals/{id}`, `tool_result`; last `end` with the answer and the files produced, or with `status` and `error`"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, or an unexpected part"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, an unexpected part, or an `approval` other than `never` / `always`"),
+        (status = 403, body = ErrorBody, description = "`forbidden`: `approval: never` with a key whose default is `always` (a floor a request cannot lower)"),
         (status = 404, body = ErrorBody, description = "no model provider is configured"),
         (status = 409, body = ErrorBody, description = "the session the loop ran in ended under it"),
         (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit"),
