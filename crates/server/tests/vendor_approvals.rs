@@ -364,9 +364,7 @@ async fn a_keys_default_applies_when_a_request_does_not_say_and_is_a_floor() {
     let r = start(anthropic_args(&srv, "approval_refused", &strict_key, ""))
         .await
         .expect("sdk");
-    let floor = format!(
-        "the API key \"strict\" requires approval of every cell (its approval is `always`): a request cannot lower it to `never`"
-    );
+    let floor = "the API key \"strict\" requires approval of every cell (its approval is `always`): a request cannot lower it to `never`";
     assert_eq!(r["lowered"], json!([403, "permission_error", floor]), "{r}");
     assert_eq!(
         r["lowered_header"],

@@ -107,12 +107,15 @@ pub(crate) fn approver_for(
     Approver::new(mode, &state.approvals, &state.engine, place, stop.clone())
 }
 
+/// What a gate asks: the registry's wait for one cell.
+type Decide = Box<dyn FnMut(&Proposal<'_>) -> runcell_agent::Answer + Send>;
+
 /// Asks a person about each cell of one vendor request, through the approvals registry, and
 /// records each decision. Shared by the loops' threads through `&self`.
 pub(crate) struct Approver {
     engine: Engine,
     place: Place,
-    decide: Mutex<Box<dyn FnMut(&Proposal<'_>) -> runcell_agent::Answer + Send>>,
+    decide: Mutex<Decide>,
 }
 
 impl std::fmt::Debug for Approver {
