@@ -6,6 +6,7 @@ mod approvals;
 pub mod audit;
 pub mod batch;
 mod batches;
+mod caller;
 mod chat;
 mod connections;
 mod e2b;

@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use runcell_engine::{Engine, OPEN_TENANT};
 use runcell_store::Store;
 
+use crate::caller::KeyRef;
 use crate::error::ApiError;
 use crate::hosts::{AllowedHost, HostPolicy};
 use crate::metrics::Metrics;
@@ -170,15 +171,6 @@ impl FromRequestParts<AppState> for Tenant {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         Ok(Principal::from_request_parts(parts, state).await?.tenant)
     }
-}
-
-/// The API key a request was made with, as much of it as handlers need.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRef {
-    pub id: String,
-    pub name: String,
-    /// The key's approval default (`runcell keys create --approval`), a floor for requests.
-    pub approval: Option<runcell_store::ApprovalMode>,
 }
 
 /// Who is asking: the tenant, and the key that says so (none on an open server, which has

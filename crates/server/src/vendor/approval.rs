@@ -19,9 +19,9 @@ use runcell_engine::{Engine, EngineError};
 use runcell_store::ApprovalMode;
 use serde_json::Value;
 
+use crate::caller::KeyRef;
 use crate::error::ApiError;
 use crate::pending::{Approvals, Place};
-use crate::state::KeyRef;
 
 /// The header a request may say its approval mode in.
 pub(crate) const HEADER: &str = "runcell-approval";
@@ -90,9 +90,9 @@ pub(crate) fn mode_of_json(
 }
 
 /// The approver of one request in `mode` whose cells run in `session` (none: no code runs)
-/// of `tenant`, answering at `source`'s endpoint.
+/// of `tenant`, answering at `source`'s endpoint. (`state`'s approvals and engine.)
 pub(crate) fn approver_for(
-    state: &crate::state::AppState,
+    state: (&Arc<Approvals>, &Engine),
     mode: ApprovalMode,
     tenant: &str,
     session: Option<&String>,
@@ -104,7 +104,7 @@ pub(crate) fn approver_for(
         session: session?.clone(),
         source,
     };
-    Approver::new(mode, &state.approvals, &state.engine, place, stop.clone())
+    Approver::new(mode, state.0, state.1, place, stop.clone())
 }
 
 /// What a gate asks: the registry's wait for one cell.

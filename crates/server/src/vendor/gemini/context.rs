@@ -8,7 +8,8 @@ use serde_json::Value;
 use sha2::Digest;
 
 use super::error::Error;
-use crate::state::{AppState, KeyRef, Principal, Tenant};
+use crate::caller::KeyRef;
+use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
 
 /// The API versions the SDKs use.

@@ -445,7 +445,7 @@ pub(super) async fn call(
         timeout: RUN_TIMEOUT,
         retries: RETRIES,
         approver: crate::vendor::approval::approver_for(
-            &state,
+            (&state.approvals, &state.engine),
             approval,
             &tenant.0,
             session.as_ref(),

@@ -448,7 +448,7 @@ async fn turn(
         timeout: RUN_TIMEOUT,
         retries: RETRIES,
         approver: crate::vendor::approval::approver_for(
-            &state,
+            (&state.approvals, &state.engine),
             approval,
             &tenant.0,
             record.session.as_ref(),

@@ -6,7 +6,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 
 use super::error::Error;
-use crate::state::{AppState, KeyRef, Principal, Tenant};
+use crate::caller::KeyRef;
+use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
 
 /// Where OpenAI's files of every tenant are kept.

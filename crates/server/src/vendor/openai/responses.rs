@@ -772,7 +772,7 @@ pub(super) async fn create(
         armed: true,
     };
     let approver = approval::approver_for(
-        &state,
+        (&state.approvals, &state.engine),
         approval,
         &tenant.0,
         session.as_ref(),
