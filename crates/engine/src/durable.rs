@@ -36,10 +36,18 @@ use crate::EngineError;
 /// The layout of `<id>.json` and of how the host keeps snapshots; a snapshot described in
 /// another layout is not read (the session resumes with files only and says so).
 const LAYOUT: u32 = 1;
-/// Where the kernel writes and reads a snapshot inside its sandbox, for the moment it takes:
-/// the workspace is the one place both the kernel and the host reach.
-const IN_SANDBOX: &str = "/workspace/.runcell-state.snap";
-const IN_WORKSPACE: &str = ".runcell-state.snap";
+/// Where session `id`'s kernel writes and reads a snapshot, relative to the workspace, for
+/// the moment it takes: the workspace is the one place both the kernel and the host reach.
+/// Named after the session: kernels beside it on the same workspace (E2B's code contexts) are
+/// paused at the same time at a stop, and each must find its own.
+fn in_workspace(id: &str) -> String {
+    format!(".runcell-state-{id}.snap")
+}
+
+/// [`in_workspace`] as the kernel inside the sandbox sees it.
+fn in_sandbox(id: &str) -> String {
+    format!("/workspace/{}", in_workspace(id))
+}
 /// A session idle this long since a cell that changed nothing snapshotted yet gets an idle
 /// snapshot (what a server killed with -9 comes back from).
 pub(crate) const IDLE_SNAPSHOT_AFTER: Duration = Duration::from_secs(3);
@@ -127,15 +135,15 @@ impl SessionManager {
         };
         let t = std::time::Instant::now();
         let report = kernel
-            .snapshot(IN_SANDBOX, &snapshot_options())
+            .snapshot(&in_sandbox(&info.id), &snapshot_options())
             .map_err(|e| snapshot_failed(&info.id, e))?;
         let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
         let moved = ws
-            .read_file(IN_WORKSPACE, u64::MAX)
+            .read_file(&in_workspace(&info.id), u64::MAX)
             .map_err(EngineError::unavailable)
             .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
-        let _ = ws.delete(IN_WORKSPACE);
+        let _ = ws.delete(&in_workspace(&info.id));
         moved.map_err(|e| match e {
             EngineError::InsufficientStorage(_) => {
                 EngineError::InsufficientStorage(NoSpace::Snapshot {
@@ -386,17 +394,17 @@ impl SessionManager {
             Ok(d) => d,
             Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
         };
-        if let Err(e) = ws.write_file(IN_WORKSPACE, &data) {
+        if let Err(e) = ws.write_file(&in_workspace(&info.id), &data) {
             return files_only(format!(
                 "its snapshot does not fit in the workspace: {}",
                 crate::chain(&e)
             ));
         }
         let t = std::time::Instant::now();
-        let r = kernel.restore(IN_SANDBOX, &snapshot_options());
+        let r = kernel.restore(&in_sandbox(&info.id), &snapshot_options());
         tracing::debug!(session = %info.id, restore_ms = ms(t.elapsed()), "snapshot read back");
         if kernel.is_alive() {
-            let _ = ws.delete(IN_WORKSPACE);
+            let _ = ws.delete(&in_workspace(&info.id));
         }
         match r {
             Ok(report) => {
