@@ -25,7 +25,7 @@ fn a_sandbox_is_connectable_with_its_token_after_a_sigterm_restart() {
     let data = common::serve::data_dir("runcell-e2b-restart-");
     let port = common::serve::free_port();
     let flags = ["--warm-sessions", "0"];
-    let first = common::serve::serve_at(&data, port, &flags, |l| eprintln!("first: {l}"));
+    let first = common::serve::serve_at(&data, port, &flags, |_| {});
     let base = first.base.clone();
     // No keys on a loopback server: any key of E2B's shape is the local tenant's.
     let mut client = Command::new(python)
@@ -77,5 +77,6 @@ fn a_sandbox_is_connectable_with_its_token_after_a_sigterm_restart() {
     assert_eq!(r["kernel_env"], Value::Null, "{r}");
     assert_eq!(r["context"], "NotFoundException", "{r}");
     assert_eq!(r["health"], true, "{r}");
-    drop(second);
+    drop(second); // SIGTERM: the sandbox was killed, nothing is left mounted
+    let _ = std::fs::remove_dir_all(&data);
 }

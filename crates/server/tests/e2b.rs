@@ -558,6 +558,11 @@ async fn a_paused_sandbox_keeps_its_variables_files_and_contexts_and_connect_res
         r["sandbox_id"].as_str().expect("a string"),
         r["other"].as_str().expect("a string"),
     );
+    assert_eq!(
+        r["pause_with_command"],
+        serde_json::json!(["ServiceBusyException", "503"]),
+        "{r}"
+    );
     assert_eq!(r["paused"], true, "{r}");
     assert_eq!(r["paused_again"], false, "409: already paused");
     assert_eq!(r["running_when_paused"], false, "{r}");
@@ -574,6 +579,11 @@ async fn a_paused_sandbox_keeps_its_variables_files_and_contexts_and_connect_res
     assert_eq!(r["df"], "6", "{r}");
     assert_eq!(r["file"], "on disk");
     assert_eq!(r["ctx_var"], "'context variable'", "{r}");
+    assert_eq!(
+        r["bash_ctx"],
+        serde_json::json!(["5\n"]),
+        "a Bash context keeps its variables: {r}"
+    );
     assert_eq!(r["default_lacks_ctx_var"], "NameError");
     assert_eq!(r["connect_running"], true);
     assert_eq!(r["implicit"], "84", "{r}");
@@ -601,6 +611,7 @@ async fn the_oldest_sdk_pauses_and_connects_too() {
     // whatever the status (409 included).
     assert_eq!(r["paused"], Value::Null, "{r}");
     assert_eq!(r["paused_again"], r["sandbox_id"], "{r}");
+    assert_eq!(r["pause_with_command"][1], "503", "{r}");
     assert_eq!(r["running_when_paused"], false, "{r}");
     assert_eq!(r["state"], "paused");
     assert_eq!(r["listed_paused"], serde_json::json!([r["sandbox_id"]]));

@@ -506,10 +506,12 @@ fn pause_blocking(state: &AppState, sandbox: &Sandbox) -> Result<(), Error> {
         other => other.into(),
     }
     };
-    // Refuse before pausing anything: a busy sandbox stays as it was, contexts included.
-    if sessions
-        .get(&sandbox.id)
-        .is_ok_and(|i| i.status == SessionStatus::Busy)
+    // Refuse before pausing anything: a busy sandbox stays as it was, contexts included. A
+    // command runs in a sandbox of its own beside the kernel, which a pause would not stop.
+    if !sandbox.processes().is_empty()
+        || sessions
+            .get(&sandbox.id)
+            .is_ok_and(|i| i.status == SessionStatus::Busy)
     {
         return Err(busy(runcell_engine::EngineError::SessionBusy(
             runcell_engine::Busy::Running {

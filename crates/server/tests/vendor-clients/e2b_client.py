@@ -320,6 +320,17 @@ def pause_resume(suite):
     sbx.files.write("/home/user/kept.txt", "on disk")
     ctx = sbx.create_code_context()
     sbx.run_code("in_ctx = 'context variable'", context=ctx)
+    bash = sbx.create_code_context(language="bash")
+    sbx.run_code("X=5", context=bash)
+    # Not while a command runs: runcell cannot freeze it.
+    cmd = sbx.commands.run("sleep 30", background=True)
+    try:
+        sbx.pause()
+        r["pause_with_command"] = "paused"
+    except Exception as e:
+        r["pause_with_command"] = [type(e).__name__, str(e)[:3]]
+    cmd.kill()
+    until("the command's end", lambda: not sbx.commands.list())
     r["paused"] = sbx.pause()
     r["paused_again"] = Sandbox.pause(sbx.sandbox_id)
     r["running_when_paused"] = sbx.is_running()
@@ -343,6 +354,7 @@ def pause_resume(suite):
     r["df"] = again.run_code("int(df['a'].sum())").text
     r["file"] = again.files.read("/home/user/kept.txt")
     r["ctx_var"] = again.run_code("in_ctx", context=ctx).text
+    r["bash_ctx"] = again.run_code("echo ${X:-unset}", context=bash).logs.stdout
     ex = again.run_code("in_ctx")
     r["default_lacks_ctx_var"] = ex.error.name if ex.error else ex.text
     r["connect_running"] = Sandbox.connect(sbx.sandbox_id).sandbox_id == sbx.sandbox_id
