@@ -72,9 +72,11 @@ fn a_sandbox_is_connectable_with_its_token_after_a_sigterm_restart() {
         r["command_env"], "hello\n",
         "the sandbox's envs are kept: {r}"
     );
-    // What a restart loses (docs/e2b.md): the kernel's copy of the envs given at create, and
-    // code contexts other than the default one.
-    assert_eq!(r["kernel_env"], Value::Null, "{r}");
+    assert_eq!(
+        r["kernel_env"], "'hello'",
+        "and given back to its kernel: {r}"
+    );
+    // What a restart loses (docs/e2b.md): code contexts other than the default one.
     assert_eq!(r["context"], "NotFoundException", "{r}");
     assert_eq!(r["health"], true, "{r}");
     drop(second); // SIGTERM: the sandbox was killed, nothing is left mounted

@@ -204,7 +204,7 @@ impl SessionManager {
             info: Mutex::new(info.clone()),
             workspace: Mutex::new(PausedWorkspace::Mounted(idle.workspace().clone())),
             since: std::time::Instant::now(),
-            env: idle.env().to_vec(),
+            env: Mutex::new(idle.env().to_vec()),
             egress: idle.egress(),
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
@@ -281,11 +281,12 @@ impl SessionManager {
         let t = std::time::Instant::now();
         let ws = self.paused_workspace(id, paused)?;
         let mounted = t.elapsed();
+        let env = paused.env();
         let (mut kernel, how) = core.start_kernel(
             &ws,
             info.language,
             &info.limits,
-            &paused.env,
+            &env,
             info.start,
             paused.egress.as_ref(),
         )?;
@@ -304,7 +305,7 @@ impl SessionManager {
                     &ws,
                     info.language,
                     &info.limits,
-                    &paused.env,
+                    &env,
                     info.start,
                     paused.egress.as_ref(),
                 )?
@@ -315,14 +316,8 @@ impl SessionManager {
         info.status = SessionStatus::Ready;
         info.last_active_at = now;
         info.expires_at = now + chrono::Duration::seconds(info.limits.idle_timeout_s as i64);
-        let mut launched = self.launch_resumed(
-            info,
-            ws,
-            paused.env.clone(),
-            kernel,
-            reservation,
-            paused.egress.clone(),
-        )?;
+        let mut launched =
+            self.launch_resumed(info, ws, env, kernel, reservation, paused.egress.clone())?;
         self.set_restored(id, restored.clone());
         launched.start = how;
         self.paused().remove(id);
@@ -517,7 +512,7 @@ impl SessionManager {
                 info: Mutex::new(info),
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
-                env: Vec::new(),
+                env: Mutex::new(Vec::new()),
                 egress: None,
                 no_snapshot: None,
                 lost,

@@ -98,4 +98,23 @@ impl SessionManager {
         s.info.last_active_at = Utc::now();
         Ok(s.info.clone())
     }
+
+    /// Gives a paused session the extra environment its kernel starts with when it resumes:
+    /// a session recovered after a restart comes back without the one it was created with
+    /// (the engine does not record it), which E2B's layer keeps and hands back. `false` if
+    /// `id` is not paused.
+    pub fn set_paused_env(
+        &self,
+        id: &str,
+        env: BTreeMap<String, String>,
+    ) -> Result<bool, EngineError> {
+        crate::bounds::check_env(&env)?;
+        Ok(match self.paused().entry(id) {
+            Some(p) => {
+                p.set_env(env.into_iter().collect());
+                true
+            }
+            None => false,
+        })
+    }
 }

@@ -32,7 +32,11 @@ pub(crate) fn sandbox_of(state: &AppState, headers: &HeaderMap) -> Result<Arc<Sa
             .get(&id)
             .ok()
             .filter(|s| !s.metadata.contains_key(CONTEXT_OF))
-            .and_then(|s| state.e2b.get_or_load(&state.store, &id, &s.owner))
+            .and_then(|s| {
+                state
+                    .e2b
+                    .get_or_load(&state.engine, &state.store, &id, &s.owner)
+            })
             .ok_or_else(|| Refused::Gone(id.clone()))?,
     };
     let token = header("x-access-token").or_else(|| header("e2b-traffic-access-token"));

@@ -369,7 +369,7 @@ pub(crate) async fn set_timeout(
 /// `/v1/sessions`). May read and write the store.
 async fn adopt(state: &AppState, id: &str, tenant: &Tenant) -> Result<Arc<Sandbox>, Error> {
     let (st, id, owner) = (state.clone(), id.to_owned(), tenant.0.clone());
-    tokio::task::spawn_blocking(move || st.e2b.get_or_adopt(&st.store, &id, &owner))
+    tokio::task::spawn_blocking(move || st.e2b.get_or_adopt(&st.engine, &st.store, &id, &owner))
         .await
         .map_err(|e| crate::error::ApiError::internal(e).into())
 }

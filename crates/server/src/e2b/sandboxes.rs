@@ -163,8 +163,15 @@ impl Sandboxes {
     }
 
     /// The sandbox session `id` (of `owner`) is: known, or kept in the store (a server that
-    /// started again). May read the store.
-    pub fn get_or_load(&self, store: &Store, id: &str, owner: &str) -> Option<Arc<Sandbox>> {
+    /// started again: its session, paused, gets back the variables its kernel was created
+    /// with, which the engine does not record). May read the store.
+    pub fn get_or_load(
+        &self,
+        engine: &Engine,
+        store: &Store,
+        id: &str,
+        owner: &str,
+    ) -> Option<Arc<Sandbox>> {
         if let Some(s) = self.get(id) {
             return Some(s);
         }
@@ -182,6 +189,11 @@ impl Sandboxes {
                 return None;
             }
         };
+        if !rec.envs.is_empty() {
+            if let Err(e) = engine.sessions().set_paused_env(id, rec.envs.clone()) {
+                tracing::warn!(session = %id, error = %e, "cannot give an E2B sandbox's kernel its variables back");
+            }
+        }
         let mut sandbox = Sandbox::new(id, owner, &rec.template, rec.envs, rec.auto_pause);
         sandbox.token = rec.token;
         sandbox.timeout_s = AtomicU64::new(rec.timeout_s);
@@ -196,8 +208,14 @@ impl Sandboxes {
     /// The sandbox session `id` is, made known now if it was not (a session created through
     /// `/v1/sessions`): a fresh token, no variables, kept in the store. May read and write the
     /// store.
-    pub fn get_or_adopt(&self, store: &Store, id: &str, owner: &str) -> Arc<Sandbox> {
-        if let Some(s) = self.get_or_load(store, id, owner) {
+    pub fn get_or_adopt(
+        &self,
+        engine: &Engine,
+        store: &Store,
+        id: &str,
+        owner: &str,
+    ) -> Arc<Sandbox> {
+        if let Some(s) = self.get_or_load(engine, store, id, owner) {
             return s;
         }
         let fresh = Arc::new(Sandbox::new(id, owner, "base", BTreeMap::new(), false));
