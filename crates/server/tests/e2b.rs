@@ -627,6 +627,11 @@ async fn at_its_timeout_an_auto_pause_sandbox_pauses_and_any_other_is_killed() {
     let r = scenario(&srv, &key, &["auto_pause"]).await;
     let end_in = r["end_in"].as_f64().expect("a number");
     assert!((0.0..=3.5).contains(&end_in), "end_at is the pause: {r}");
+    assert_eq!(
+        r["lifecycle"],
+        serde_json::json!({"on_timeout": "pause", "auto_resume": true}),
+        "{r}"
+    );
     assert_eq!(r["running_when_paused"], false, "{r}");
     assert_eq!(r["var"], "'paused at the timeout'", "{r}");
     assert_eq!(r["file"], "and its file");
@@ -660,6 +665,16 @@ async fn e2b_network_options_map_onto_the_egress_allowlist_or_are_refused_in_e2b
     refused("all", "all internet");
     refused("beyond_bound", "pypi.org");
     assert_eq!(r["proxy_default"], "'none'", "{r}");
+    assert_eq!(
+        r["info_allowed"],
+        serde_json::json!([{"allow_out": ["api.example.com"], "deny_out": ["0.0.0.0/0"]}, false]),
+        "get_info() tells what runcell gave: {r}"
+    );
+    assert_eq!(
+        r["info_default"],
+        serde_json::json!([{"deny_out": ["0.0.0.0/0"]}, false]),
+        "{r}"
+    );
     assert!(
         r["proxy_allowed"]
             .as_str()

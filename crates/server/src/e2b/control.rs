@@ -140,6 +140,20 @@ fn detail(info: &SessionInfo, sandbox: Option<&Sandbox>) -> Value {
         "metadata": info.metadata,
         "state": state_of(info),
         "domain": null,
+        // What runcell gives the sandbox, in E2B's words: never the whole internet; the
+        // allowlist's names through its proxy, everything else denied.
+        "allowInternetAccess": false,
+        "network": match &info.network {
+            NetworkPolicy::Allowlist { allowed_domains, .. } => {
+                json!({"allowOut": allowed_domains, "denyOut": ["0.0.0.0/0"]})
+            }
+            NetworkPolicy::Disabled => json!({"denyOut": ["0.0.0.0/0"]}),
+        },
+        // Any request resumes a paused sandbox (runcell's own rule): E2B's auto-resume.
+        "lifecycle": {
+            "onTimeout": if sandbox.is_some_and(|s| s.auto_pause) { "pause" } else { "kill" },
+            "autoResume": true,
+        },
     });
     if let Some(s) = sandbox {
         v["envdAccessToken"] = s.token.clone().into();

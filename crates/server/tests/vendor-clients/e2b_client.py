@@ -378,6 +378,7 @@ def auto_pause():
     sbx.files.write("survives.txt", "and its file")
     info = sbx.get_info()
     r["end_in"] = (info.end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    r["lifecycle"] = info.lifecycle
     until("the auto-pause", lambda: state_word(Sandbox.get_info(sbx.sandbox_id).state) == "paused")
     r["running_when_paused"] = sbx.is_running()
     again = Sandbox.connect(sbx.sandbox_id, timeout=120)
@@ -431,6 +432,8 @@ def network():
     probe = "import os; os.environ.get('HTTPS_PROXY') or os.environ.get('https_proxy') or 'none'"
     r["proxy_allowed"] = allowed.run_code(probe).text
     r["proxy_default"] = default.run_code(probe).text
+    r["info_allowed"] = [allowed.get_info().network, allowed.get_info().allow_internet_access]
+    r["info_default"] = [default.get_info().network, default.get_info().allow_internet_access]
     return r
 
 
