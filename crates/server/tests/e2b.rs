@@ -542,6 +542,11 @@ async fn the_javascript_sdk_works_too() {
     assert_eq!(r["failing"], serde_json::json!([true, 4]));
     assert_eq!(r["ctx"], "1");
     assert_eq!(r["listedSandbox"], serde_json::json!([r["sandboxId"]]));
+    assert_eq!(r["paused"], true, "{r}");
+    assert_eq!(r["stateWhenPaused"], "paused", "{r}");
+    assert_eq!(r["runningWhenPaused"], false, "{r}");
+    assert_eq!(r["afterResume"], "41", "x = 41 came back: {r}");
+    assert_eq!(r["fileAfterResume"], "written by js", "{r}");
     assert_eq!(r["runningAfterKill"], false);
     let id = r["sandboxId"].as_str().expect("a string");
     assert!(audited(&srv, &key, id)
