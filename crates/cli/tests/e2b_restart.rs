@@ -64,7 +64,11 @@ fn a_sandbox_is_connectable_with_its_token_after_a_sigterm_restart() {
 
     assert_eq!(r["sandbox_id"], id.as_str());
     assert_eq!(r["state"], "paused", "{r}");
-    assert_eq!(r["listed"], serde_json::json!([id]), "{r}");
+    assert_eq!(
+        r["listed"],
+        serde_json::json!([[id, "my-template"]]),
+        "listed paused, its record read back: {r}"
+    );
     assert_eq!(r["same_token"], true, "{r}");
     assert_eq!(r["var"], "'before the restart'", "{r}");
     assert_eq!(r["file"], "a file from before", "{r}");

@@ -692,6 +692,30 @@ fn matching(state: &AppState, tenant: &Tenant, q: &Query) -> (Vec<Value>, Option
     (items, next)
 }
 
+/// Reads the records of the tenant's sandboxes this process does not know yet (a server that
+/// started again) from the store, so the listing tells their template and lifecycle.
+async fn load_known(state: &AppState, tenant: &Tenant) {
+    let unknown: Vec<String> = state
+        .engine
+        .sessions()
+        .list()
+        .into_iter()
+        .filter(|s| s.owner == tenant.0 && !s.metadata.contains_key(CONTEXT_OF))
+        .filter(|s| state.e2b.get(&s.id).is_none())
+        .map(|s| s.id)
+        .collect();
+    if unknown.is_empty() {
+        return;
+    }
+    let (st, owner) = (state.clone(), tenant.0.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        for id in unknown {
+            st.e2b.get_or_load(&st.engine, &st.store, &id, &owner);
+        }
+    })
+    .await;
+}
+
 /// `GET /v2/sandboxes`: a page, with `x-next-token` when more follow.
 pub(crate) async fn list_v2(
     State(state): State<AppState>,
@@ -700,6 +724,7 @@ pub(crate) async fn list_v2(
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
     let q = Query::parse(raw.as_deref())?;
+    load_known(&state, &tenant).await;
     let (items, next) = matching(&state, &tenant, &q);
     let mut resp = Json(Value::Array(items)).into_response();
     if let Some(t) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
@@ -717,6 +742,7 @@ pub(crate) async fn list_v1(
     let tenant = tenant(&state, &headers).await?;
     let mut q = Query::parse(raw.as_deref())?;
     q.limit = Some(usize::MAX);
+    load_known(&state, &tenant).await;
     let (items, _) = matching(&state, &tenant, &q);
     Ok(Json(Value::Array(items)).into_response())
 }

@@ -439,7 +439,7 @@ def network():
 
 def restart():
     """Half before a server restart, half after: the same Sandbox object, then connect."""
-    sbx = Sandbox.create(timeout=600, envs={"GREETING": "hello"}, metadata={"suite": "restart"})
+    sbx = Sandbox.create("my-template", timeout=600, envs={"GREETING": "hello"}, metadata={"suite": "restart"})
     sbx.run_code("kept = 'before the restart'")
     sbx.files.write("kept.txt", "a file from before")
     ctx = sbx.create_code_context()
@@ -447,11 +447,9 @@ def restart():
     print(json.dumps({"sandbox_id": sbx.sandbox_id}), flush=True)
     sys.stdin.readline()  # the server restarts meanwhile
     r = {"sandbox_id": sbx.sandbox_id}
+    listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "restart"}, state=[SandboxState.PAUSED])).next_items()
+    r["listed"] = [[s.sandbox_id, s.template_id] for s in listed]
     r["state"] = state_word(Sandbox.get_info(sbx.sandbox_id).state)
-    r["listed"] = [
-        s.sandbox_id
-        for s in Sandbox.list(query=SandboxQuery(metadata={"suite": "restart"}, state=[SandboxState.PAUSED])).next_items()
-    ]
     again = Sandbox.connect(sbx.sandbox_id)
     r["same_token"] = again._envd_access_token == sbx._envd_access_token
     # The object from before the restart still works: its token is the same.
