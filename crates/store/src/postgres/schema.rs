@@ -19,7 +19,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../migrations/postgres/0002_nodes.sql")),
     (
         3,
-        include_str!("../../migrations/postgres/0003_key_approval.sql"),
+        include_str!("../../migrations/postgres/0003_session_extras.sql"),
+    ),
+    (
+        4,
+        include_str!("../../migrations/postgres/0004_key_approval.sql"),
     ),
 ];
 

@@ -1,4 +1,4 @@
--- runcell store, schema version 4: a key's approval default.
+-- runcell store, schema version 5: a key's approval default.
 
 -- Whether the agent endpoints' cells (the chat, /anthropic, /openai/v1, /gemini, /mistral) wait
 -- for a person's decision when a request made with this key does not say: 'always', 'never', or
