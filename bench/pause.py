@@ -6,6 +6,9 @@ Usage: bench/pause.py [BINARY=target/release/runcell] [N=20] [PAUSED=1000] [PREL
   RUNTIMES  a directory of installed runtimes, linked into the bench's data dir (default
             target/tmp/runcell-test-runtimes/runtimes, what the tests install)
   PRELOAD   the zygote's modules (serve --preload); default: the server's own default
+  RUST_LOG, LOG  the server's log filter (default warn) and the file its log goes to, e.g.
+            RUST_LOG=runcell_engine::durable=debug,runcell_engine=info LOG=/tmp/pause.log for
+            the time of each step of a pause and a resume
 
 Prints, in one run (a shared machine's absolute numbers move; compare within a run):
   create     POST /v1/sessions, p50/p90 (what the preload costs a create)
@@ -17,7 +20,7 @@ Prints, in one run (a shared machine's absolute numbers move; compare within a r
   paused     PAUSED small sessions paused at once: the server's committed memory, the sandbox
              processes left, and the server's RSS before and after
 """
-import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 import urllib.request
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +30,9 @@ n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 paused_n = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 preload = sys.argv[4] if len(sys.argv) > 4 else None
 runtimes = os.environ.get("RUNTIMES", os.path.join(root, "target/tmp/runcell-test-runtimes/runtimes"))
+# RUST_LOG=runcell_engine::durable=debug,runcell_engine=info LOG=FILE: each step's time.
+log_filter = os.environ.get("RUST_LOG", "warn")
+log_file = os.environ.get("LOG")
 
 STATE = """
 import numpy as np
@@ -96,11 +102,19 @@ def main():
     args = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--warm-sessions", "0"]
     if preload:
         args += ["--preload", preload]
-    srv = subprocess.Popen(args, env=dict(os.environ, RUNCELL_DATA_DIR=data, RUST_LOG="warn"),
+    srv = subprocess.Popen(args, env=dict(os.environ, RUNCELL_DATA_DIR=data, RUST_LOG=log_filter),
                            stderr=subprocess.PIPE, text=True)
     for line in srv.stderr:
         if "runcell serving on" in line:
             break
+    # The rest of the log goes to LOG (or nowhere), read on a thread so the server never
+    # blocks on a full pipe.
+    def drain(out=open(log_file, "w") if log_file else None):
+        for line in srv.stderr:
+            if out:
+                out.write(line)
+                out.flush()
+    threading.Thread(target=drain, daemon=True).start()
     # The zygote preloads in the background: wait for it (a create before it starts cold).
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -120,7 +134,8 @@ def main():
             p, ms = call("POST", f"{base}/v1/sessions/{sid}/pause")
             assert p["status"] == "paused", p
             pauses.append(ms)
-            sizes.append(os.path.getsize(os.path.join(data, "snapshots", f"{sid}.snap")))
+            with open(os.path.join(data, "snapshots", f"{sid}.json")) as f:
+                sizes.append(json.load(f)["bytes"])
             e, ms = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": "df.shape, model.n_estimators"})
             assert e["results"][0]["data"]["text/plain"] == "((262144, 5), 50)", e
             assert "model" in e["restored"]["names"], e

@@ -55,6 +55,28 @@ struct Description {
     last_execution: Option<String>,
     /// Names the pause could not save.
     skipped: Vec<Skipped>,
+    /// Where the snapshot is (a description without it: beside it, in the data dir).
+    #[serde(default)]
+    place: Place,
+    /// The snapshot's size, as the kernel reported it.
+    #[serde(default)]
+    bytes: u64,
+}
+
+/// Where a session's snapshot is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Place {
+    /// `snapshots/<id>.snap` in the data dir: an idle snapshot (the session lives on and its
+    /// workspace is the user's), a fork's, or any snapshot of a workspace in memory.
+    #[default]
+    DataDir,
+    /// In the session's own workspace image, at [`IN_WORKSPACE`], where the kernel wrote it:
+    /// a pause of a session whose workspace is on disk. Nothing is copied at the pause or the
+    /// resume (10 MB: two copies each way, 20-40 ms on this VM), the file is as durable as
+    /// the workspace (a kill -9 or a reboot keeps it), it is bounded by the workspace's own
+    /// quota, and the host never reads it. The resume removes it.
+    Workspace,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -113,6 +135,7 @@ impl SessionManager {
     fn take_snapshot(
         &self,
         idle: &mut crate::session::pause::Idle,
+        place: Place,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
         if info.language == Language::Javascript {
@@ -131,30 +154,44 @@ impl SessionManager {
             .map_err(|e| snapshot_failed(&info.id, e))?;
         let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
-        let moved = ws
-            .read_file(IN_WORKSPACE, u64::MAX)
-            .map_err(EngineError::unavailable)
-            .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
-        let _ = ws.delete(IN_WORKSPACE);
-        moved.map_err(|e| match e {
-            EngineError::InsufficientStorage(_) => {
-                EngineError::InsufficientStorage(NoSpace::Snapshot {
-                    id: info.id.clone(),
-                    place: "data dir",
-                })
-            }
-            e => e,
-        })?;
+        if place == Place::DataDir {
+            let moved = ws
+                .read_file(IN_WORKSPACE, u64::MAX)
+                .map_err(EngineError::unavailable)
+                .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
+            let _ = ws.delete(IN_WORKSPACE);
+            moved.map_err(|e| match e {
+                EngineError::InsufficientStorage(_) => {
+                    EngineError::InsufficientStorage(NoSpace::Snapshot {
+                        id: info.id.clone(),
+                        place: "data dir",
+                    })
+                }
+                e => e,
+            })?;
+        }
         let desc = Description {
             layout: LAYOUT,
             language: info.language.as_str().to_owned(),
             taken_at: Utc::now(),
             last_execution,
             skipped: report.skipped.into_iter().map(Skipped::from).collect(),
+            place,
+            bytes: report.bytes,
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
-        write_durably(&description_file(&data_dir, &info.id), &json)?;
-        tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
+        let described = write_durably(&description_file(&data_dir, &info.id), &json);
+        if let Err(e) = described {
+            if place == Place::Workspace {
+                let _ = ws.delete(IN_WORKSPACE);
+            }
+            return Err(e);
+        }
+        if place == Place::Workspace {
+            // An earlier idle snapshot's copy: the description no longer points at it.
+            let _ = std::fs::remove_file(snapshot_file(&data_dir, &info.id));
+        }
+        tracing::debug!(session = %info.id, bytes = report.bytes, ?place, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
     }
 
@@ -184,7 +221,13 @@ impl SessionManager {
         }
         let t = std::time::Instant::now();
         let mut idle = self.idle(id)?;
-        let snapshot = self.take_snapshot(&mut idle)?;
+        // A workspace in memory would hold the snapshot in memory: those go to the data dir.
+        let place = if self.core().images.is_some() {
+            Place::Workspace
+        } else {
+            Place::DataDir
+        };
+        let snapshot = self.take_snapshot(&mut idle, place)?;
         let snapshotted = t.elapsed();
         let mut info = idle.info();
         let now = Utc::now();
@@ -201,6 +244,7 @@ impl SessionManager {
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
             resumed: Mutex::new(false),
+            this_run: true,
         };
         self.retire(idle, move |paused_map| {
             paused_map.insert(info.id.clone(), paused);
@@ -287,7 +331,7 @@ impl SessionManager {
                 files_only: Some(why.clone()),
                 ..Default::default()
             },
-            None => self.restore_into(&mut kernel, &ws, &info),
+            None => self.restore_into(&mut kernel, &ws, &info, paused.this_run),
         };
         if !kernel.is_alive() {
             // The restore killed it (out of memory, say): a fresh one, files only.
@@ -361,9 +405,18 @@ impl SessionManager {
             .map_err(EngineError::unavailable)
     }
 
-    /// Copies the session's snapshot into its workspace and has `kernel` read it; what came
-    /// back. Never fails: a snapshot that cannot be read leaves the files only, and says why.
-    fn restore_into(&self, kernel: &mut Kernel, ws: &Workspace, info: &SessionInfo) -> Restored {
+    /// Has `kernel` read the session's snapshot (copied into its workspace first when it is
+    /// kept in the data dir); what came back. Never fails: a snapshot that cannot be read
+    /// leaves the files only, and says why. `this_run`: the snapshot was written in this
+    /// server's run (no crash or power loss since can have damaged it), so the kernel skips
+    /// its checksum.
+    fn restore_into(
+        &self,
+        kernel: &mut Kernel,
+        ws: &Workspace,
+        info: &SessionInfo,
+        this_run: bool,
+    ) -> Restored {
         let data_dir = &self.core().config.data_dir;
         let files_only = |why: String| Restored {
             files_only: Some(why),
@@ -382,20 +435,28 @@ impl SessionManager {
                 desc.layout, desc.language
             ));
         }
-        let data = match std::fs::read(snapshot_file(data_dir, &info.id)) {
-            Ok(d) => d,
-            Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
-        };
-        if let Err(e) = ws.write_file(IN_WORKSPACE, &data) {
-            return files_only(format!(
-                "its snapshot does not fit in the workspace: {}",
-                crate::chain(&e)
-            ));
+        if desc.place == Place::DataDir {
+            let data = match std::fs::read(snapshot_file(data_dir, &info.id)) {
+                Ok(d) => d,
+                Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
+            };
+            if let Err(e) = ws.write_file(IN_WORKSPACE, &data) {
+                return files_only(format!(
+                    "its snapshot does not fit in the workspace: {}",
+                    crate::chain(&e)
+                ));
+            }
         }
         let t = std::time::Instant::now();
-        let r = kernel.restore(IN_SANDBOX, &snapshot_options());
-        tracing::debug!(session = %info.id, restore_ms = ms(t.elapsed()), "snapshot read back");
-        if kernel.is_alive() {
+        let r = kernel.restore_checked(IN_SANDBOX, &snapshot_options(), !this_run);
+        tracing::debug!(session = %info.id, place = ?desc.place, checked = !this_run, restore_ms = ms(t.elapsed()), "snapshot read back");
+        if desc.place == Place::Workspace {
+            // Read (or not) once: the user's workspace gets its room back, and the description
+            // no longer points at a file (the idle snapshot a few seconds after the next cell
+            // is the next one a kill -9 comes back from).
+            let _ = ws.delete(IN_WORKSPACE);
+            let _ = std::fs::remove_file(description_file(data_dir, &info.id));
+        } else if kernel.is_alive() {
             let _ = ws.delete(IN_WORKSPACE);
         }
         match r {
@@ -436,7 +497,7 @@ impl SessionManager {
             let Ok(mut idle) = self.idle(&s.id) else {
                 continue;
             };
-            match self.take_snapshot(&mut idle) {
+            match self.take_snapshot(&mut idle, Place::DataDir) {
                 Ok(_) => {
                     taken.insert(s.id.clone(), s.last_active_at);
                 }
@@ -514,6 +575,7 @@ impl SessionManager {
                 no_snapshot: None,
                 lost,
                 resumed: Mutex::new(false),
+                this_run: false,
             },
         );
     }
@@ -581,7 +643,7 @@ impl SessionManager {
         }
         let mut idle = self.idle(id)?;
         let info = idle.info();
-        let snapshot = self.take_snapshot(&mut idle)?;
+        let snapshot = self.take_snapshot(&mut idle, Place::DataDir)?;
         let env = idle.env().to_vec();
         let source_ws = idle.workspace().clone();
         drop(idle);
@@ -624,7 +686,7 @@ impl SessionManager {
                 let info = idle.info();
                 let ws = idle.workspace().clone();
                 match idle.kernel() {
-                    Some(k) => self.restore_into(k, &ws, &info),
+                    Some(k) => self.restore_into(k, &ws, &info, true),
                     None => Restored {
                         files_only: Some("the new session's kernel was not running".into()),
                         ..Default::default()

@@ -45,6 +45,9 @@ pub(crate) struct Paused {
     pub(crate) lost: Vec<String>,
     /// Held by the one resuming it; `true` once it is live again.
     pub(crate) resumed: Mutex<bool>,
+    /// Paused by this server process (not brought back after a restart): its snapshot was
+    /// written whole with no crash since, so its checksum need not be checked.
+    pub(crate) this_run: bool,
 }
 
 impl Paused {

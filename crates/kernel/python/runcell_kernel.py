@@ -850,8 +850,11 @@ class Kernel:
                 self.send_error("SnapshotError", f"snapshots are unavailable: {_snapshot_import_error}", "")
                 status = "error"
             else:
-                run = self.take_snapshot if kind == "snapshot" else self.restore_snapshot
-                report, error = self.guarded(lambda: run(path))
+                verify = message.get("unchecked") is not True
+                if kind == "snapshot":
+                    report, error = self.guarded(lambda: self.take_snapshot(path))
+                else:
+                    report, error = self.guarded(lambda: self.restore_snapshot(path, verify))
                 if error is None:
                     self.send(dict(report, type="snapshotted" if kind == "snapshot" else "restored", id=msg_id))
                     status = "ok"
@@ -879,8 +882,8 @@ class Kernel:
         extra = {"future_flags": self.future_flags}
         return runcell_snapshot.save_namespace(self.module, path, extra)
 
-    def restore_snapshot(self, path):
-        report, extra = runcell_snapshot.load_namespace(self.module, path)
+    def restore_snapshot(self, path, verify=True):
+        report, extra = runcell_snapshot.load_namespace(self.module, path, verify)
         flags = extra.get("future_flags")
         if isinstance(flags, int):
             self.future_flags |= flags & FUTURE_FLAGS

@@ -53,10 +53,10 @@ class Kernels(unittest.TestCase):
         self.assertEqual(outcome.status, "ok", (outcome.messages, outcome.stderr))
         return outcome
 
-    def request(self, kernel, kind, path=None, msg_id="snap"):
+    def request(self, kernel, kind, path=None, msg_id="snap", **fields):
         kernel.start_request = None
         kernel.marks = (len(kernel.buffers["stdout"]), len(kernel.buffers["stderr"]))
-        kernel.send({"type": kind, "id": msg_id, "path": self.path if path is None else path})
+        kernel.send(dict(fields, type=kind, id=msg_id, path=self.path if path is None else path))
         return kernel.finish(msg_id)
 
     def snapshot(self, kernel):
@@ -71,8 +71,8 @@ class Kernels(unittest.TestCase):
         (report,) = [m for m in outcome.messages if m["type"] == "restored"]
         return report
 
-    def refusal(self, kernel, path=None):
-        outcome = self.request(kernel, "restore", path)
+    def refusal(self, kernel, path=None, **fields):
+        outcome = self.request(kernel, "restore", path, **fields)
         self.assertEqual(outcome.status, "error", outcome.messages)
         (refused,) = [m for m in outcome.messages if m["type"] == "snapshot_refused"]
         return refused["refusal"], outcome
@@ -237,6 +237,24 @@ class Refusals(Kernels):
             self.assert_refused(bytes(data), reason)
         self.assert_refused(self.good + b"\0", "corrupt")
 
+    def test_an_unchecked_restore_skips_the_checksum_and_nothing_else(self):
+        # A resume in the server run that paused the session: the file was written whole and
+        # no crash came between, so only the checksum is skipped.
+        data = bytearray(self.good)
+        data[31] ^= 0x80  # the crc: refused when checked (the control), read when not
+        self.assert_refused(bytes(data), "corrupt")
+        k = self.kernel()
+        outcome = self.request(k, "restore", self.write(bytes(data)), unchecked=True)
+        self.assertEqual(outcome.status, "ok", outcome.messages)
+        self.assertIn("UNPICKLED", outcome.stdout)
+        # Lengths and the header are still checked.
+        for bad, reason in ((self.good[: len(self.good) // 2], "truncated"), (self.good + b"\0", "corrupt"), (b"", "corrupt")):
+            with self.subTest(reason=reason, size=len(bad)):
+                k = self.kernel()
+                refusal, outcome = self.refusal(k, self.write(bad), unchecked=True)
+                self.assertEqual(refusal["reason"], reason, refusal)
+                self.assertNotIn("UNPICKLED", outcome.stdout)
+
     def test_foreign_and_empty_files_are_refused(self):
         self.assert_refused(b"", "corrupt")
         self.assert_refused(b"\x80\x05K\x01.", "corrupt")  # a bare pickle is never loaded
@@ -373,6 +391,7 @@ target = (df["a"] > 0).astype(int)
 model = LogisticRegression().fit(X, target)
 forest = RandomForestClassifier(n_estimators=5, random_state=0).fit(X, target)
 same_df = df
+big = np.arange(300_000.0)  # 2.4 MB: over POPULATE_FROM, read into a mapping of its own
 """
 
     def test_dataframes_arrays_and_fitted_models_round_trip(self):
@@ -393,8 +412,11 @@ same_df = df
         self.assertEqual(got, expected)
         self.assertEqual(self.value(b, "(np.__name__, pd.__name__, same_df is df, view_t.shape)"), "('numpy', 'pandas', True, (4, 3))")
         # Restored arrays own writable memory.
-        self.run_ok(b, "arr[0, 0] = 99.0\ndf.loc[0, 'a'] = 5.0")
-        self.assertEqual(self.value(b, "float(arr[0, 0]), float(df.loc[0, 'a'])"), "(99.0, 5.0)")
+        self.run_ok(b, "arr[0, 0] = 99.0\ndf.loc[0, 'a'] = 5.0\nbig[-1] = -1.0")
+        self.assertEqual(
+            self.value(b, "float(arr[0, 0]), float(df.loc[0, 'a']), float(big.sum()), big.flags.writeable"),
+            f"(99.0, 5.0, {float(sum(range(299_999))) - 1.0}, True)",
+        )
 
 
 class FormatTests(unittest.TestCase):

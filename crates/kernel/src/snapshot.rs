@@ -135,7 +135,24 @@ impl Kernel {
         path: &str,
         opts: &SnapshotOptions,
     ) -> Result<RestoreReport, SnapshotError> {
-        let (reply, wall) = self.snapshot_request("restore", path, opts)?;
+        self.restore_checked(path, opts, true)
+    }
+
+    /// [`Kernel::restore`], with the file's checksum checked or not (`checked: false` for a
+    /// file the caller knows was written whole and not through a crash since: a resume in
+    /// the server run that paused the session; its lengths and header are still checked).
+    pub fn restore_checked(
+        &mut self,
+        path: &str,
+        opts: &SnapshotOptions,
+        checked: bool,
+    ) -> Result<RestoreReport, SnapshotError> {
+        let kind = if checked {
+            "restore"
+        } else {
+            "restore-unchecked"
+        };
+        let (reply, wall) = self.snapshot_request(kind, path, opts)?;
         match reply {
             Some(KernelMessage::Restored {
                 names,
@@ -177,6 +194,7 @@ impl Kernel {
             _ => HostMessage::Restore {
                 id: id.clone(),
                 path: path.to_owned(),
+                unchecked: kind == "restore-unchecked",
             },
         };
         let cell = CellOptions {
@@ -200,7 +218,10 @@ impl Kernel {
                     name: e.name,
                     value: e.value,
                 }),
-                (_, None) => Err(SnapshotError::NoReport(kind)),
+                (_, None) => Err(SnapshotError::NoReport(match kind {
+                    "snapshot" => "snapshot",
+                    _ => "restore",
+                })),
             },
             CellStatus::TimedOut => Err(SnapshotError::TimedOut(opts.timeout)),
             CellStatus::Interrupted => Err(SnapshotError::Interrupted),
