@@ -28,7 +28,10 @@ use crate::core::io_error;
 use crate::error::{NoSpace, Unresumable};
 use crate::limits::Admit;
 use crate::model::Language;
-use crate::paused::{description_file, discard_snapshot, snapshot_file, Paused, PausedWorkspace};
+use crate::paused::{
+    description_file, discard_snapshot, env_file, snapshot_file, snapshots_dir, Paused,
+    PausedWorkspace,
+};
 use crate::restored::{Restored, Skipped};
 use crate::session::{SessionInfo, SessionManager, SessionStatus};
 use crate::EngineError;
@@ -55,28 +58,9 @@ struct Description {
     last_execution: Option<String>,
     /// Names the pause could not save.
     skipped: Vec<Skipped>,
-    /// Where the snapshot is (a description without it: beside it, in the data dir).
-    #[serde(default)]
-    place: Place,
     /// The snapshot's size, as the kernel reported it.
     #[serde(default)]
     bytes: u64,
-}
-
-/// Where a session's snapshot is kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Place {
-    /// `snapshots/<id>.snap` in the data dir: an idle snapshot (the session lives on and its
-    /// workspace is the user's), a fork's, or any snapshot of a workspace in memory.
-    #[default]
-    DataDir,
-    /// In the session's own workspace image, at [`IN_WORKSPACE`], where the kernel wrote it:
-    /// a pause of a session whose workspace is on disk. Nothing is copied at the pause or the
-    /// resume (10 MB: two copies each way, 20-40 ms on this VM), the file is as durable as
-    /// the workspace (a kill -9 or a reboot keeps it), it is bounded by the workspace's own
-    /// quota, and the host never reads it. The resume removes it.
-    Workspace,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -88,18 +72,61 @@ fn ms(d: Duration) -> f64 {
 /// power loss right after it leaves a file the kernel finds truncated (the session then
 /// resumes with its files only, and says so).
 fn write_durably(path: &Path, data: &[u8]) -> Result<(), EngineError> {
-    use std::io::Write;
+    write_durably_from(path, &mut std::io::Cursor::new(data))
+}
+
+/// [`write_durably`] from a reader: a file is copied by the kernel (`copy_file_range` or
+/// `sendfile`, which `std::io::copy` uses between files), never through a buffer of ours:
+/// the server allocates and faults in nothing for a 10 MB snapshot.
+fn write_durably_from(path: &Path, from: &mut impl std::io::Read) -> Result<(), EngineError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(data))
+        .and_then(|mut f| std::io::copy(from, &mut f))
         .map_err(io_error("write a snapshot", &tmp));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
     std::fs::rename(&tmp, path).map_err(io_error("rename", path))
+}
+
+/// Keeps a session's `env` beside its snapshot (`<id>.env`, JSON pairs, mode 0600: values
+/// may be the user's secrets) for a server that starts again. Written at each pause and idle
+/// snapshot, only when it changed (it never does after the create).
+fn keep_env(data_dir: &Path, id: &str, env: &[(String, String)]) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = env_file(data_dir, id);
+    let json = serde_json::to_vec(env).unwrap_or_default();
+    if std::fs::read(&path).is_ok_and(|old| old == json) {
+        return;
+    }
+    let tmp = path.with_extension(format!("envtmp{}", std::process::id()));
+    let written = std::fs::create_dir_all(snapshots_dir(data_dir))
+        .and_then(|_| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+        })
+        .and_then(|mut f| f.write_all(&json))
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(session = %id, error = %e, "cannot keep the session's env for a restart");
+    }
+}
+
+/// A kept `env` ([`keep_env`]); none when it was never kept or cannot be read.
+fn kept_env(data_dir: &Path, id: &str) -> Vec<(String, String)> {
+    std::fs::read(env_file(data_dir, id))
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok())
+        .unwrap_or_default()
 }
 
 /// How long a pause's or a resume's snapshot may take (it runs the session's own
@@ -135,7 +162,6 @@ impl SessionManager {
     fn take_snapshot(
         &self,
         idle: &mut crate::session::pause::Idle,
-        place: Place,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
         if info.language == Language::Javascript {
@@ -154,44 +180,33 @@ impl SessionManager {
             .map_err(|e| snapshot_failed(&info.id, e))?;
         let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
-        if place == Place::DataDir {
-            let moved = ws
-                .read_file(IN_WORKSPACE, u64::MAX)
-                .map_err(EngineError::unavailable)
-                .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
-            let _ = ws.delete(IN_WORKSPACE);
-            moved.map_err(|e| match e {
-                EngineError::InsufficientStorage(_) => {
-                    EngineError::InsufficientStorage(NoSpace::Snapshot {
-                        id: info.id.clone(),
-                        place: "data dir",
-                    })
-                }
-                e => e,
-            })?;
-        }
+        let moved = ws
+            .open_file(IN_WORKSPACE)
+            .map_err(EngineError::unavailable)
+            .and_then(|(mut file, _)| {
+                write_durably_from(&snapshot_file(&data_dir, &info.id), &mut file)
+            });
+        let _ = ws.delete(IN_WORKSPACE);
+        moved.map_err(|e| match e {
+            EngineError::InsufficientStorage(_) => {
+                EngineError::InsufficientStorage(NoSpace::Snapshot {
+                    id: info.id.clone(),
+                    place: "data dir",
+                })
+            }
+            e => e,
+        })?;
         let desc = Description {
             layout: LAYOUT,
             language: info.language.as_str().to_owned(),
             taken_at: Utc::now(),
             last_execution,
             skipped: report.skipped.into_iter().map(Skipped::from).collect(),
-            place,
             bytes: report.bytes,
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
-        let described = write_durably(&description_file(&data_dir, &info.id), &json);
-        if let Err(e) = described {
-            if place == Place::Workspace {
-                let _ = ws.delete(IN_WORKSPACE);
-            }
-            return Err(e);
-        }
-        if place == Place::Workspace {
-            // An earlier idle snapshot's copy: the description no longer points at it.
-            let _ = std::fs::remove_file(snapshot_file(&data_dir, &info.id));
-        }
-        tracing::debug!(session = %info.id, bytes = report.bytes, ?place, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
+        write_durably(&description_file(&data_dir, &info.id), &json)?;
+        tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
     }
 
@@ -221,13 +236,8 @@ impl SessionManager {
         }
         let t = std::time::Instant::now();
         let mut idle = self.idle(id)?;
-        // A workspace in memory would hold the snapshot in memory: those go to the data dir.
-        let place = if self.core().images.is_some() {
-            Place::Workspace
-        } else {
-            Place::DataDir
-        };
-        let snapshot = self.take_snapshot(&mut idle, place)?;
+        keep_env(&self.core().config.data_dir, id, idle.env());
+        let snapshot = self.take_snapshot(&mut idle)?;
         let snapshotted = t.elapsed();
         let mut info = idle.info();
         let now = Utc::now();
@@ -244,7 +254,6 @@ impl SessionManager {
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
             resumed: Mutex::new(false),
-            this_run: true,
         };
         self.retire(idle, move |paused_map| {
             paused_map.insert(info.id.clone(), paused);
@@ -331,7 +340,7 @@ impl SessionManager {
                 files_only: Some(why.clone()),
                 ..Default::default()
             },
-            None => self.restore_into(&mut kernel, &ws, &info, paused.this_run),
+            None => self.restore_into(&mut kernel, &ws, &info),
         };
         if !kernel.is_alive() {
             // The restore killed it (out of memory, say): a fresh one, files only.
@@ -405,18 +414,10 @@ impl SessionManager {
             .map_err(EngineError::unavailable)
     }
 
-    /// Has `kernel` read the session's snapshot (copied into its workspace first when it is
-    /// kept in the data dir); what came back. Never fails: a snapshot that cannot be read
-    /// leaves the files only, and says why. `this_run`: the snapshot was written in this
-    /// server's run (no crash or power loss since can have damaged it), so the kernel skips
-    /// its checksum.
-    fn restore_into(
-        &self,
-        kernel: &mut Kernel,
-        ws: &Workspace,
-        info: &SessionInfo,
-        this_run: bool,
-    ) -> Restored {
+    /// Copies the session's snapshot into its workspace and has `kernel` read it; what came
+    /// back. Never fails: a snapshot that cannot be read leaves the files only, and says why.
+    fn restore_into(&self, kernel: &mut Kernel, ws: &Workspace, info: &SessionInfo) -> Restored {
+        let t0 = std::time::Instant::now();
         let data_dir = &self.core().config.data_dir;
         let files_only = |why: String| Restored {
             files_only: Some(why),
@@ -435,28 +436,23 @@ impl SessionManager {
                 desc.layout, desc.language
             ));
         }
-        if desc.place == Place::DataDir {
-            let data = match std::fs::read(snapshot_file(data_dir, &info.id)) {
-                Ok(d) => d,
-                Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
-            };
-            if let Err(e) = ws.write_file(IN_WORKSPACE, &data) {
-                return files_only(format!(
-                    "its snapshot does not fit in the workspace: {}",
-                    crate::chain(&e)
-                ));
-            }
+        let opened = std::fs::File::open(snapshot_file(data_dir, &info.id))
+            .and_then(|f| f.metadata().map(|m| (f, m.len())));
+        let (mut file, len) = match opened {
+            Ok(f) => f,
+            Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
+        };
+        if let Err(e) = ws.write_file_from(IN_WORKSPACE, &mut file, len) {
+            return files_only(format!(
+                "its snapshot does not fit in the workspace: {}",
+                crate::chain(&e)
+            ));
         }
+        let copied = t0.elapsed();
         let t = std::time::Instant::now();
-        let r = kernel.restore_checked(IN_SANDBOX, &snapshot_options(), !this_run);
-        tracing::debug!(session = %info.id, place = ?desc.place, checked = !this_run, restore_ms = ms(t.elapsed()), "snapshot read back");
-        if desc.place == Place::Workspace {
-            // Read (or not) once: the user's workspace gets its room back, and the description
-            // no longer points at a file (the idle snapshot a few seconds after the next cell
-            // is the next one a kill -9 comes back from).
-            let _ = ws.delete(IN_WORKSPACE);
-            let _ = std::fs::remove_file(description_file(data_dir, &info.id));
-        } else if kernel.is_alive() {
+        let r = kernel.restore(IN_SANDBOX, &snapshot_options());
+        tracing::debug!(session = %info.id, copy_ms = ms(copied), restore_ms = ms(t.elapsed()), kernel_own_ms = r.as_ref().map(|r| ms(r.duration)).unwrap_or_default(), "snapshot read back");
+        if kernel.is_alive() {
             let _ = ws.delete(IN_WORKSPACE);
         }
         match r {
@@ -497,7 +493,8 @@ impl SessionManager {
             let Ok(mut idle) = self.idle(&s.id) else {
                 continue;
             };
-            match self.take_snapshot(&mut idle, Place::DataDir) {
+            keep_env(&self.core().config.data_dir, &s.id, idle.env());
+            match self.take_snapshot(&mut idle) {
                 Ok(_) => {
                     taken.insert(s.id.clone(), s.last_active_at);
                 }
@@ -564,18 +561,18 @@ impl SessionManager {
             self.executions_after(&info, desc.as_ref().and_then(|d| d.last_execution.clone()))
         };
         info.status = SessionStatus::Paused;
+        let env = kept_env(data_dir, &info.id);
         self.paused().insert(
             info.id.clone(),
             Paused {
                 info: Mutex::new(info),
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
-                env: Vec::new(),
+                env,
                 egress: None,
                 no_snapshot: None,
                 lost,
                 resumed: Mutex::new(false),
-                this_run: false,
             },
         );
     }
@@ -643,7 +640,7 @@ impl SessionManager {
         }
         let mut idle = self.idle(id)?;
         let info = idle.info();
-        let snapshot = self.take_snapshot(&mut idle, Place::DataDir)?;
+        let snapshot = self.take_snapshot(&mut idle)?;
         let env = idle.env().to_vec();
         let source_ws = idle.workspace().clone();
         drop(idle);
@@ -686,7 +683,7 @@ impl SessionManager {
                 let info = idle.info();
                 let ws = idle.workspace().clone();
                 match idle.kernel() {
-                    Some(k) => self.restore_into(k, &ws, &info, true),
+                    Some(k) => self.restore_into(k, &ws, &info),
                     None => Restored {
                         files_only: Some("the new session's kernel was not running".into()),
                         ..Default::default()

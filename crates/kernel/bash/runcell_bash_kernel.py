@@ -450,10 +450,8 @@ class Kernel:
         try:
             if self.snapshots is None:
                 self.snapshots = BashSnapshots(self)
-            if kind == "snapshot":
-                report = self.snapshots.snapshot(path)
-            else:
-                report = self.snapshots.restore(path, message.get("unchecked") is not True)
+            run = self.snapshots.snapshot if kind == "snapshot" else self.snapshots.restore
+            report = run(path)
         except InternalInterrupted:
             self.error(msg_id, "KeyboardInterrupt", "")
             self.done(msg_id, "interrupted")
@@ -713,10 +711,10 @@ class BashSnapshots:
             "duration_us": int((time.monotonic() - started) * 1e6),
         }
 
-    def restore(self, path, verify=True):
+    def restore(self, path):
         started = time.monotonic()
         snap = self.snap
-        header, pieces = snap.read(path, verify)
+        header, pieces = snap.read(path)
         snap.check(header, "language", "bash")
         snap.check(header, "language_version", self.kernel.shell.version, snap.same_major)
         snap.check(header, "serializer", self.SERIALIZER)

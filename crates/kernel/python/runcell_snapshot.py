@@ -133,16 +133,11 @@ def _buffer(n):
         return bytearray(n)
 
 
-def read(path, verify=True):
+def read(path):
     """(header, [[piece, ...] per entry]) of the snapshot at `path`, each piece a buffer of
     its own (so a restored array holds its own memory, not the whole file's). Refused when
     the file is missing, truncated, foreign, of another format or damaged; the header's
-    fields are for the caller to check (see `check`).
-
-    `verify=False` skips the checksum (the lengths and the header are still checked): for a
-    file the host knows was written whole and not through a crash since (a resume in the
-    server run that paused it). The checksum guards against a power loss or a damaged disk;
-    over 10 MB it is 10 ms of a 50 ms resume."""
+    fields are for the caller to check (see `check`)."""
     import zlib
 
     try:
@@ -192,11 +187,10 @@ def read(path, verify=True):
                 buf = _buffer(n)
                 if _readinto_exact(f, buf) != n:
                     raise Refused("truncated", "the file changed while it was read")
-                if verify:
-                    crc_now = zlib.crc32(buf, crc_now)
+                crc_now = zlib.crc32(buf, crc_now)
                 own.append(buf)
             pieces.append(own)
-        if verify and crc_now != crc:
+        if crc_now != crc:
             raise Refused("corrupt", "its checksum does not match its content")
     return header, pieces
 
@@ -473,17 +467,16 @@ def save_namespace(module, path, extra=None):
     }
 
 
-def load_namespace(module, path, verify=True):
+def load_namespace(module, path):
     """Read the snapshot at `path` into `module.__dict__`. Returns (restored message's fields,
     the header's `kernel` extras). Refused (nothing unpickled) when the file is missing,
     damaged or from an incompatible runtime; a name that fails to load (a library class that
-    is gone) is skipped with its reason, and so are the names that depend on it. `verify`:
-    as `read`'s."""
+    is gone) is skipped with its reason, and so are the names that depend on it."""
     import importlib
     import pickle
 
     started = time.perf_counter()
-    header, pieces = read(path, verify)
+    header, pieces = read(path)
     ser_name, ser_version, _ = serializer()
     check(header, "language", "python")
     check(header, "language_version", python_version(), same_minor)

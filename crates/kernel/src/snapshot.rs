@@ -135,24 +135,7 @@ impl Kernel {
         path: &str,
         opts: &SnapshotOptions,
     ) -> Result<RestoreReport, SnapshotError> {
-        self.restore_checked(path, opts, true)
-    }
-
-    /// [`Kernel::restore`], with the file's checksum checked or not (`checked: false` for a
-    /// file the caller knows was written whole and not through a crash since: a resume in
-    /// the server run that paused the session; its lengths and header are still checked).
-    pub fn restore_checked(
-        &mut self,
-        path: &str,
-        opts: &SnapshotOptions,
-        checked: bool,
-    ) -> Result<RestoreReport, SnapshotError> {
-        let kind = if checked {
-            "restore"
-        } else {
-            "restore-unchecked"
-        };
-        let (reply, wall) = self.snapshot_request(kind, path, opts)?;
+        let (reply, wall) = self.snapshot_request("restore", path, opts)?;
         match reply {
             Some(KernelMessage::Restored {
                 names,
@@ -194,7 +177,6 @@ impl Kernel {
             _ => HostMessage::Restore {
                 id: id.clone(),
                 path: path.to_owned(),
-                unchecked: kind == "restore-unchecked",
             },
         };
         let cell = CellOptions {
@@ -218,10 +200,7 @@ impl Kernel {
                     name: e.name,
                     value: e.value,
                 }),
-                (_, None) => Err(SnapshotError::NoReport(match kind {
-                    "snapshot" => "snapshot",
-                    _ => "restore",
-                })),
+                (_, None) => Err(SnapshotError::NoReport(kind)),
             },
             CellStatus::TimedOut => Err(SnapshotError::TimedOut(opts.timeout)),
             CellStatus::Interrupted => Err(SnapshotError::Interrupted),

@@ -43,14 +43,8 @@ pub enum HostMessage {
     /// or an `Error`, then `Done`.
     Snapshot { id: String, path: String },
     /// Read a snapshot at `path` back into the session: `Restored` or `SnapshotRefused` (or
-    /// an `Error`), then `Done`. `unchecked`: skip the file's checksum (its lengths and header
-    /// are still checked), for a file the host knows was written whole with no crash since.
-    Restore {
-        id: String,
-        path: String,
-        #[serde(default, skip_serializing_if = "is_false")]
-        unchecked: bool,
-    },
+    /// an `Error`), then `Done`.
+    Restore { id: String, path: String },
 }
 
 /// How a cell ended, as the kernel saw it.
@@ -420,22 +414,11 @@ mod tests {
         let restore = serde_json::to_string(&HostMessage::Restore {
             id: "restore-2".into(),
             path: "/tmp/s".into(),
-            unchecked: false,
         })
         .expect("json");
         assert_eq!(
             restore,
             r#"{"type":"restore","id":"restore-2","path":"/tmp/s"}"#
-        );
-        let unchecked = serde_json::to_string(&HostMessage::Restore {
-            id: "restore-3".into(),
-            path: "/tmp/s".into(),
-            unchecked: true,
-        })
-        .expect("json");
-        assert_eq!(
-            unchecked,
-            r#"{"type":"restore","id":"restore-3","path":"/tmp/s","unchecked":true}"#
         );
         // As the Python kernel sends them (json.dumps of dict(report, type=..., id=...)).
         let saved: KernelMessage = serde_json::from_str(
