@@ -235,7 +235,11 @@ impl SessionManager {
             return Ok(info);
         }
         let t = std::time::Instant::now();
-        let mut idle = self.idle(id)?;
+        let mut idle = match self.idle(id) {
+            Ok(idle) => idle,
+            // Paused meanwhile by another request, whose pause this one waited for.
+            Err(e) => return self.paused().get(id).ok_or(e),
+        };
         keep_env(&self.core().config.data_dir, id, idle.env());
         let snapshot = self.take_snapshot(&mut idle)?;
         let snapshotted = t.elapsed();
