@@ -233,7 +233,8 @@ def main():
             assert p["status"] == "paused", p
             pauses.append(ms)
             with open(os.path.join(data, "snapshots", f"{sid}.json")) as f:
-                sizes.append(json.load(f)["bytes"])
+                size = json.load(f).get("bytes")  # an older server's description has none
+            sizes.append(size or os.path.getsize(os.path.join(data, "snapshots", f"{sid}.snap")))
             e, ms = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": "df.shape, model.n_estimators"})
             assert e["results"][0]["data"]["text/plain"] == "((262144, 5), 50)", e
             assert "model" in e["restored"]["names"], e
@@ -246,13 +247,8 @@ def main():
             first.append(ms)
             urllib.request.urlopen(urllib.request.Request(f"{base}/v1/sessions/{sid}", method="DELETE"))
         print(f"preload: {preload or 'the default'}")
-        stats("create", creates)
-        stats("pause", pauses)
-        stats("resume", resumes)
-        stats("explicit", explicit)
-        stats("then cell", first)
-        print(f"snapshot   {statistics.median(sizes) / 1e6:.1f} MB")
-
+        if n:
+            report(creates, pauses, resumes, explicit, first, sizes)
         if paused_n:
             paused_phase(base, data, srv)
     finally:
@@ -260,6 +256,15 @@ def main():
             srv.send_signal(signal.SIGTERM)
             srv.wait(timeout=120)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def report(creates, pauses, resumes, explicit, first, sizes):
+    stats("create", creates)
+    stats("pause", pauses)
+    stats("resume", resumes)
+    stats("explicit", explicit)
+    stats("then cell", first)
+    print(f"snapshot   {statistics.median(sizes) / 1e6:.1f} MB")
 
 
 main()
