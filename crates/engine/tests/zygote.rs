@@ -690,3 +690,50 @@ fn shutdown_ends_the_warm_sessions() {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(engine.sessions().warm_ready(), 0);
 }
+
+/// A preload naming modules the runtime lacks (the default preload's scikit-learn on a runtime
+/// without it): the zygote leaves them out and starts, so sessions are still forked, not cold.
+#[test]
+fn a_preload_module_the_runtime_lacks_is_skipped_and_the_zygote_starts() {
+    let mut config =
+        runcell_engine::testing::engine_config(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let mut preload: Vec<String> = runcell_engine::DEFAULT_PRELOAD
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    preload.insert(1, "runcell_no_such_module".into());
+    preload.push("json.runcell_no_such_submodule".into());
+    config.preload = Some(preload);
+    let engine =
+        runcell_engine::testing::TestEngine(runcell_engine::Engine::new(config).expect("engine"));
+    let status = engine.wait_for_zygote(Duration::from_secs(180));
+    let ZygoteStatus::Ready {
+        preloaded: held, ..
+    } = &status
+    else {
+        panic!("the zygote did not start: {status:?}");
+    };
+    // The control: every module that exists is preloaded, in order; only the missing two
+    // are left out.
+    let expected: Vec<String> = runcell_engine::DEFAULT_PRELOAD
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(held, &expected);
+    let s = engine
+        .sessions()
+        .create(CreateSession::default())
+        .expect("create");
+    assert_eq!(s.start, runcell_engine::Start::Zygote, "{s:?}");
+    assert!(preloaded(&engine, &s.id), "pandas is in the forked session");
+    let e = engine
+        .sessions()
+        .execute(&s.id, "import runcell_no_such_module", None, None)
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Error, "{e:?}");
+    assert_eq!(
+        e.error.as_ref().map(|x| x.name.as_str()),
+        Some("ModuleNotFoundError"),
+        "{e:?}"
+    );
+}

@@ -733,6 +733,9 @@ class Kernel:
         self.module.__dict__["__builtins__"] = builtins
         self.namespace = self.module.__dict__
         self.future_flags = 0
+        # The environment the session started with (the sandbox's and the session's `env`):
+        # a snapshot carries what cells changed in os.environ since, not the whole of it.
+        self.start_environ = dict(os.environ)
         self.loop = None  # asyncio loop for top-level await, created on first use
         self.displayed_figures = set()  # ids of figures already shown in this cell
 
@@ -875,17 +878,45 @@ class Kernel:
         self.send({"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count})
 
     def take_snapshot(self, path):
-        # What the kernel itself carries from cell to cell and the namespace does not.
-        extra = {"future_flags": self.future_flags}
-        return runcell_snapshot.save_namespace(self.module, path, extra)
+        # What the kernel itself carries from cell to cell and the namespace does not: the
+        # `from __future__` flags, and the cells' changes to os.environ (os.environ["K"] = v,
+        # del, putenv through os.environ): variables set or changed, and those removed.
+        environ = dict(os.environ)
+        changes = {
+            "set": {k: v for k, v in environ.items() if self.start_environ.get(k) != v},
+            "unset": sorted(k for k in self.start_environ if k not in environ),
+        }
+        extra = {"future_flags": self.future_flags, "environ": changes}
+        report = runcell_snapshot.save_namespace(self.module, path, extra)
+        if (changes["set"] or changes["unset"]) and len(report["names"]) < runcell_snapshot.MAX_REPORT_NAMES:
+            report["names"] = [*report["names"], "os.environ"]
+        return report
 
     def restore_snapshot(self, path):
         report, extra = runcell_snapshot.load_namespace(self.module, path)
         flags = extra.get("future_flags")
         if isinstance(flags, int):
             self.future_flags |= flags & FUTURE_FLAGS
+        changes = extra.get("environ")
+        if isinstance(changes, dict) and self.apply_environ(changes):
+            if len(report["names"]) < runcell_snapshot.MAX_REPORT_NAMES:
+                report["names"] = [*report["names"], "os.environ"]
         self.install_lazy_hooks()  # a restored figure or pyplot import gets the show() patch
         return report
+
+    def apply_environ(self, changes):
+        """Puts a snapshot's os.environ changes back; whether there were any. Strings only:
+        the file is the session's own, but a damaged entry must not stop the restore."""
+        applied = False
+        for key, value in (changes.get("set") or {}).items():
+            if isinstance(key, str) and isinstance(value, str) and key and "=" not in key and "\0" not in key + value:
+                os.environ[key] = value
+                applied = True
+        for key in changes.get("unset") or ():
+            if isinstance(key, str) and key in os.environ:
+                del os.environ[key]
+                applied = True
+        return applied
 
     def send_protocol_error(self, msg_id, text):
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})

@@ -95,6 +95,9 @@ pub struct Zygote {
     pid: u32,
     /// Modules the zygote holds, as reported once it was ready.
     pub preloaded: Vec<String>,
+    /// Modules of the configured preload that could not be imported (the runtime lacks
+    /// them), with Python's reason: left out, the zygote starts without them.
+    pub skipped: Vec<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -160,6 +163,7 @@ impl Zygote {
             inner: Mutex::new(inner),
             pid,
             preloaded: Vec::new(),
+            skipped: Vec::new(),
         };
         let config_json =
             serde_json::to_vec(config).map_err(|e| ZygoteError::Config(e.to_string()))?;
@@ -181,11 +185,22 @@ impl Zygote {
         };
         let text = String::from_utf8_lossy(&reply);
         match text.strip_prefix("ready ") {
-            Some(modules) => {
-                z.preloaded = modules
+            Some(rest) => {
+                // `ready a,b,c`, then a line `skipped NAME REASON` per module left out.
+                let mut lines = rest.split('\n');
+                z.preloaded = lines
+                    .next()
+                    .unwrap_or_default()
                     .split(',')
                     .filter(|m| !m.is_empty())
                     .map(String::from)
+                    .collect();
+                z.skipped = lines
+                    .filter_map(|l| l.strip_prefix("skipped "))
+                    .map(|l| {
+                        let (name, why) = l.split_once(' ').unwrap_or((l, ""));
+                        (name.to_owned(), why.to_owned())
+                    })
                     .collect();
                 Ok(z)
             }
@@ -409,15 +424,30 @@ pub fn zygote_main() -> ! {
         },
         _ => exit_with(sock_fd, ""),
     };
-    let py = match prepare(&config) {
+    let (py, skipped) = match prepare(&config) {
         Ok(p) => p,
         Err(e) => exit_with(sock_fd, &format!("error {e}")),
     };
-    let _ = send_with_fds(
-        sock_fd,
-        format!("ready {}", config.preload.join(",")).as_bytes(),
-        &[],
+    let mut ready = format!(
+        "ready {}",
+        config
+            .preload
+            .iter()
+            .filter(|m| !skipped.iter().any(|(s, _)| s == *m))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",")
     );
+    for (name, why) in &skipped {
+        // One line each: a reason's own newlines would start a line of their own.
+        let why: String = why
+            .chars()
+            .take(500)
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        ready.push_str(&format!("\nskipped {name} {why}"));
+    }
+    let _ = send_with_fds(sock_fd, ready.as_bytes(), &[]);
     serve(&py, &config, sock_fd, &mut buf)
 }
 
@@ -431,7 +461,9 @@ fn exit_with(sock: BorrowedFd<'_>, msg: &str) -> ! {
 
 /// Its own mount namespace with the sandbox paths in place, then libpython, then the imports,
 /// then back to the host's mount namespace.
-fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
+/// The zygote's set-up: its namespace, Python, the imports. Returns Python and the modules
+/// of the preload that could not be imported, with why.
+fn prepare(config: &ZygoteConfig) -> Result<(Python, Vec<(String, String)>), String> {
     // Supplementary groups survive clone and stay usable in the user namespace: host root's
     // group 0 would open group-readable root files to every sandbox. Drop them while root.
     // SAFETY: an empty group list.
@@ -505,8 +537,26 @@ fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
     drop(err_w);
     let mut msg = String::new();
     let _ = File::from(err_r).read_to_string(&mut msg);
-    if rc != 0 || !msg.is_empty() {
-        return Err(format!("preloading failed: {}", msg.trim()));
+    // What the preload wrote: one `skipped NAME\tREASON` line per module it could not
+    // import, or a traceback (anything else) when it failed.
+    let mut skipped = Vec::new();
+    let mut failure = String::new();
+    for line in msg.lines() {
+        match line
+            .strip_prefix("skipped ")
+            .and_then(|l| l.split_once('\t'))
+        {
+            Some((name, why)) if failure.is_empty() => {
+                skipped.push((name.to_owned(), why.to_owned()))
+            }
+            _ => {
+                failure.push_str(line);
+                failure.push('\n');
+            }
+        }
+    }
+    if rc != 0 || !failure.is_empty() {
+        return Err(format!("preloading failed: {}", failure.trim()));
     }
     // fork() copies only the calling thread: any other thread (a BLAS pool started anyway)
     // could hold a lock that then stays locked forever in every session.
@@ -528,7 +578,7 @@ fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
     // SAFETY: setns with our own descriptor in a single-threaded process.
     cvt(unsafe { libc::setns(host_mnt.as_raw_fd(), libc::CLONE_NEWNS) })
         .map_err(|e| format!("setns back to the host's mount namespace: {e}"))?;
-    Ok(py)
+    Ok((py, skipped))
 }
 
 fn mount(
@@ -627,7 +677,11 @@ fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
 }
 
 /// Python that imports the kernel and `config.preload`, then freezes the heap so the
-/// collector never touches (and so copies) the shared pages in the sessions.
+/// collector never touches (and so copies) the shared pages in the sessions. A module of the
+/// preload the runtime cannot import (an ImportError: scikit-learn not installed) is left
+/// out and named on `err_fd` as `skipped NAME<TAB>REASON`: the zygote starts without it
+/// rather than not at all (every session would then start cold). Any other failure, and
+/// the kernel's own import, still fail it, with the traceback.
 fn preload_code(config: &ZygoteConfig, err_fd: RawFd) -> String {
     let modules: Vec<String> = config.preload.iter().map(|m| format!("{m:?}")).collect();
     format!(
@@ -638,10 +692,17 @@ def _runcell_preload():
         sys.argv = [""]
         sys.path.insert(0, {kdir:?})
         importlib.import_module({kmod:?})
+        skipped = []
         for name in [{mods}]:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                why = " ".join(f"{{type(exc).__name__}}: {{exc}}".split())
+                skipped.append(f"skipped {{name}}\t{{why}}\n")
         gc.collect()
         gc.freeze()
+        if skipped:
+            os.write({err_fd}, "".join(skipped).encode())
     except BaseException:
         os.write({err_fd}, traceback.format_exc().encode())
 _runcell_preload()
