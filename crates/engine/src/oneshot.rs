@@ -194,7 +194,7 @@ impl Engine {
         let sandbox = &self.core.sandbox;
         // Counted as a running cell: the audit writer waits a moment for runs about to end,
         // so that a batch's runs share commits.
-        let running = Running::start(&self.core.cells_running);
+        let counted = CountedRun::start(&self.core.cells_running);
         let outcome = match zygote {
             Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
                 // Nothing started: slower, never broken; the zygote is restarted.
@@ -234,7 +234,7 @@ impl Engine {
         if let Some(e) = &egress {
             execution.network = crate::network::connections(e.take_records());
         }
-        drop(running);
+        drop(counted);
         let execution = self.core.audit_shared(&req.owner, execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,
@@ -252,16 +252,16 @@ pub struct OneShotOutcome {
 }
 
 /// One run counted in `Core::cells_running` until dropped.
-struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
+struct CountedRun<'a>(&'a std::sync::atomic::AtomicUsize);
 
-impl<'a> Running<'a> {
+impl<'a> CountedRun<'a> {
     fn start(count: &'a std::sync::atomic::AtomicUsize) -> Self {
         count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Running(count)
+        CountedRun(count)
     }
 }
 
-impl Drop for Running<'_> {
+impl Drop for CountedRun<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
