@@ -212,6 +212,32 @@ impl Core {
         }
     }
 
+    /// [`Core::audit`] through the batched writer, waiting for the record: runs that finish
+    /// together (a batch's, concurrent `POST /v1/execute`s) share one commit instead of paying
+    /// one each, and nothing is acknowledged before it is recorded (DESIGN.md §9). Gives the
+    /// execution back.
+    pub(crate) fn audit_shared(
+        &self,
+        owner: &str,
+        execution: Execution,
+        code: &str,
+    ) -> Result<Execution, EngineError> {
+        let Some(a) = &self.auditor else {
+            return Ok(execution);
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        a.record(
+            owner.to_owned(),
+            execution,
+            code.to_owned(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err(crate::error::RecordError::NoAnswer.into()))
+    }
+
     /// Like [`Core::audit`] without waiting: `then` gets the execution back once it is
     /// recorded (at once when nothing records).
     pub(crate) fn audit_then(
