@@ -197,13 +197,13 @@ def _item(item):
         return item["text"]
     if "bytes" in item:
         return base64.b64decode(item["bytes"])
-    return item.get("link", item)
+    return item.get("value", item)
 
 
 def decode(envelope):
     """The Python value of a tool's result as the host sends it (convert.rs): `structured`
     as is; `content` items as str (text) or bytes (images, audio, blobs), one item alone, none
-    as None, several as a list."""
+    as None, several as a list; a resource link or an unknown kind as its dict."""
     if "structured" in envelope:
         return envelope["structured"]
     items = [_item(i) for i in envelope.get("content", ())]

@@ -117,7 +117,7 @@ class Results(unittest.TestCase):
         self.assertEqual(m.decode({"content": [{"bytes": b64, "mime": "image/png"}]}), png)
         self.assertEqual(m.decode({"content": [{"text": "a"}, {"bytes": b64}]}), ["a", png])
         self.assertIsNone(m.decode({"content": []}))
-        self.assertEqual(m.decode({"content": [{"link": {"uri": "file:///x"}}]}), {"uri": "file:///x"})
+        self.assertEqual(m.decode({"content": [{"value": {"uri": "file:///x"}}]}), {"uri": "file:///x"})
 
 
 class Modules(unittest.TestCase):

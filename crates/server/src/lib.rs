@@ -16,6 +16,7 @@ mod files;
 mod forward;
 mod hosts;
 pub mod mcp;
+pub mod mcp_servers;
 mod metrics;
 mod misc;
 mod oneshot;
