@@ -285,5 +285,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         approvals: Arc::default(),
         batches: Arc::default(),
         e2b: Arc::default(),
+        mcp_servers: Arc::default(),
     }
 }
