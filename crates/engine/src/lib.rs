@@ -6,6 +6,7 @@ mod approval;
 mod audit;
 mod batch;
 mod bounds;
+pub mod bridge;
 mod commands;
 mod core;
 mod durable;
