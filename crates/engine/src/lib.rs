@@ -17,6 +17,7 @@ mod files;
 mod hashing;
 mod launch;
 mod limits;
+mod mcp_tools;
 mod model;
 mod network;
 mod oneshot;

@@ -481,3 +481,13 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_tools()))
+
+
+# The operator's MCP servers as `runcell_tools.mcp.<server>` (issue 22), from the module beside
+# this one; nothing is asked of the host until one is imported.
+try:
+    import runcell_tools_mcp as _mcp_modules
+except ImportError:  # a kernel copied without it: no MCP modules
+    pass
+else:
+    _mcp_modules.install(_mcp_modules.BridgeHost(sys.modules[__name__]), sys.modules[__name__])

@@ -10,7 +10,9 @@ MCP pays nothing.
 
 A tool's result comes back already converted by the host (crates/server/src/mcp_servers/
 convert.rs): structured content as the Python value, text as `str`, images, audio and binary
-resources as `bytes`; a tool that reports an error raises `McpToolError` with its text.
+resources as `bytes`. A tool that reports an error (`isError`) raises `runcell_tools.ToolError`
+with its text; a refusal, a time-out or an oversized payload the bridge's `ToolRefused`,
+`ToolTimeout`, `ToolTooLarge`.
 
 Tool names that are not Python identifiers are mapped (`python_name`): every character outside
 ASCII letters, digits and `_` becomes `_` (`search-issues` -> `search_issues`, `repo.list` ->
@@ -29,15 +31,6 @@ import sys
 import types
 
 PACKAGE = "runcell_tools.mcp"
-
-
-class McpToolError(Exception):
-    """An MCP tool answered with `isError`: the message is the text it returned."""
-
-    def __init__(self, server, tool, message):
-        super().__init__(message)
-        self.server = server
-        self.tool = tool
 
 
 # ---- names -------------------------------------------------------------------------------
@@ -405,7 +398,6 @@ def package(host):
         "`from runcell_tools.mcp import NAME`. `servers()` lists them."
     )
     mcp.__path__ = []  # a package: its submodules come from the finder
-    mcp.McpToolError = McpToolError
     mcp.python_name = python_name
 
     def servers():
@@ -427,6 +419,33 @@ def package(host):
     mcp.__getattr__ = __getattr__
     mcp.__dir__ = __dir__
     return mcp, _Finder(host)
+
+
+class BridgeHost:
+    """The host as the tool bridge reaches it (`runcell_tools`, the bridge's module): `mcp.*`
+    lists the servers, `mcp.<server>` a server's tools, `mcp.<server>.<tool>` calls one
+    (crates/server/src/mcp_servers/dispatch.rs)."""
+
+    def __init__(self, tools):
+        self.tools = tools
+
+    def servers(self):
+        try:
+            return list(self.tools._call("mcp.*", {}).get("servers", ()))
+        except self.tools.ToolRefused:
+            return []  # no MCP server is configured for this session at all
+
+    def list_tools(self, server):
+        name = f"{PACKAGE}.{server}"
+        try:
+            return self.tools._call(f"mcp.{server}", {})
+        except self.tools.ToolRefused as e:
+            raise ModuleNotFoundError(f"{name}: {e}", name=name) from None
+        except self.tools.ToolError as e:
+            raise ImportError(f"cannot import {name}: {e}", name=name) from None
+
+    def call_tool(self, server, tool, arguments):
+        return self.tools._call(f"mcp.{server}.{tool}", arguments)
 
 
 def install(host, parent=None):

@@ -101,6 +101,13 @@ const TOOLS_MODULE: (&str, &str) = (
     include_str!("../python/runcell_tools.py"),
 );
 
+/// The operator's MCP servers as `runcell_tools.mcp.<server>` (issue 22), a module
+/// runcell_tools imports from beside it.
+const TOOLS_MCP_MODULE: (&str, &str) = (
+    "runcell_tools_mcp.py",
+    include_str!("../python/runcell_tools_mcp.py"),
+);
+
 /// The framing the Python and bash kernels share (`import runcell_wire`). A module, not a
 /// program: found beside them on `sys.path`, the script's directory when a kernel runs cold and
 /// the directory the zygote inserts before it imports the Python kernel.
@@ -114,7 +121,7 @@ const JAVASCRIPT_SOURCE: (&str, &str) = (
 
 /// Every file of the kernel directory, as (name, content): the kernels' programs and the
 /// modules they import from beside them.
-pub const KERNEL_FILES: [(&str, &str); 8] = [
+pub const KERNEL_FILES: [(&str, &str); 9] = [
     (PYTHON.file, PYTHON.source),
     PYTHON_WIRE,
     (BASH.file, BASH.source),
@@ -123,6 +130,7 @@ pub const KERNEL_FILES: [(&str, &str); 8] = [
     SNAPSHOT_MODULE,
     CHARTS_MODULE,
     TOOLS_MODULE,
+    TOOLS_MCP_MODULE,
 ];
 
 #[cfg(test)]

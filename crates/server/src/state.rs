@@ -86,8 +86,10 @@ impl AppState {
         self
     }
 
-    /// Lets sessions' code call `servers`' tools (each only for the tenants it allows).
+    /// Lets sessions' code call `servers`' tools (each only for the tenants it allows). Call
+    /// on the tokio runtime the calls are to run on.
     pub fn with_mcp_servers(mut self, servers: Arc<crate::mcp_servers::McpServers>) -> Self {
+        servers.install(&self.engine);
         self.mcp_servers = servers;
         self
     }

@@ -137,7 +137,7 @@ impl Runner {
         tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
-        let broker = Self::tool_broker(&start, tools);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
         let opts = CellOptions {
             ack: events.is_some(),
             ..self.cell_options(timeout)
@@ -178,7 +178,7 @@ impl Runner {
         tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
-        let broker = Self::tool_broker(&start, tools);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
         let opts = self.cell_options(timeout);
         if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
             runcell_kernel::blocking(|| self.ensure_kernel(shared).map(|_| ()))?;

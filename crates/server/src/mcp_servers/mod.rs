@@ -15,6 +15,7 @@
 mod config;
 mod connection;
 mod convert;
+mod dispatch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,6 +74,28 @@ impl McpServers {
 
     pub fn is_empty(&self) -> bool {
         self.servers.is_empty()
+    }
+
+    /// Makes `engine`'s session cells reach these servers through the tool bridge (from now
+    /// on; on the calling tokio runtime). Nothing is installed when there are none.
+    pub fn install(self: &Arc<Self>, engine: &runcell_engine::Engine) {
+        if self.is_empty() {
+            return;
+        }
+        // The bridge's own limit a little past the longest server's: each server's timeout
+        // fires first, with its name in the message.
+        let longest = self
+            .configs()
+            .map(|c| c.call_timeout)
+            .max()
+            .unwrap_or(DEFAULT_CALL_TIMEOUT);
+        engine.set_mcp_dispatch(
+            Arc::new(dispatch::McpDispatch {
+                servers: self.clone(),
+            }),
+            tokio::runtime::Handle::current(),
+            longest + Duration::from_secs(5),
+        );
     }
 
     /// Every server's configuration, in name order.
