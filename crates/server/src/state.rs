@@ -49,6 +49,8 @@ pub struct AppState {
     pub batches: Arc<crate::batches::Batches>,
     /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
     pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
+    /// Client tool calls waiting for answers, and plain executions suspended on them.
+    pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
 }
 
 impl AppState {
