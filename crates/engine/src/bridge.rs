@@ -318,15 +318,19 @@ impl Broker {
         std::mem::take(&mut s.records)
     }
 
-    /// The checks every call passes before it is dispatched.
-    fn admit(&self, s: &mut BrokerState, name: &str, input_bytes: usize) -> Result<(), ToolError> {
+    /// The checks every call passes before it is dispatched, at `now`.
+    fn admit(
+        s: &mut BrokerState,
+        name: &str,
+        input_bytes: usize,
+        now: Instant,
+    ) -> Result<(), ToolError> {
         let refused = |m: String| Err(ToolError::new(ToolErrorKind::Refused, m));
         if s.calls >= MAX_CALLS {
             return refused(format!(
                 "this execution has made {MAX_CALLS} tool calls, the most one may make"
             ));
         }
-        let now = Instant::now();
         let elapsed = now.duration_since(s.refilled).as_secs_f64();
         s.tokens = (s.tokens + elapsed * CALLS_PER_SECOND).min(CALL_BURST);
         s.refilled = now;
@@ -422,9 +426,8 @@ impl ToolSink for Broker {
             return;
         }
         let over_cap = s.calls >= MAX_CALLS;
-        let checked = self
-            .admit(&mut s, &name, input_bytes)
-            .and_then(|()| self.route(&name));
+        let checked =
+            Self::admit(&mut s, &name, input_bytes, started).and_then(|()| self.route(&name));
         s.calls = s.calls.saturating_add(1);
         let index = s.records.len();
         if !over_cap {
@@ -495,5 +498,89 @@ impl ToolSink for Broker {
             answer.send(result.map(|(v, _)| v).map_err(|e| failure(&e)));
         });
         s.running.push((index, task.abort_handle()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(at: Instant) -> BrokerState {
+        BrokerState {
+            records: Vec::new(),
+            running: Vec::new(),
+            calls: 0,
+            tokens: CALL_BURST,
+            refilled: at,
+            finished: false,
+        }
+    }
+
+    #[test]
+    fn calls_are_bounded_by_rate_total_and_size() {
+        let t0 = Instant::now();
+        let mut s = state(t0);
+        // A burst of CALL_BURST passes at once; the next is refused until time refills it.
+        for _ in 0..CALL_BURST as usize {
+            Broker::admit(&mut s, "f", 10, t0).expect("within the burst");
+            s.calls += 1;
+        }
+        let e = Broker::admit(&mut s, "f", 10, t0).expect_err("over the rate");
+        assert_eq!(e.kind, ToolErrorKind::Refused);
+        assert_eq!(
+            e.message,
+            "too many tool calls: at most 100 per second (bursts of 100)"
+        );
+        let later = t0 + Duration::from_millis(20); // two calls' worth at 100/s
+        Broker::admit(&mut s, "f", 10, later).expect("refilled");
+        Broker::admit(&mut s, "f", 10, later).expect("refilled");
+        assert!(Broker::admit(&mut s, "f", 10, later).is_err());
+        // Oversized arguments are their own refusal (and take no token).
+        let mut s = state(t0);
+        let e = Broker::admit(&mut s, "f", MAX_INPUT_BYTES + 1, t0).expect_err("too large");
+        assert_eq!(e.kind, ToolErrorKind::TooLarge);
+        assert_eq!(s.tokens, CALL_BURST);
+        Broker::admit(&mut s, "f", MAX_INPUT_BYTES, t0).expect("at the bound");
+        // The total, whatever the time.
+        let mut s = state(t0);
+        s.calls = MAX_CALLS;
+        let e = Broker::admit(&mut s, "f", 1, t0 + Duration::from_secs(60)).expect_err("total");
+        assert_eq!(
+            e.message,
+            "this execution has made 2000 tool calls, the most one may make"
+        );
+    }
+
+    #[test]
+    fn specs_are_checked() {
+        let spec = |name: &str| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+        };
+        assert!(ToolSpec::check_all(&[spec("lookup"), spec("_x2")]).is_ok());
+        for (bad, why) in [
+            ("mcp.github", "is not a Python identifier"),
+            ("2x", "is not a Python identifier"),
+            ("__class__", "nor may it start with '__'"),
+            ("", "is not a Python identifier"),
+        ] {
+            let e = ToolSpec::check_all(&[spec(bad)]).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = ToolSpec::check_all(&[spec("a"), spec("a")]).expect_err("twice");
+        assert_eq!(e, "tool \"a\" is declared twice");
+        let mut s = spec("a");
+        s.input_schema = serde_json::json!([1]);
+        assert!(ToolSpec::check_all(&[s]).is_err());
+    }
+
+    #[test]
+    fn call_ids_carry_128_random_bits() {
+        let a = new_call_id();
+        let b = new_call_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "call_".len() + 32);
+        assert!(a[5..].chars().all(|c| c.is_ascii_hexdigit()));
     }
 }

@@ -26,6 +26,7 @@ mod pending;
 mod replay;
 mod sessions;
 mod state;
+mod tool_calls;
 mod vendor;
 mod web;
 
@@ -91,6 +92,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(pause::fork_session))
         .routes(routes!(sessions::execute))
         .routes(routes!(sessions::run_command))
+        .routes(routes!(tool_calls::tool_results))
+        .routes(routes!(tool_calls::continue_execution))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
         .routes(routes!(batch::batch))
@@ -286,5 +289,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         batches: Arc::default(),
         e2b: Arc::default(),
         mcp_servers: Arc::default(),
+        tool_calls: Arc::default(),
     }
 }

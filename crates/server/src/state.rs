@@ -52,6 +52,8 @@ pub struct AppState {
     /// The operator's MCP servers, for sessions' code (`runcell_tools.mcp`); none unless
     /// configured (`serve --mcp-server`).
     pub mcp_servers: Arc<crate::mcp_servers::McpServers>,
+    /// Client tool calls waiting for answers, and plain executions suspended on them.
+    pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
 }
 
 impl AppState {
