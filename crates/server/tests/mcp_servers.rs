@@ -224,7 +224,7 @@ print(pydoc.render_doc(tests.search_issues, renderer=pydoc.plaintext))
         .get(format!(
             "{}/v1/executions/{}",
             srv.base,
-            e["id"].as_str().unwrap()
+            e["id"].as_str().expect("id")
         ))
         .send()
         .await

@@ -234,7 +234,7 @@ mod tests {
         let s = McpServerConfig::parse_flag(
             r#"github=npx -y "@modelcontextprotocol/server-github" --label 'a b'"#,
         )
-        .unwrap();
+        .expect("parses");
         assert_eq!(s.name, "github");
         assert_eq!(
             s.transport,
@@ -249,7 +249,7 @@ mod tests {
             }
         );
         assert_eq!(s.tenants, TenantAccess::Only(BTreeSet::new()));
-        let h = McpServerConfig::parse_flag("docs=https://mcp.example.com/mcp").unwrap();
+        let h = McpServerConfig::parse_flag("docs=https://mcp.example.com/mcp").expect("parses");
         assert_eq!(
             h.transport,
             McpTransport::Http {
@@ -289,10 +289,10 @@ mod tests {
 
     #[test]
     fn tenants_are_names_or_everyone() {
-        let (name, access) = parse_tenants_flag("github=acme, default").unwrap();
+        let (name, access) = parse_tenants_flag("github=acme, default").expect("parses");
         assert_eq!(name, "github");
         assert!(access.allows("acme") && access.allows("default") && !access.allows("other"));
-        let (_, all) = parse_tenants_flag("github=*").unwrap();
+        let (_, all) = parse_tenants_flag("github=*").expect("parses");
         assert!(all.allows("anyone"));
         assert!(parse_tenants_flag("github=*,acme").is_err());
         assert!(parse_tenants_flag("github=acme,,b").is_err());
