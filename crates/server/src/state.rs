@@ -91,7 +91,7 @@ impl AppState {
     /// Lets sessions' code call `servers`' tools (each only for the tenants it allows). Call
     /// on the tokio runtime the calls are to run on.
     pub fn with_mcp_servers(mut self, servers: Arc<crate::mcp_servers::McpServers>) -> Self {
-        servers.install(&self.engine);
+        crate::mcp_servers::install(&servers, &self.engine);
         self.mcp_servers = servers;
         self
     }

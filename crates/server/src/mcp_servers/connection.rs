@@ -11,7 +11,7 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use super::config::{McpServerConfig, McpTransport};
-use super::McpError;
+use super::error::McpError;
 
 /// How long a connection may take to start and answer `initialize`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -10,16 +10,41 @@
 //! log) show that the code imported a server, under the listing's name.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use runcell_engine::bridge::{
     ToolCall, ToolDispatch, ToolError, ToolErrorKind, ToolFuture, MCP_PREFIX,
 };
 use serde_json::{json, Value};
 
-use super::{McpError, McpServers};
+use super::config::DEFAULT_CALL_TIMEOUT;
+use super::error::McpError;
+use super::registry::McpServers;
 
-pub(crate) struct McpDispatch {
-    pub(crate) servers: Arc<McpServers>,
+/// Makes `engine`'s session cells reach `servers` through the tool bridge (from now on; the
+/// calls run on the calling tokio runtime). Nothing is installed when there are none.
+pub fn install(servers: &Arc<McpServers>, engine: &runcell_engine::Engine) {
+    if servers.is_empty() {
+        return;
+    }
+    // The bridge's own limit a little past the longest server's: each server's timeout fires
+    // first, with its name in the message.
+    let longest = servers
+        .configs()
+        .map(|c| c.call_timeout)
+        .max()
+        .unwrap_or(DEFAULT_CALL_TIMEOUT);
+    engine.set_mcp_dispatch(
+        Arc::new(McpDispatch {
+            servers: servers.clone(),
+        }),
+        tokio::runtime::Handle::current(),
+        longest + Duration::from_secs(5),
+    );
+}
+
+struct McpDispatch {
+    servers: Arc<McpServers>,
 }
 
 impl ToolDispatch for McpDispatch {
