@@ -330,10 +330,14 @@ def _describe_returns(tool):
     return f"{_describe_type(out)} with {fields}"
 
 
-def build_module(server, listing, call):
+def build_module(server, listing, call, module=None):
     """The module `runcell_tools.mcp.<server>` from the host's listing (`{"tools": [...],
-    "description"?}`), its functions calling through `call`."""
-    module = types.ModuleType(f"{PACKAGE}.{server}")
+    "instructions"?}`), its functions calling through `call`; `module` is filled in place (an
+    import's, or a reload's: the previous tools go) when given."""
+    if module is None:
+        module = types.ModuleType(f"{PACKAGE}.{server}")
+    for old in getattr(module, "tools", {}) or {}:
+        module.__dict__.pop(old, None)
     tools, taken = {}, {"tools"}
     for tool in listing.get("tools", ()):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
@@ -345,8 +349,8 @@ def build_module(server, listing, call):
     module.tools = tools
     module.__all__ = sorted(tools)
     lines = [f"The tools of the MCP server {server!r}, configured by runcell's operator."]
-    if listing.get("description"):
-        lines += ["", str(listing["description"]).strip()]
+    if listing.get("instructions"):
+        lines += ["", str(listing["instructions"]).strip()]
     lines += ["", "Functions: " + (", ".join(module.__all__) or "(none)") + "."]
     module.__doc__ = "\n".join(lines)
     return module
@@ -380,11 +384,12 @@ class _Loader:
         self.host, self.server = host, server
 
     def create_module(self, spec):
-        listing = self.host.list_tools(self.server)
-        return build_module(self.server, listing, self.host.call_tool)
+        return None  # the default module; filled in by exec_module
 
     def exec_module(self, module):
-        pass
+        # Here, not in create_module: `importlib.reload` runs only this, and so asks again.
+        listing = self.host.list_tools(self.server)
+        build_module(self.server, listing, self.host.call_tool, module)
 
 
 def package(host):

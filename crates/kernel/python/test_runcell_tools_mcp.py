@@ -182,6 +182,13 @@ class ImportHook(unittest.TestCase):
             with self.assertRaises(ModuleNotFoundError):
                 import runcell_tools.mcp.slack  # noqa: F401, PLC0415
             self.assertFalse(hasattr(mcp, "_private"))
+            # A reload asks again: a tool the server dropped goes, a new one comes.
+            host.listings["github"] = {"tools": [{"name": "new-tool"}]}
+            import importlib  # noqa: PLC0415
+
+            importlib.reload(github)
+            self.assertEqual(github.__all__, ["new_tool"])
+            self.assertFalse(hasattr(github, "search_issues"))
         finally:
             for name in [n for n in sys.modules if n.startswith("runcell_tools")]:
                 del sys.modules[name]

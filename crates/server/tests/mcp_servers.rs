@@ -153,7 +153,9 @@ print(pydoc.render_doc(tests.search_issues, renderer=pydoc.plaintext))
     let out = stdout(&e);
     assert!(out.contains("servers ['tests', 'web']"), "{out}");
     assert!(
-        out.contains("functions ['die', 'echo', 'fail', 'make_chart', 'pid', 'search_issues']"),
+        out.contains(
+            "functions ['big', 'die', 'echo', 'fail', 'make_chart', 'pid', 'search_issues']"
+        ),
         "{out}"
     );
     assert!(
@@ -312,6 +314,27 @@ except runcell_tools.ToolRefused as e:
     assert!(
         stdout(&e).contains("refused no MCP server \"secret\" for this session"),
         "{e}"
+    );
+
+    // A result over the bridge's bound is refused naming its size; one under it passes.
+    let e = exec(
+        &srv,
+        &id,
+        r#"
+import runcell_tools
+print("small", len(tests.big(size=1000)))
+try:
+    tests.big(size=2 * 1024 * 1024)
+except runcell_tools.ToolTooLarge as e:
+    print("large", e)
+"#,
+    )
+    .await;
+    let out = stdout(&e);
+    assert!(out.contains("small 1000"), "{out}");
+    assert!(
+        out.contains("large MCP tests.big: the result's contents are 2097177 bytes as JSON, over the limit of 1048576 bytes"),
+        "{out}"
     );
 
     // Over streamable HTTP.

@@ -14,8 +14,12 @@ pub enum McpError {
     UnknownTool { server: String, tool: String },
     #[error("MCP {server}.{tool}: the arguments must be an object of named values")]
     Arguments { server: String, tool: String },
-    #[error("MCP {what} of {size} bytes is over the limit of {limit} bytes")]
+    #[error(
+        "MCP {server}.{tool}: the {what} are {size} bytes as JSON, over the limit of {limit} bytes"
+    )]
     TooLarge {
+        server: String,
+        tool: String,
         what: &'static str,
         size: usize,
         limit: usize,

@@ -11,10 +11,11 @@ use super::connection::Connection;
 use super::convert::{convert, ConvertError};
 use super::error::McpError;
 
-/// Largest arguments of one call, as JSON.
-pub const MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
-/// Largest result of one call as the sandbox receives it (JSON, images in base64).
-pub const MAX_RESULT_BYTES: usize = 8 * 1024 * 1024;
+/// Largest arguments of one call, as JSON: the bridge's bound (checked in the sandbox too).
+pub const MAX_ARGUMENT_BYTES: usize = runcell_engine::bridge::MAX_INPUT_BYTES;
+/// Largest result of one call as the sandbox receives it (JSON, images in base64): the
+/// bridge's bound, checked here so that the refusal names the server and tool.
+pub const MAX_RESULT_BYTES: usize = runcell_engine::bridge::MAX_OUTPUT_BYTES;
 
 /// Every configured server, by name.
 #[derive(Default)]
@@ -122,6 +123,8 @@ impl McpServers {
         let size = serde_json::to_vec(&arguments).map_or(usize::MAX, |v| v.len());
         if size > MAX_ARGUMENT_BYTES {
             return Err(McpError::TooLarge {
+                server: server.to_owned(),
+                tool: tool.to_owned(),
                 what: "arguments",
                 size,
                 limit: MAX_ARGUMENT_BYTES,
@@ -178,7 +181,9 @@ impl McpServers {
         let size = serde_json::to_vec(&envelope).map_or(usize::MAX, |v| v.len());
         if size > MAX_RESULT_BYTES {
             return Err(McpError::TooLarge {
-                what: "result",
+                server: server.to_owned(),
+                tool: tool.to_owned(),
+                what: "result's contents",
                 size,
                 limit: MAX_RESULT_BYTES,
             });

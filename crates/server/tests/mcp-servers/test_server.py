@@ -51,6 +51,11 @@ def echo(text: str) -> str:
     return text
 
 
+@server.tool(description="A text of `size` characters.", structured_output=False)
+def big(size: int) -> str:
+    return "x" * size
+
+
 @server.tool(description="The server's process id.")
 def pid() -> int:
     return os.getpid()
