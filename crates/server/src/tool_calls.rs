@@ -190,6 +190,9 @@ fn check_answer(r: &ToolResult) -> ApiResult<Result<Value, ToolError>> {
     }
 }
 
+/// When an execution ended, and its result until a request takes it.
+type Ended = (Instant, Option<Result<Execution, EngineError>>);
+
 /// One execute request's execution with client tools: its calls as they come, and its end.
 pub(crate) struct Run {
     calls: Arc<ToolCalls>,
@@ -202,7 +205,7 @@ pub(crate) struct Run {
     changed: watch::Sender<u64>,
     /// A streamed execute's events; None for a plain one (which may be continued).
     events: Option<EventTx>,
-    finished: Mutex<Option<(Instant, Option<Result<Execution, EngineError>>)>>,
+    finished: Mutex<Option<Ended>>,
     /// A request is waiting on this run (the execute, or one `continue`).
     attended: AtomicBool,
     /// Calls a `waiting` reply has listed: a request answers `waiting` again only for new ones.
@@ -237,9 +240,7 @@ impl Run {
         Arc::new(RunDispatch(self.clone()))
     }
 
-    fn finished(
-        &self,
-    ) -> MutexGuard<'_, Option<(Instant, Option<Result<Execution, EngineError>>)>> {
+    fn finished(&self) -> MutexGuard<'_, Option<Ended>> {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())
     }
 
