@@ -391,6 +391,113 @@ def _check_length(schema, length, where, low, high, unit):
         raise ValueError(f"{where} must have at most {hi} {unit}, has {length}")
 
 
+class _Call:
+    """A call made where an asyncio loop runs: awaitable (``await``, ``asyncio.gather``), and,
+    used as a value without ``await`` (``lookup(id=1)["price"]``), the answer itself, waited
+    for then. ``await`` it for the plain value (json.dumps, isinstance)."""
+
+    __slots__ = ("_name", "_future")
+
+    def __init__(self, name, future):
+        self._name = name
+        self._future = future
+
+    def __await__(self):
+        import asyncio
+
+        try:
+            return (yield from asyncio.wrap_future(self._future).__await__())
+        except ToolError as exc:
+            raise exc.with_traceback(None) from None
+
+    def _value(self):
+        try:
+            return self._future.result()
+        except ToolError as exc:
+            raise exc.with_traceback(None) from None
+
+    def __getattr__(self, attr):
+        return getattr(self._value(), attr)
+
+    def __repr__(self):
+        return repr(self._value())
+
+    def __str__(self):
+        return str(self._value())
+
+    def __format__(self, spec):
+        return format(self._value(), spec)
+
+    def __bool__(self):
+        return bool(self._value())
+
+    def __len__(self):
+        return len(self._value())
+
+    def __iter__(self):
+        return iter(self._value())
+
+    def __contains__(self, item):
+        return item in self._value()
+
+    def __getitem__(self, key):
+        return self._value()[key]
+
+    def __eq__(self, other):
+        return self._value() == other
+
+    def __ne__(self, other):
+        return self._value() != other
+
+    # By identity, as a future's: asyncio.gather keeps its awaitables in a dict.
+    __hash__ = object.__hash__
+
+    def __lt__(self, other):
+        return self._value() < other
+
+    def __le__(self, other):
+        return self._value() <= other
+
+    def __gt__(self, other):
+        return self._value() > other
+
+    def __ge__(self, other):
+        return self._value() >= other
+
+    def __int__(self):
+        return int(self._value())
+
+    def __float__(self):
+        return float(self._value())
+
+    def __index__(self):
+        return self._value().__index__()
+
+    def __add__(self, other):
+        return self._value() + other
+
+    def __radd__(self, other):
+        return other + self._value()
+
+    def __sub__(self, other):
+        return self._value() - other
+
+    def __rsub__(self, other):
+        return other - self._value()
+
+    def __mul__(self, other):
+        return self._value() * other
+
+    def __rmul__(self, other):
+        return other * self._value()
+
+    def __truediv__(self, other):
+        return self._value() / other
+
+    def __rtruediv__(self, other):
+        return other / self._value()
+
+
 def _in_running_loop():
     asyncio = sys.modules.get("asyncio")
     if asyncio is None:
@@ -434,7 +541,7 @@ def _make_function(name, spec, check_declared=False):
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{name}(): {exc}") from None
         if _in_running_loop():
-            return _acall(name, arguments)
+            return _Call(name, _send_call(name, arguments))
         return _call(name, arguments)
 
     tool.__name__ = tool.__qualname__ = func_name

@@ -190,6 +190,9 @@ fn check_answer(r: &ToolResult) -> ApiResult<Result<Value, ToolError>> {
     }
 }
 
+/// When an execution ended, and its result until a request takes it.
+type Ended = (Instant, Option<Result<Execution, EngineError>>);
+
 /// One execute request's execution with client tools: its calls as they come, and its end.
 pub(crate) struct Run {
     calls: Arc<ToolCalls>,
@@ -202,9 +205,11 @@ pub(crate) struct Run {
     changed: watch::Sender<u64>,
     /// A streamed execute's events; None for a plain one (which may be continued).
     events: Option<EventTx>,
-    finished: Mutex<Option<(Instant, Option<Result<Execution, EngineError>>)>>,
+    finished: Mutex<Option<Ended>>,
     /// A request is waiting on this run (the execute, or one `continue`).
     attended: AtomicBool,
+    /// Calls a `waiting` reply has listed: a request answers `waiting` again only for new ones.
+    announced: Mutex<HashSet<String>>,
 }
 
 impl Run {
@@ -226,6 +231,7 @@ impl Run {
             events,
             finished: Mutex::new(None),
             attended: AtomicBool::new(true),
+            announced: Mutex::new(HashSet::new()),
         })
     }
 
@@ -234,9 +240,7 @@ impl Run {
         Arc::new(RunDispatch(self.clone()))
     }
 
-    fn finished(
-        &self,
-    ) -> MutexGuard<'_, Option<(Instant, Option<Result<Execution, EngineError>>)>> {
+    fn finished(&self) -> MutexGuard<'_, Option<Ended>> {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -265,15 +269,22 @@ impl Run {
         v.into_iter().map(|(_, c)| c).collect()
     }
 
+    /// Whether calls wait that no `waiting` reply has listed yet.
+    fn news(&self) -> bool {
+        let announced = self.announced.lock().unwrap_or_else(|e| e.into_inner());
+        self.pending().iter().any(|c| !announced.contains(&c.id))
+    }
+
     /// Waits until the execution ends (its Execution, and it is forgotten) or calls wait for
-    /// the client (a `waiting` Execution listing them).
+    /// the client that it has not been told of (a `waiting` Execution listing every call that
+    /// waits): a `continue` that leaves calls unanswered waits for new ones or the end.
     pub(crate) async fn next(self: &Arc<Self>) -> Result<Execution, ApiError> {
         let mut changes = self.changed.subscribe();
         loop {
             if let Some(end) = self.take_end() {
                 return end;
             }
-            if !self.pending().is_empty() {
+            if self.news() {
                 // Calls made together arrive a moment apart: wait for the lot.
                 for _ in 0..GATHER_ROUNDS {
                     if tokio::time::timeout(GATHER, changes.changed())
@@ -286,8 +297,12 @@ impl Run {
                 if let Some(end) = self.take_end() {
                     return end;
                 }
-                let pending = self.pending();
-                if !pending.is_empty() {
+                if self.news() {
+                    let pending = self.pending();
+                    self.announced
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(pending.iter().map(|c| c.id.clone()));
                     return Ok(self.waiting(pending));
                 }
                 continue;
