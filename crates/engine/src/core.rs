@@ -103,6 +103,8 @@ pub(crate) struct Core {
     pub(crate) images: Option<runcell_sandbox::WorkspaceImages>,
     /// The egress bounds and proxy (crate::network).
     pub(crate) network: crate::network::Network,
+    /// The server's MCP dispatcher, given to every session cell (mcp_tools.rs).
+    pub(crate) mcp_tools: crate::mcp_tools::McpTools,
 }
 
 impl Core {
@@ -164,6 +166,7 @@ impl Core {
             ledger: Arc::default(),
             images,
             network,
+            mcp_tools: Default::default(),
         })
     }
 

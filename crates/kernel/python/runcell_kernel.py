@@ -49,6 +49,12 @@ except ImportError as _exc:  # a kernel copied without it still runs cells
     _snapshot_import_error = _exc
 
 try:
+    # Tools called from the cell (issue 22), beside this file like runcell_snapshot.
+    import runcell_tools
+except ImportError:  # a kernel copied without it still runs cells (tool calls are refused)
+    runcell_tools = None
+
+try:
     # Chart data of matplotlib figures (issue 24), beside this file like runcell_snapshot.
     import runcell_charts
 except ImportError:  # figures still come back as PNGs
@@ -97,7 +103,10 @@ def _code_filename():
 
 
 # Frames from this file and the framing module are hidden from user tracebacks.
-KERNEL_FILES = frozenset((_code_filename(), runcell_wire.encode.__code__.co_filename))
+KERNEL_FILES = frozenset(
+    (_code_filename(), runcell_wire.encode.__code__.co_filename)
+    + ((runcell_tools._call.__code__.co_filename,) if runcell_tools is not None else ())
+)
 
 
 def _warn(message):
@@ -816,6 +825,8 @@ class Kernel:
                 self.handle_execute(message)
             elif kind in ("snapshot", "restore"):
                 self.handle_snapshot(kind, message)
+            elif kind == "tool_result":
+                pass  # the answer to a call of a cell that has ended: nobody waits for it
             else:
                 self.send_protocol_error(None, f"unknown message type {kind!r}")
         except ChannelClosed:
@@ -838,7 +849,7 @@ class Kernel:
                 {"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count}
             )
         else:
-            self.execute(msg_id, code, message.get("ack") is True)
+            self.execute(msg_id, code, message.get("ack") is True, message.get("tools"))
 
     # ---- snapshots (issue 17): the namespace to a file and back ----
 
@@ -955,7 +966,7 @@ class Kernel:
 
     # ---- one cell ----
 
-    def execute(self, msg_id, code, ack=False):
+    def execute(self, msg_id, code, ack=False, tools=None):
         _restore_std_fds()
         if ack:
             # Output from here on is this cell's (the host holds what came before).
@@ -967,6 +978,8 @@ class Kernel:
         self.error_sent = False
         self.reset_result_counts()
         result_frame = b""
+        if runcell_tools is not None:
+            runcell_tools._begin_cell(self.channel, msg_id, tools)
         try:
             status, result_frame = self.run_cell(code)
         except ChannelClosed:
@@ -976,6 +989,9 @@ class Kernel:
             status = self.report_kernel_failure(exc)
         finally:
             self.current_id = None
+            if runcell_tools is not None:
+                # Before `done`: from here the main loop is the channel's only reader.
+                runcell_tools._end_cell()
         _flush_std()
         # What json.dumps makes of this message, without its per-call set-up (a tenth of a
         # `1+1` cell's time); the test suite compares the two.

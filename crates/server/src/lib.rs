@@ -17,6 +17,7 @@ mod files;
 mod forward;
 mod hosts;
 pub mod mcp;
+pub mod mcp_servers;
 mod metrics;
 mod misc;
 mod oneshot;
@@ -26,6 +27,7 @@ mod pending;
 mod replay;
 mod sessions;
 mod state;
+mod tool_calls;
 mod vendor;
 mod web;
 
@@ -91,6 +93,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(pause::fork_session))
         .routes(routes!(sessions::execute))
         .routes(routes!(sessions::run_command))
+        .routes(routes!(tool_calls::tool_results))
+        .routes(routes!(tool_calls::continue_execution))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
         .routes(routes!(batch::batch))
@@ -285,5 +289,7 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         approvals: Arc::default(),
         batches: Arc::default(),
         e2b: Arc::default(),
+        mcp_servers: Arc::default(),
+        tool_calls: Arc::default(),
     }
 }

@@ -50,6 +50,11 @@ pub struct AppState {
     pub batches: Arc<crate::batches::Batches>,
     /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
     pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
+    /// The operator's MCP servers, for sessions' code (`runcell_tools.mcp`); none unless
+    /// configured (`serve --mcp-server`).
+    pub mcp_servers: Arc<crate::mcp_servers::McpServers>,
+    /// Client tool calls waiting for answers, and plain executions suspended on them.
+    pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
 }
 
 impl AppState {
@@ -81,6 +86,14 @@ impl AppState {
     /// --metrics-listen`): this one answers it with 404.
     pub fn without_metrics(mut self) -> Self {
         self.metrics_elsewhere = true;
+        self
+    }
+
+    /// Lets sessions' code call `servers`' tools (each only for the tenants it allows). Call
+    /// on the tokio runtime the calls are to run on.
+    pub fn with_mcp_servers(mut self, servers: Arc<crate::mcp_servers::McpServers>) -> Self {
+        crate::mcp_servers::install(&servers, &self.engine);
+        self.mcp_servers = servers;
         self
     }
 

@@ -609,31 +609,25 @@ impl SessionManager {
         events: Option<EventSink>,
         cancel: CancelToken,
     ) -> Result<Execution, EngineError> {
-        let (reply, wait) = mpsc::channel();
-        self.submit(
-            id,
-            code,
-            timeout,
-            events,
-            cancel,
-            Box::new(move |r| {
-                let _ = reply.send(r);
-            }),
-        )?;
-        wait.recv().map_err(|_| EngineError::ended(id, true))?
+        self.execute_with_tools(id, code, timeout, events, cancel, None)
     }
 
-    /// Queues `code` for the session's worker thread without waiting for it: `reply` gets the
-    /// outcome. (Async callers use [`SessionManager::execute_async`], which needs no thread.)
-    fn submit(
+    /// [`SessionManager::execute_cancellable`] whose code may call `tools` (bridge.rs).
+    pub fn execute_with_tools(
         &self,
         id: &str,
         code: &str,
         timeout: Option<Duration>,
         events: Option<EventSink>,
         cancel: CancelToken,
-        reply: Reply,
-    ) -> Result<(), EngineError> {
+        tools: Option<crate::bridge::ExecTools>,
+    ) -> Result<Execution, EngineError> {
+        // Queued for the session's worker thread (async callers use
+        // [`SessionManager::execute_async`], which needs no thread); `reply` gets the outcome.
+        let (reply, wait) = mpsc::channel();
+        let reply: Reply = Box::new(move |r| {
+            let _ = reply.send(r);
+        });
         crate::bounds::check_code(code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout, &self.core.config.limits)?;
@@ -643,14 +637,18 @@ impl SessionManager {
             events,
             cancel,
             reply,
+            tools: tools.map(Box::new),
         }) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(EngineError::SessionBusy(Busy::Queue {
-                id: id.to_owned(),
-                waiting: QUEUE_DEPTH,
-            })),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::ended(id, false)),
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(EngineError::SessionBusy(Busy::Queue {
+                    id: id.to_owned(),
+                    waiting: QUEUE_DEPTH,
+                }))
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::ended(id, false)),
         }
+        wait.recv().map_err(|_| EngineError::ended(id, true))?
     }
 
     /// Runs `code` on the calling task once the executions queued before it are done, without
@@ -664,6 +662,21 @@ impl SessionManager {
         code: String,
         timeout: Option<Duration>,
         cancel: CancelToken,
+    ) -> Result<
+        impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
+        EngineError,
+    > {
+        self.execute_async_with_tools(id, code, timeout, cancel, None)
+    }
+
+    /// [`SessionManager::execute_async`] whose code may call `tools` (bridge.rs).
+    pub fn execute_async_with_tools(
+        &self,
+        id: &str,
+        code: String,
+        timeout: Option<Duration>,
+        cancel: CancelToken,
+        tools: Option<crate::bridge::ExecTools>,
     ) -> Result<
         impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
         EngineError,
@@ -691,7 +704,9 @@ impl SessionManager {
                 return Err(EngineError::ended(&id, true));
             }
             let running = CellRunning::start(&entry, &core, &cancel);
-            let result = runner.execute_async(&entry.shared, &code, timeout).await;
+            let result = runner
+                .execute_async(&entry.shared, &code, timeout, tools)
+                .await;
             drop(running);
             // The next cell may start while this one is recorded.
             drop(runner);

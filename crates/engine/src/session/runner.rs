@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
+use runcell_kernel::{CellEvent, CellOptions, CellStatus, CellTools, Kernel};
 use runcell_sandbox::Workspace;
 
 use super::cell::{
@@ -12,6 +12,7 @@ use super::cell::{
 };
 use super::info::SessionStatus;
 use super::shared::SharedState;
+use crate::bridge::{Broker, ExecTools, ToolCallRecord};
 use crate::core::Core;
 use crate::execution::{Began, Produced};
 use crate::limits::SessionLimits;
@@ -106,6 +107,25 @@ impl Runner {
         }
     }
 
+    /// The broker of the cell's tool calls, given to its kernel (bridge.rs).
+    fn tool_broker(start: &CellStart, tools: Option<ExecTools>) -> Option<Arc<Broker>> {
+        tools.map(|t| {
+            Broker::new(
+                t,
+                start.began.session_id.clone(),
+                start.began.id.clone(),
+                start.owner.clone(),
+            )
+        })
+    }
+
+    fn arm_tools(kernel: &mut Kernel, broker: &Option<Arc<Broker>>) {
+        kernel.set_tools(broker.as_ref().map(|b| CellTools {
+            specs: b.kernel_specs(),
+            sink: b.clone(),
+        }));
+    }
+
     /// Runs one cell on this thread; returns its execution, not yet recorded, and the
     /// session's owner.
     pub(super) fn execute(
@@ -114,13 +134,16 @@ impl Runner {
         code: &str,
         timeout: Duration,
         mut events: Option<EventSink>,
+        tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
         let opts = CellOptions {
             ack: events.is_some(),
             ..self.cell_options(timeout)
         };
         let kernel = self.ensure_kernel(shared)?;
+        Self::arm_tools(kernel, &broker);
         let mut on_event = |e: CellEvent<'_>| {
             let Some(sink) = events.as_mut() else { return };
             match e {
@@ -141,7 +164,8 @@ impl Runner {
             }
         };
         let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
-        self.finish_cell(shared, start, outcome, timeout)
+        let calls = broker.map(|b| b.finish()).unwrap_or_default();
+        self.finish_cell(shared, start, outcome, timeout, calls)
     }
 
     /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
@@ -151,22 +175,26 @@ impl Runner {
         shared: &SharedState,
         code: &str,
         timeout: Duration,
+        tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
         let opts = self.cell_options(timeout);
         if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
             runcell_kernel::blocking(|| self.ensure_kernel(shared).map(|_| ()))?;
         }
         let kernel = self.kernel.as_mut().ok_or(EngineError::NoKernel)?;
+        Self::arm_tools(kernel, &broker);
         let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
+        let calls = broker.map(|b| b.finish()).unwrap_or_default();
         let restarts = !matches!(
             &outcome,
             Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
         );
         if restarts {
-            runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout))
+            runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout, calls))
         } else {
-            self.finish_cell(shared, start, outcome, timeout)
+            self.finish_cell(shared, start, outcome, timeout, calls)
         }
     }
 
@@ -178,6 +206,7 @@ impl Runner {
         start: CellStart,
         outcome: Result<runcell_kernel::CellOutcome, runcell_kernel::KernelError>,
         timeout: Duration,
+        tool_calls: Vec<ToolCallRecord>,
     ) -> Result<(Execution, String), EngineError> {
         let limits = start.limits;
         // The connections since the last cell's end: this cell's (before any restart below).
@@ -273,6 +302,7 @@ impl Runner {
         });
         execution.restored = restored;
         execution.network = network;
+        execution.tool_calls = tool_calls;
         Ok((execution, start.owner))
     }
 }
