@@ -1,6 +1,6 @@
 //! C2PA manifests in the PNG and JPEG images an execution produced, so that anyone holding
 //! such an image can check, with a standard C2PA tool, that runcell made it and in which
-//! execution (issue 24; docs/provenance.md).
+//! execution (issue 24; docs/operations.md, "C2PA manifests in images").
 //!
 //! - [`Credentials`]: the server's certificate chain. C2PA signatures carry an X.509 chain,
 //!   so each server has its own small CA ("runcell CA") and a signing certificate issued by it.
@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use c2pa::{Builder, Context, Reader};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -41,6 +41,8 @@ const ALGORITHMIC_MEDIA: &str = "http://cv.iptc.org/newscodes/digitalsourcetype/
 /// The extended key usage C2PA validators accept for a signing certificate
 /// (id-kp-documentSigning, RFC 9336).
 const DOCUMENT_SIGNING: [u64; 9] = [1, 3, 6, 1, 5, 5, 7, 3, 36];
+/// C2PA's own signing EKU (c2pa-kp-claimSigning).
+const C2PA_SIGNING: [u64; 9] = [1, 3, 6, 1, 4, 1, 62558, 2, 1];
 
 /// What went wrong building credentials, signing or reading.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +122,11 @@ impl Credentials {
     /// The credentials of the keys with these two seeds (Ed25519): the CA's and the signing
     /// certificate's. `server` names the server in the certificates' subjects (its audit
     /// public key id, so two servers' chains are told apart).
-    pub fn from_secrets(ca_seed: [u8; 32], leaf_seed: [u8; 32], server: &str) -> Result<Self, Error> {
+    pub fn from_secrets(
+        ca_seed: [u8; 32],
+        leaf_seed: [u8; 32],
+        server: &str,
+    ) -> Result<Self, Error> {
         let ca_key = KeyPair::try_from(ed25519_pkcs8(&ca_seed))?;
         let leaf_key = KeyPair::try_from(ed25519_pkcs8(&leaf_seed))?;
 
@@ -140,7 +146,11 @@ impl Credentials {
         leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         // C2PA's certificate profile requires one of its signing EKUs (valid_eku_oids) and an
         // authority key identifier on a certificate that is not self-signed.
-        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::Other(DOCUMENT_SIGNING.to_vec())];
+        leaf.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::Other(C2PA_SIGNING.to_vec()),
+            ExtendedKeyUsagePurpose::Other(DOCUMENT_SIGNING.to_vec()),
+            ExtendedKeyUsagePurpose::EmailProtection,
+        ];
         leaf.use_authority_key_identifier_extension = true;
         leaf.serial_number = Some(serial(leaf_key.public_key_raw()));
         leaf.not_before = rcgen::date_time_ymd(2025, 1, 1);

@@ -27,7 +27,11 @@ fn codes(r: &Report) -> Vec<&str> {
 fn a_signed_png_and_jpeg_validate_against_the_ca_and_name_the_execution() {
     let c = creds(1);
     for (mime, image) in [("image/png", PNG), ("image/jpeg", JPEG)] {
-        assert_eq!(read(mime, image, Some(c.ca_pem())).expect("read"), None, "{mime}: unsigned");
+        assert_eq!(
+            read(mime, image, Some(c.ca_pem())).expect("read"),
+            None,
+            "{mime}: unsigned"
+        );
         let signed = c.sign(mime, image, &origin()).expect("sign");
         assert_ne!(signed, image);
         let r = read(mime, &signed, Some(c.ca_pem()))
@@ -35,7 +39,10 @@ fn a_signed_png_and_jpeg_validate_against_the_ca_and_name_the_execution() {
             .expect("a manifest");
         assert_eq!(r.state, "Trusted", "{mime}: {r:#?}");
         assert!(r.failures.is_empty(), "{mime}: {r:#?}");
-        assert_eq!(r.claim_generator.as_deref(), Some(concat!("runcell/", env!("CARGO_PKG_VERSION"))));
+        assert_eq!(
+            r.claim_generator.as_deref(),
+            Some(concat!("runcell/", env!("CARGO_PKG_VERSION")))
+        );
         assert_eq!(r.runcell.as_ref(), Some(&origin()), "{mime}");
         assert_eq!(r.issuer.as_deref(), Some("runcell"), "{mime}: {r:#?}");
 
@@ -44,7 +51,9 @@ fn a_signed_png_and_jpeg_validate_against_the_ca_and_name_the_execution() {
         assert_eq!(r.state, "Valid", "{mime}: {r:#?}");
 
         // Another server's CA does not vouch for this one's images.
-        let r = read(mime, &signed, Some(creds(2).ca_pem())).expect("read").expect("manifest");
+        let r = read(mime, &signed, Some(creds(2).ca_pem()))
+            .expect("read")
+            .expect("manifest");
         assert_ne!(r.state, "Trusted", "{mime}: {r:#?}");
         assert_eq!(codes(&r), ["signingCredential.untrusted"], "{mime}: {r:#?}");
     }
@@ -60,9 +69,14 @@ fn one_changed_byte_of_the_image_fails_validation() {
         let at = signed.len() - 20;
         let mut tampered = signed.clone();
         tampered[at] ^= 0x01;
-        let r = read(mime, &tampered, Some(c.ca_pem())).expect("read").expect("manifest");
+        let r = read(mime, &tampered, Some(c.ca_pem()))
+            .expect("read")
+            .expect("manifest");
         assert_eq!(r.state, "Invalid", "{mime}: {r:#?}");
-        assert!(codes(&r).contains(&"assertion.dataHash.mismatch"), "{mime}: {r:#?}");
+        assert!(
+            codes(&r).contains(&"assertion.dataHash.mismatch"),
+            "{mime}: {r:#?}"
+        );
     }
 }
 
@@ -79,6 +93,10 @@ fn what_cannot_be_signed_is_an_error_not_a_panic() {
         c.sign("image/gif", PNG, &origin()),
         Err(Error::Format(m)) if m == "image/gif"
     ));
-    assert!(c.sign("image/png", b"\x89PNG not really", &origin()).is_err());
-    assert!(c.sign("image/jpeg", b"\xff\xd8\xff\xe0 fake jpeg", &origin()).is_err());
+    assert!(c
+        .sign("image/png", b"\x89PNG not really", &origin())
+        .is_err());
+    assert!(c
+        .sign("image/jpeg", b"\xff\xd8\xff\xe0 fake jpeg", &origin())
+        .is_err());
 }

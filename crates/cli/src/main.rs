@@ -5,6 +5,7 @@ mod args;
 mod ask;
 mod audit;
 mod batch;
+mod c2pa;
 mod config;
 mod doctor;
 mod engines;
