@@ -170,7 +170,7 @@ impl Credentials {
             signer,
             ca_pem,
             chain_pem,
-            context: Arc::new(Context::new()),
+            context: Arc::new(Context::new().with_settings(settings(None).to_string())?),
         })
     }
 
@@ -214,6 +214,19 @@ impl Credentials {
     }
 }
 
+/// The SDK's settings: trust `trust_anchor` (PEM) if given, else check no trust; no
+/// thumbnails (the feature is not built; the SDK warns on every call unless told so).
+fn settings(trust_anchor: Option<&str>) -> Value {
+    let mut s = json!({
+        "builder": {"thumbnail": {"enabled": false}},
+        "verify": {"verify_trust": trust_anchor.is_some()},
+    });
+    if let Some(pem) = trust_anchor {
+        s["trust"] = json!({ "trust_anchors": pem });
+    }
+    s
+}
+
 /// What [`read`] found in an image.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
@@ -241,11 +254,7 @@ pub struct Status {
 /// validates it; with `trust_anchor` (PEM), a chain ending there is `Trusted`. `Ok(None)`:
 /// the image carries no manifest.
 pub fn read(mime: &str, image: &[u8], trust_anchor: Option<&str>) -> Result<Option<Report>, Error> {
-    let settings = match trust_anchor {
-        Some(pem) => json!({"verify": {"verify_trust": true}, "trust": {"trust_anchors": pem}}),
-        None => json!({"verify": {"verify_trust": false}}),
-    };
-    let context = Context::new().with_settings(settings.to_string())?;
+    let context = Context::new().with_settings(settings(trust_anchor).to_string())?;
     let reader = match Reader::from_context(context).with_stream(mime, Cursor::new(image)) {
         Ok(r) => r,
         Err(c2pa::Error::JumbfNotFound) => return Ok(None),

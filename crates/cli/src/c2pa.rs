@@ -1,5 +1,6 @@
 //! The server's C2PA signing identity (`runcell-c2pa`), made from the audit signing key and
-//! handed to the engine, which signs every PNG and JPEG result with it (docs/operations.md, "C2PA manifests in images").
+//! handed to the engine, which signs every PNG and JPEG result with it (docs/operations.md,
+//! "C2PA manifests in images").
 
 use std::sync::Arc;
 

@@ -1,4 +1,5 @@
-//! C2PA manifests in a cell's PNG and JPEG results (issue 24, docs/operations.md, "C2PA manifests in images").
+//! C2PA manifests in a cell's PNG and JPEG results (issue 24; docs/operations.md, "C2PA
+//! manifests in images").
 //!
 //! The images a kernel displays (`results[].data["image/png"]`, `["image/jpeg"]`) come to the
 //! host as bytes in a protocol message; signing them is the host signing what it received,

@@ -89,7 +89,8 @@ pub async fn public_key(
 }
 
 /// The CA certificate of this server's C2PA signing chain, PEM: the trust anchor a C2PA
-/// validator needs to call runcell's embedded manifests trusted (docs/operations.md, "C2PA manifests in images").
+/// validator needs to call runcell's embedded manifests trusted (docs/operations.md, "C2PA
+/// manifests in images").
 #[utoipa::path(get, path = "/v1/audit/c2pa-ca", tag = "executions",
     responses((status = 200, content_type = "application/x-pem-file", body = String, description = "the runcell CA certificate (PEM) that issued this server's C2PA signing certificate"),
         (status = 404, body = ErrorBody, description = "this server signs no images")))]

@@ -165,8 +165,8 @@ pub struct ProvenanceDoc {
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path), GetFileQuery),
-    responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
+    responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin; with `?c2pa`, a copy of the PNG or JPEG with a signed C2PA manifest embedded"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link; with `?c2pa`, a file that is not a PNG or JPEG (by its name), or one the C2PA SDK cannot parse"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance` or `?c2pa`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 413, body = ErrorBody, description = "with `?c2pa`: a file over 100 MiB"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn get_file(
     State(state): State<AppState>,
     tenant: Tenant,
