@@ -39,5 +39,5 @@ rng = np.random.default_rng(1)
 photo = Image.fromarray(rng.integers(0, 255, (1080, 1920, 3), dtype=np.uint8))
 print(f"{work}/photo-1920x1080.jpg\tPIL save median {timed(lambda: photo.save(f'{work}/photo-1920x1080.jpg', quality=85)):.2f} ms")
 PY
-cargo run --release -q -p runcell-c2pa --example sign_cost -- "$n" \
+cargo run ${RUNCELL_C2PA_PROFILE:---release} -q -p runcell-c2pa --example sign_cost -- "$n" \
   "$work/fig-640x480.png" "$work/fig-1920x1080.png" "$work/photo-1920x1080.jpg"
