@@ -617,6 +617,8 @@ pub fn serve(
             ]
             .concat(),
         },
+        // Every PNG and JPEG result carries a C2PA manifest signed by this server.
+        Some(crate::c2pa::image_signer(&signer)?),
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);

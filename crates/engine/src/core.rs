@@ -54,6 +54,9 @@ pub struct EngineConfig {
     /// What sessions' network allowlists may name and which address ranges the egress proxy
     /// may reach (`serve --egress-allow`, `--egress-allow-cidr`); by default nothing.
     pub network: crate::network::NetworkConfig,
+    /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
+    /// images are returned as the kernel sent them (`runcell run`, `repl`).
+    pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
 }
 
 impl EngineConfig {
@@ -67,6 +70,7 @@ impl EngineConfig {
             limits: LimitPolicy::default(),
             workspaces_on_disk: true,
             network: Default::default(),
+            image_signer: None,
         }
     }
 

@@ -33,6 +33,11 @@ impl Began {
         }
     }
 
+    /// The session the execution belongs to, if any.
+    pub(crate) fn session_id(&self) -> Option<&str> {
+        self.session_id.as_deref()
+    }
+
     /// The run is over: its end time and what it changed in `workspace`, which is on disk
     /// when this returns (before anyone is told the run happened).
     pub(crate) fn end(self, workspace: &Workspace) -> Ended {

@@ -30,6 +30,7 @@ mod restored;
 mod rich;
 mod session;
 mod spares;
+mod stamp;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
@@ -77,6 +78,7 @@ pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
 };
+pub use stamp::{ImageOrigin, ImageSigner, SIGNED_IMAGE_TYPES};
 pub use verdict::{
     Check, Comparison, Judged, TestCase, TestResult, TestSummary, Verdict, DEFAULT_TOLERANCE,
     MAX_TESTS_PER_RUN,

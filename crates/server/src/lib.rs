@@ -103,6 +103,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(executions::verify))
         .routes(routes!(audit::checkpoint))
         .routes(routes!(audit::public_key))
+        .routes(routes!(audit::c2pa_ca))
         .routes(routes!(chat::chat_info, chat::chat))
         .routes(routes!(approvals::list_approvals))
         .routes(routes!(approvals::answer_approval))

@@ -19,6 +19,7 @@ use crate::limits::SessionLimits;
 use crate::model::{
     new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Start,
 };
+use crate::stamp::Stamper;
 use crate::EngineError;
 
 /// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see
@@ -32,6 +33,34 @@ pub(super) struct Runner {
     pub(super) start: Start,
     /// The session's proxy state, with a network policy: each kernel's sandbox is served by it.
     pub(super) egress: Option<runcell_egress::SessionEgress>,
+}
+
+/// The signer of a cell's image results, when the server has one (`crate::stamp`).
+fn stamper<'a>(core: &'a Core, start: &CellStart, code: &str) -> Option<Stamper<'a>> {
+    let signer = core.config.image_signer.as_deref()?;
+    Some(Stamper::new(
+        signer,
+        &start.began.id,
+        start.began.session_id(),
+        &start.owner,
+        code,
+    ))
+}
+
+/// Signs the image results of a finished cell (those streamed already get the same bytes).
+fn stamp_results(
+    stamper: Option<&mut Stamper<'_>>,
+    done: Result<(Execution, String), EngineError>,
+) -> Result<(Execution, String), EngineError> {
+    let Some(stamper) = stamper else {
+        return done;
+    };
+    done.map(|(mut execution, owner)| {
+        for item in &mut execution.results {
+            stamper.stamp(item);
+        }
+        (execution, owner)
+    })
 }
 
 /// What a cell's start noted, for its Execution.
@@ -142,6 +171,8 @@ impl Runner {
             ack: events.is_some(),
             ..self.cell_options(timeout)
         };
+        let core = self.core.clone();
+        let mut stamper = stamper(&core, &start, code);
         let kernel = self.ensure_kernel(shared)?;
         Self::arm_tools(kernel, &broker);
         let mut on_event = |e: CellEvent<'_>| {
@@ -152,10 +183,13 @@ impl Runner {
                 CellEvent::Result {
                     is_main_result,
                     data,
-                } => sink(ExecEvent::Result(&ResultItem::new(
-                    is_main_result,
-                    data.clone(),
-                ))),
+                } => {
+                    let mut item = ResultItem::new(is_main_result, data.clone());
+                    if let Some(s) = stamper.as_mut() {
+                        s.stamp(&mut item);
+                    }
+                    sink(ExecEvent::Result(&item))
+                }
                 CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
                     name: err.name.clone(),
                     value: err.value.clone(),
@@ -165,7 +199,8 @@ impl Runner {
         };
         let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
         let calls = broker.map(|b| b.finish()).unwrap_or_default();
-        self.finish_cell(shared, start, outcome, timeout, calls)
+        let done = self.finish_cell(shared, start, outcome, timeout, calls);
+        stamp_results(stamper.as_mut(), done)
     }
 
     /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
@@ -179,6 +214,8 @@ impl Runner {
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
         let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
+        let core = self.core.clone();
+        let mut stamper = stamper(&core, &start, code);
         let opts = self.cell_options(timeout);
         if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
             runcell_kernel::blocking(|| self.ensure_kernel(shared).map(|_| ()))?;
@@ -191,10 +228,17 @@ impl Runner {
             &outcome,
             Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
         );
-        if restarts {
+        let done = if restarts {
             runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout, calls))
         } else {
             self.finish_cell(shared, start, outcome, timeout, calls)
+        };
+        // Signing takes milliseconds of CPU per image: off the reactor, when there is any.
+        let images = matches!(&done, Ok((e, _)) if e.results.iter().any(Stamper::wants));
+        if images && stamper.is_some() {
+            runcell_kernel::blocking(|| stamp_results(stamper.as_mut(), done))
+        } else {
+            done
         }
     }
 
