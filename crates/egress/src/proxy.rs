@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::addr::{host_addresses, refusal, Cidr};
 use crate::http::{self, Head, HeadError};
+use crate::intercept::{intercept, Interception};
 use crate::policy::{normalize_host, Policy};
 use crate::tls::{self, Hello};
 
@@ -63,10 +64,13 @@ pub struct Egress {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     allowed_cidrs: Vec<Cidr>,
-    limits: EgressLimits,
+    pub(crate) limits: EgressLimits,
     runtime: OnceLock<Handle>,
+    /// HTTPS to domains with a secret header; without it their tunnels stay end to end (and
+    /// the secret is added to plain HTTP only).
+    interception: Option<Interception>,
 }
 
 impl Egress {
@@ -78,8 +82,31 @@ impl Egress {
                 allowed_cidrs,
                 limits,
                 runtime: OnceLock::new(),
+                interception: None,
             }),
         }
+    }
+
+    /// The same, and opening HTTPS to the domains that have a secret header (see
+    /// [`Interception`]).
+    pub fn intercepting(
+        allowed_cidrs: Vec<Cidr>,
+        limits: EgressLimits,
+        interception: Interception,
+    ) -> Egress {
+        Egress {
+            inner: Arc::new(Inner {
+                allowed_cidrs,
+                limits,
+                runtime: OnceLock::new(),
+                interception: Some(interception),
+            }),
+        }
+    }
+
+    /// The interception's CA and trust, if HTTPS to secret domains is opened.
+    pub fn interception(&self) -> Option<&Interception> {
+        self.inner.interception.as_ref()
     }
 
     /// The state of one session (its policy, its connections), shared by each of its sandboxes.
@@ -134,20 +161,20 @@ pub struct SessionEgress {
 }
 
 #[derive(Debug)]
-struct SessionState {
-    policy: Policy,
+pub(crate) struct SessionState {
+    pub(crate) policy: Policy,
     open: AtomicUsize,
     window_bytes: AtomicU64,
     records: Mutex<Vec<Arc<Conn>>>,
 }
 
 #[derive(Debug)]
-struct Conn {
-    domain: String,
+pub(crate) struct Conn {
+    pub(crate) domain: String,
     port: u16,
-    refused: Mutex<Option<String>>,
-    bytes_out: AtomicU64,
-    bytes_in: AtomicU64,
+    pub(crate) refused: Mutex<Option<String>>,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
 }
 
 /// Serving one sandbox's socket; dropping it stops the accept loop and ends its connections.
@@ -225,7 +252,7 @@ impl SessionEgress {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -288,7 +315,32 @@ async fn connection(mut client: TcpStream, state: Arc<SessionState>, inner: Arc<
         Ok(u) => u,
         Err(refusal) => return refuse(&mut client, Some(&conn), refusal).await,
     };
-    let result = if head.path.is_none() {
+    let opened = inner
+        .interception
+        .as_ref()
+        .filter(|_| state.policy.secrets_for(&conn.domain).next().is_some());
+    let result = if let (None, Some(icpt)) = (&head.path, opened) {
+        // A domain with a secret header: its HTTPS is opened here (crate::intercept).
+        match client
+            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            .await
+        {
+            Ok(()) => {
+                intercept(
+                    client,
+                    rest,
+                    upstream,
+                    head.port,
+                    conn.clone(),
+                    state.clone(),
+                    inner.clone(),
+                    icpt,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        }
+    } else if head.path.is_none() {
         tunnel(client, upstream, rest, &head, &conn, &state, &inner).await
     } else {
         let secrets: Vec<(&str, &str)> = state
@@ -436,7 +488,7 @@ async fn check_and_connect(
 }
 
 /// `name[:port]` of a Host header, normalized like a request's host.
-fn split_host_header(h: &str) -> Option<(String, Option<u16>)> {
+pub(crate) fn split_host_header(h: &str) -> Option<(String, Option<u16>)> {
     let h = h.trim();
     let (name, port) = if let Some(rest) = h.strip_prefix('[') {
         let (n, after) = rest.split_once(']')?;
@@ -564,7 +616,12 @@ async fn copy(
     }
 }
 
-fn count(counter: &AtomicU64, n: usize, state: &SessionState, inner: &Inner) -> io::Result<()> {
+pub(crate) fn count(
+    counter: &AtomicU64,
+    n: usize,
+    state: &SessionState,
+    inner: &Inner,
+) -> io::Result<()> {
     counter.fetch_add(n as u64, Ordering::Relaxed);
     let total = state.window_bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
     if total > inner.limits.max_bytes_per_execution {
