@@ -21,6 +21,7 @@ fn engine(allow: &[&str], cidrs: &[&str], zygote: bool) -> TestEngine {
     config.network = NetworkConfig {
         allow_domains: allow.iter().map(|s| (*s).to_owned()).collect(),
         allow_cidrs: cidrs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
     };
     if zygote {
         config.preload = Some(
