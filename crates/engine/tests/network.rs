@@ -313,3 +313,73 @@ fn runcell_engine_main_text(e: &Execution) -> String {
         .and_then(|r| r.data.get("text/plain").cloned())
         .unwrap_or_default()
 }
+
+/// The real npm registry (reachable from this machine): `npm install` in a JavaScript
+/// session's workspace puts a small package (not in Node) where the kernel's `require` finds
+/// it in the next cell; without the registry in the allowlist npm fails at once, saying why.
+#[test]
+fn npm_installs_from_the_registry_into_the_workspace() {
+    let engine = engine(&["registry.npmjs.org", "127.0.0.2"], &[], false);
+    let id = engine
+        .sessions()
+        .create(CreateSession {
+            network: allowlist(&["registry.npmjs.org"]),
+            language: Some(Language::Javascript),
+            ..CreateSession::default()
+        })
+        .expect("create")
+        .id;
+    let e = exec(&engine, &id, "require('is-number')");
+    assert!(
+        e.error
+            .as_ref()
+            .is_some_and(|err| err.value.contains("Cannot find module 'is-number'")),
+        "{e:?}"
+    );
+    let out = engine
+        .run_command(&id, "npm install is-number@7.0.0 2>&1", None)
+        .expect("npm");
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let e = exec(
+        &engine,
+        &id,
+        "const isNumber = require('is-number'); [isNumber(5), isNumber('x'), require.resolve('is-number')]",
+    );
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(
+        runcell_engine_main_text(&e),
+        "[ true, false, '/workspace/node_modules/is-number/index.js' ]"
+    );
+    // Not allowed: a clear error, fast.
+    let id = engine
+        .sessions()
+        .create(CreateSession {
+            network: allowlist(&["127.0.0.2"]),
+            language: Some(Language::Javascript),
+            ..CreateSession::default()
+        })
+        .expect("create")
+        .id;
+    let out = engine
+        .run_command(
+            &id,
+            "s=$(date +%s%N); npm --version >/dev/null; t=$(date +%s%N); npm install is-number@7.0.0 2>&1; echo \"exit $?\"; u=$(date +%s%N); echo \"extra_ms $(( ((u - t) - (t - s)) / 1000000 ))\" ",
+            None,
+        )
+        .expect("npm");
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(text.contains("exit 1"), "{text}");
+    assert!(
+        text.contains("npm error 403 403 Forbidden: runcell egress: refused CONNECT registry.npmjs.org:443: registry.npmjs.org is not in this session's network allowlist (allowed_domains: 127.0.0.2)"),
+        "{text}"
+    );
+    let extra: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("extra_ms "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("timing");
+    assert!(
+        extra < 2000,
+        "the refusal took {extra} ms beyond npm's start: {text}"
+    );
+}

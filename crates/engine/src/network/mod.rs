@@ -290,6 +290,16 @@ pub(crate) fn proxy_env(trust: bool, pip_index_url: Option<&str>) -> Vec<(String
         ("PIP_TARGET", PACKAGES_DIR.into()),
         // `pip install` of a package the runtime has is an upgrade into the target.
         ("PIP_UPGRADE", "1".into()),
+        // npm (its proxy comes from HTTPS_PROXY, its roots from NODE_EXTRA_CA_CERTS): packages
+        // go where `npm install` runs, the workspace's node_modules by default, which the
+        // JavaScript kernel resolves from; a refusal fails at once, and nothing is asked of
+        // the registry beyond the install (no audit, funding or update notices).
+        ("npm_config_fetch_retries", "0".into()),
+        ("npm_config_fetch_timeout", "30000".into()),
+        ("npm_config_audit", "false".into()),
+        ("npm_config_fund", "false".into()),
+        ("npm_config_update_notifier", "false".into()),
+        ("npm_config_cache", "/tmp/.npm".into()),
         // Subprocesses (`python3 -c`, a bash cell) import what was installed; the Python
         // kernel puts it on its own sys.path at start (a zygote-born one computed sys.path
         // before this environment existed).
