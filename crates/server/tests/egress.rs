@@ -26,6 +26,10 @@ async fn post(srv: &common::Server, path: &str, body: Value) -> (StatusCode, Val
 }
 
 async fn server() -> common::Server {
+    server_with(None).await
+}
+
+async fn server_with(pip_index_url: Option<String>) -> common::Server {
     let ca_file = tls::trusted().ca_file.clone();
     common::start_engine_with(None, move |c| {
         c.network = runcell_engine::NetworkConfig {
@@ -39,7 +43,7 @@ async fn server() -> common::Server {
             // The HTTPS destinations' test CA, as an operator adds a private one; not the
             // other test CA (127.0.0.4's), which stays unknown.
             ca_files: vec![ca_file],
-            ..Default::default()
+            pip_index_url,
         };
     })
     .await
@@ -385,6 +389,24 @@ mod tls {
     /// `secret` (never echoing it) and which request of its connection it was:
     /// `authorized 2` is the second request on one connection.
     pub fn destination(ca: &'static TestCa, ip: &str, secret: &'static str) -> u16 {
+        serve(ca, ip, secret, |_, authorized, n| {
+            let said = if authorized {
+                "authorized"
+            } else {
+                "no secret"
+            };
+            (200, format!("{said} {n}").into_bytes())
+        })
+    }
+
+    /// Serves HTTPS on `ip`:0 with `ca`'s leaf; `answer(request line, authorized, n)` gives
+    /// each response's status and body (`n`: the request's place on its connection).
+    pub fn serve(
+        ca: &'static TestCa,
+        ip: &str,
+        secret: &'static str,
+        answer: fn(&str, bool, usize) -> (u16, Vec<u8>),
+    ) -> u16 {
         let l = TcpListener::bind((ip, 0)).expect("bind");
         let port = l.local_addr().expect("addr").port();
         std::thread::spawn(move || {
@@ -418,24 +440,26 @@ mod tls {
                         if tls.read_exact(&mut body).is_err() {
                             return;
                         }
-                        let said = if lower.contains(&format!(
+                        let authorized = lower.contains(&format!(
                             "\r\nauthorization: {}\r\n",
                             secret.to_ascii_lowercase()
-                        )) {
-                            "authorized"
+                        ));
+                        let (status, reply) =
+                            answer(head.lines().next().unwrap_or_default(), authorized, n);
+                        let kind = if reply.starts_with(b"<html") {
+                            "text/html"
                         } else {
-                            "no secret"
+                            "application/octet-stream"
                         };
-                        let reply = format!("{said} {n}");
                         let out = tls.get_mut();
-                        if write!(
+                        let sent = write!(
                             out,
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{reply}",
+                            "HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\r\n",
                             reply.len()
                         )
-                        .and_then(|()| out.flush())
-                        .is_err()
-                        {
+                        .and_then(|()| out.write_all(&reply))
+                        .and_then(|()| out.flush());
+                        if sent.is_err() {
                             return;
                         }
                     }
@@ -564,4 +588,105 @@ print(json.dumps(out))
         "{e}"
     );
     scan_for_secret(&srv, &id).await;
+}
+
+/// A wheel of `rcdemo` 1.0 (`rcdemo.VALUE == 42`), built once by the host's Python.
+fn demo_wheel() -> &'static [u8] {
+    static WHEEL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    WHEEL.get_or_init(|| {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("rcdemo-{}.whl", std::process::id()));
+        let script = r#"
+import sys, zipfile
+files = {
+    'rcdemo/__init__.py': 'VALUE = 42\n',
+    'rcdemo-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\nName: rcdemo\nVersion: 1.0\n',
+    'rcdemo-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\nGenerator: runcell-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+}
+files['rcdemo-1.0.dist-info/RECORD'] = ''.join(f'{n},,\n' for n in files) + 'rcdemo-1.0.dist-info/RECORD,,\n'
+with zipfile.ZipFile(sys.argv[1], 'w') as z:
+    for n, t in files.items():
+        z.writestr(n, t)
+"#;
+        let ok = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&path)
+            .status()
+            .expect("python3");
+        assert!(ok.success());
+        let wheel = std::fs::read(&path).expect("wheel");
+        let _ = std::fs::remove_file(&path);
+        wheel
+    })
+}
+
+/// A private package index (a PEP 503 simple index over HTTPS) that answers only requests
+/// carrying the secret: `serve --pip-index-url` points pip at it, the proxy adds the secret,
+/// and pip installs from it into the workspace; with another value it is a 401.
+#[tokio::test(flavor = "multi_thread")]
+async fn pip_installs_from_the_operators_index_through_an_opened_https_domain() {
+    demo_wheel();
+    let index_port = tls::serve(
+        tls::trusted(),
+        "127.0.0.2",
+        SECRET,
+        |line, authorized, _| {
+            if !authorized {
+                return (401, b"no secret".to_vec());
+            }
+            match line.split(' ').nth(1).unwrap_or_default() {
+            "/simple/rcdemo/" => (
+                200,
+                b"<html><body><a href=\"/files/rcdemo-1.0-py3-none-any.whl\">rcdemo-1.0-py3-none-any.whl</a></body></html>".to_vec(),
+            ),
+            "/files/rcdemo-1.0-py3-none-any.whl" => (200, demo_wheel().to_vec()),
+            _ => (404, b"not here".to_vec()),
+        }
+        },
+    );
+    let srv = server_with(Some(format!("https://127.0.0.2:{index_port}/simple/"))).await;
+    let policy = |secret: bool| {
+        let value = if secret { SECRET } else { "Bearer wrong" };
+        let secrets = json!([{"domain": "127.0.0.2", "name": "Authorization", "value": value}]);
+        json!({"network": {"type": "allowlist", "allowed_domains": ["127.0.0.2"], "domain_secrets": secrets}})
+    };
+    let install = "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', 'rcdemo'], capture_output=True, text=True)\nprint(r.returncode)\nprint(r.stdout[-500:], r.stderr[-1500:])";
+    let (s, session) = post(&srv, "/v1/sessions", policy(true)).await;
+    assert_eq!(s, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().expect("id").to_owned();
+    let (_, e) = post(
+        &srv,
+        &format!("/v1/sessions/{id}/execute"),
+        json!({"code": install}),
+    )
+    .await;
+    let out = e["stdout"].as_str().unwrap_or_default();
+    assert!(out.starts_with("0\n"), "{e}");
+    assert!(out.contains("Successfully installed rcdemo-1.0"), "{out}");
+    let (_, e) = post(
+        &srv,
+        &format!("/v1/sessions/{id}/execute"),
+        json!({"code": "import rcdemo\nprint(rcdemo.VALUE, rcdemo.__file__)"}),
+    )
+    .await;
+    assert_eq!(
+        e["stdout"], "42 /workspace/.runcell/site-packages/rcdemo/__init__.py\n",
+        "{e}"
+    );
+    // The control: the same index with another value refuses pip.
+    let (_, session) = post(&srv, "/v1/sessions", policy(false)).await;
+    let id = session["id"].as_str().expect("id").to_owned();
+    let (_, e) = post(
+        &srv,
+        &format!("/v1/sessions/{id}/execute"),
+        json!({"code": install}),
+    )
+    .await;
+    let out = e["stdout"].as_str().unwrap_or_default();
+    // pip (no prompt: PIP_NO_INPUT) takes the index's 401 as an empty page.
+    assert!(out.starts_with("1\n"), "{e}");
+    assert!(
+        out.contains("No matching distribution found for rcdemo"),
+        "{out}"
+    );
 }

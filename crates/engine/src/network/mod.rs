@@ -287,6 +287,9 @@ pub(crate) fn proxy_env(trust: bool, pip_index_url: Option<&str>) -> Vec<(String
         ("PIP_RETRIES", "1".into()),
         ("PIP_TIMEOUT", "15".into()),
         ("PIP_DISABLE_PIP_VERSION_CHECK", "1".into()),
+        // Never a prompt (a 401 from an index would ask for a password on a stdin that is
+        // not there): the error instead.
+        ("PIP_NO_INPUT", "1".into()),
         ("PIP_TARGET", PACKAGES_DIR.into()),
         // `pip install` of a package the runtime has is an upgrade into the target.
         ("PIP_UPGRADE", "1".into()),
