@@ -378,49 +378,65 @@ impl Relay {
         }
         prepare(&mut req, &self.secrets);
         let mut slot = self.sender.lock().await;
-        let reusable = match slot.as_mut() {
-            Some(s) => s.ready().await.is_ok(),
-            None => false,
-        };
-        if !reusable {
-            let reopened =
-                match tokio::time::timeout(self.timeout, TcpStream::connect(self.addr)).await {
-                    Ok(Ok(tcp)) => self.handshake(tcp).await,
-                    Ok(Err(e)) => Err(format!(
-                        "runcell egress: cannot connect to {}:{} again: {e}",
-                        self.host, self.port
-                    )),
-                    Err(_) => Err(format!(
-                        "runcell egress: connecting to {}:{} again timed out",
-                        self.host, self.port
-                    )),
-                };
-            match reopened {
-                Ok(s) => *slot = Some(s),
-                Err(why) => {
+        // Twice at most: a request the destination's closed keep-alive connection never took
+        // (hyper hands it back unsent) goes once more over a new connection; one it took and
+        // dropped is not sent again (it may not be idempotent).
+        for attempt in 0..2 {
+            let reusable = match slot.as_mut() {
+                Some(s) => s.ready().await.is_ok(),
+                None => false,
+            };
+            if !reusable {
+                match self.reopen().await {
+                    Ok(s) => *slot = Some(s),
+                    Err(why) => {
+                        *slot = None;
+                        return own(StatusCode::BAD_GATEWAY, &why);
+                    }
+                }
+            }
+            let Some(sender) = slot.as_mut() else {
+                break;
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => return resp.map(Either::Left),
+                Err(mut e) => {
                     *slot = None;
-                    return own(StatusCode::BAD_GATEWAY, &why);
+                    match e.take_message() {
+                        Some(unsent) if attempt == 0 => req = unsent,
+                        _ => {
+                            return own(
+                                StatusCode::BAD_GATEWAY,
+                                &format!(
+                                    "runcell egress: {}:{} did not answer the request: {}",
+                                    self.host,
+                                    self.port,
+                                    e.error()
+                                ),
+                            )
+                        }
+                    }
                 }
             }
         }
-        let Some(sender) = slot.as_mut() else {
-            return own(
-                StatusCode::BAD_GATEWAY,
-                "runcell egress: no upstream connection",
-            );
-        };
-        match sender.send_request(req).await {
-            Ok(resp) => resp.map(Either::Left),
-            Err(e) => {
-                *slot = None;
-                own(
-                    StatusCode::BAD_GATEWAY,
-                    &format!(
-                        "runcell egress: {}:{} did not answer the request: {e}",
-                        self.host, self.port
-                    ),
-                )
-            }
+        own(
+            StatusCode::BAD_GATEWAY,
+            "runcell egress: no upstream connection",
+        )
+    }
+
+    /// A new connection to the checked address (never a new lookup).
+    async fn reopen(&self) -> Result<SendRequest<Incoming>, String> {
+        match tokio::time::timeout(self.timeout, TcpStream::connect(self.addr)).await {
+            Ok(Ok(tcp)) => self.handshake(tcp).await,
+            Ok(Err(e)) => Err(format!(
+                "runcell egress: cannot connect to {}:{} again: {e}",
+                self.host, self.port
+            )),
+            Err(_) => Err(format!(
+                "runcell egress: connecting to {}:{} again timed out",
+                self.host, self.port
+            )),
         }
     }
 

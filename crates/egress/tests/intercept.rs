@@ -33,6 +33,12 @@ fn temp_dir(name: &str) -> PathBuf {
 /// A test CA (written to `dir/test-ca.pem`) and an HTTPS server on 127.0.0.1 with a leaf from it
 /// that answers each request on a connection with the request's head (keep-alive).
 fn https_server(dir: &Path) -> (u16, PathBuf) {
+    https_server_closing(dir, false)
+}
+
+/// [`https_server`]; with `close_each`, the server closes each connection after one response
+/// without saying so (as a keep-alive connection's idle timeout does).
+fn https_server_closing(dir: &Path, close_each: bool) -> (u16, PathBuf) {
     let ca_key = KeyPair::generate().expect("key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -99,6 +105,7 @@ fn https_server(dir: &Path) -> (u16, PathBuf) {
                     )
                     .and_then(|()| out.flush())
                     .is_err()
+                        || close_each
                     {
                         return;
                     }
@@ -383,5 +390,29 @@ fn the_ca_and_trust_files_are_checked() {
     let a = Authority::load_or_create(&dir.join("ca")).expect("authority");
     let err = Interception::new(a, &[dir.join("missing.pem")]).expect_err("missing");
     assert!(err.to_string().contains("cannot read"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_destination_that_closes_its_keep_alive_connection_is_reconnected() {
+    let dir = temp_dir("reconnect");
+    let (up, test_ca) = https_server_closing(&dir, true);
+    let (_session, _serving, port, runcell_ca) = proxy(&dir, &[test_ca], &[secret()]);
+    let mut tls = client(port, up, &runcell_ca, &[b"http/1.1"]).expect("intercepted TLS");
+    for n in 0..3 {
+        // Each request after the first finds the upstream connection closed: the proxy opens
+        // another to the same checked address (a request the destination had already taken
+        // and dropped would be a 502, never sent twice).
+        let reply = ask(
+            &mut tls,
+            &format!("GET /{n} HTTP/1.1\r\nHost: 127.0.0.1:{up}\r\n\r\n"),
+        );
+        assert!(reply.starts_with("HTTP/1.1 200"), "{n}: {reply}");
+        assert!(reply.contains(&format!("GET /{n} HTTP/1.1")), "{reply}");
+        assert!(
+            reply.contains(&format!("authorization: {SECRET}")),
+            "{reply}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
