@@ -316,7 +316,8 @@ fn runcell_engine_main_text(e: &Execution) -> String {
 
 /// The real npm registry (reachable from this machine): `npm install` in a JavaScript
 /// session's workspace puts a small package (not in Node) where the kernel's `require` finds
-/// it in the next cell; without the registry in the allowlist npm fails at once, saying why.
+/// it in the next cell; without the registry in the allowlist npm fails on its first try,
+/// saying why.
 #[test]
 fn npm_installs_from_the_registry_into_the_workspace() {
     let engine = engine(&["registry.npmjs.org", "127.0.0.2"], &[], false);
@@ -360,10 +361,12 @@ fn npm_installs_from_the_registry_into_the_workspace() {
         })
         .expect("create")
         .id;
+    // No timing here (a loaded machine makes npm's own start vary by seconds): the refusal is
+    // the proxy's at the CONNECT, and `npm_config_fetch_retries=0` makes it npm's only try.
     let out = engine
         .run_command(
             &id,
-            "s=$(date +%s%N); npm --version >/dev/null; t=$(date +%s%N); npm install is-number@7.0.0 2>&1; echo \"exit $?\"; u=$(date +%s%N); echo \"extra_ms $(( ((u - t) - (t - s)) / 1000000 ))\" ",
+            "npm install is-number@7.0.0 --loglevel=http 2>&1; echo \"exit $?\"",
             None,
         )
         .expect("npm");
@@ -373,13 +376,9 @@ fn npm_installs_from_the_registry_into_the_workspace() {
         text.contains("npm error 403 403 Forbidden: runcell egress: refused CONNECT registry.npmjs.org:443: registry.npmjs.org is not in this session's network allowlist (allowed_domains: 127.0.0.2)"),
         "{text}"
     );
-    let extra: i64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("extra_ms "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("timing");
-    assert!(
-        extra < 2000,
-        "the refusal took {extra} ms beyond npm's start: {text}"
+    assert_eq!(
+        text.matches("npm http fetch GET").count(),
+        1,
+        "one try, no retries: {text}"
     );
 }
