@@ -26,8 +26,8 @@ use tokio_rustls::client::TlsStream as ClientTls;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use crate::ca::Authority;
-use crate::policy::normalize_host;
-use crate::proxy::{count, lock, Conn, Inner, SessionState};
+use crate::policy::{normalize_host, split_host_header};
+use crate::state::{count, lock, Conn, EgressLimits, SessionState};
 
 /// What the proxy needs to open HTTPS for secret domains: runcell's CA and the roots it
 /// verifies real hosts against.
@@ -134,7 +134,7 @@ struct Metered {
     at: usize,
     conn: Arc<Conn>,
     state: Arc<SessionState>,
-    inner: Arc<Inner>,
+    max_bytes: u64,
 }
 
 impl AsyncRead for Metered {
@@ -148,13 +148,13 @@ impl AsyncRead for Metered {
             let n = buf.remaining().min(me.prefix.len() - me.at);
             buf.put_slice(&me.prefix[me.at..me.at + n]);
             me.at += n;
-            return Poll::Ready(count(&me.conn.bytes_out, n, &me.state, &me.inner));
+            return Poll::Ready(count(&me.conn.bytes_out, n, &me.state, me.max_bytes));
         }
         let before = buf.filled().len();
         match Pin::new(&mut me.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
-                Poll::Ready(count(&me.conn.bytes_out, n, &me.state, &me.inner))
+                Poll::Ready(count(&me.conn.bytes_out, n, &me.state, me.max_bytes))
             }
             other => other,
         }
@@ -170,7 +170,7 @@ impl AsyncWrite for Metered {
         let me = &mut *self;
         match Pin::new(&mut me.io).poll_write(cx, data) {
             Poll::Ready(Ok(n)) => {
-                Poll::Ready(count(&me.conn.bytes_in, n, &me.state, &me.inner).map(|()| n))
+                Poll::Ready(count(&me.conn.bytes_in, n, &me.state, me.max_bytes).map(|()| n))
             }
             other => other,
         }
@@ -193,11 +193,11 @@ pub(crate) async fn intercept(
     port: u16,
     conn: Arc<Conn>,
     state: Arc<SessionState>,
-    inner: Arc<Inner>,
+    limits: EgressLimits,
     icpt: &Interception,
 ) -> io::Result<()> {
     let host = conn.domain.clone();
-    let t = inner.limits.step_timeout;
+    let t = limits.step_timeout;
     let refuse = |why: String| {
         *lock(&conn.refused) = Some(why.clone());
         io::Error::new(io::ErrorKind::PermissionDenied, why)
@@ -208,7 +208,7 @@ pub(crate) async fn intercept(
         at: 0,
         conn: conn.clone(),
         state: state.clone(),
-        inner: inner.clone(),
+        max_bytes: limits.max_bytes_per_execution,
     };
     let start = match tokio::time::timeout(
         t,
@@ -461,7 +461,7 @@ impl Relay {
             },
             (None, None) => return refuse("no Host"),
         };
-        match crate::proxy::split_host_header(&named) {
+        match split_host_header(&named) {
             Some((name, port)) if name == self.host && port.unwrap_or(443) == self.port => Ok(()),
             _ => refuse(&named),
         }

@@ -17,29 +17,9 @@ use tokio::task::JoinSet;
 use crate::addr::{host_addresses, refusal, Cidr};
 use crate::http::{self, Head, HeadError};
 use crate::intercept::{intercept, Interception};
-use crate::policy::{normalize_host, Policy};
+use crate::policy::{normalize_host, split_host_header, Policy};
+use crate::state::{lock, Conn, EgressLimits, SessionState};
 use crate::tls::{self, Hello};
-
-/// Bounds on what one session's sandboxes may do through the proxy.
-#[derive(Debug, Clone, Copy)]
-pub struct EgressLimits {
-    /// Connections open at once, per session.
-    pub max_connections: usize,
-    /// Bytes in both directions between two [`SessionEgress::take_records`] (one execution).
-    pub max_bytes_per_execution: u64,
-    /// For the request head, the TLS ClientHello, name resolution and the upstream connect, each.
-    pub step_timeout: Duration,
-}
-
-impl Default for EgressLimits {
-    fn default() -> EgressLimits {
-        EgressLimits {
-            max_connections: 64,
-            max_bytes_per_execution: 1 << 30,
-            step_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Connections recorded per execution (see [`SessionEgress::take_records`]).
 pub const MAX_RECORDS: usize = 1000;
@@ -160,23 +140,6 @@ pub struct SessionEgress {
     state: Arc<SessionState>,
 }
 
-#[derive(Debug)]
-pub(crate) struct SessionState {
-    pub(crate) policy: Policy,
-    open: AtomicUsize,
-    window_bytes: AtomicU64,
-    records: Mutex<Vec<Arc<Conn>>>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Conn {
-    pub(crate) domain: String,
-    port: u16,
-    pub(crate) refused: Mutex<Option<String>>,
-    pub(crate) bytes_out: AtomicU64,
-    pub(crate) bytes_in: AtomicU64,
-}
-
 /// Serving one sandbox's socket; dropping it stops the accept loop and ends its connections.
 #[derive(Debug)]
 pub struct Serving {
@@ -250,10 +213,6 @@ impl SessionEgress {
             })
             .collect()
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Counts an open connection for as long as it lives.
@@ -333,7 +292,7 @@ async fn connection(mut client: TcpStream, state: Arc<SessionState>, inner: Arc<
                     head.port,
                     conn.clone(),
                     state.clone(),
-                    inner.clone(),
+                    inner.limits,
                     icpt,
                 )
                 .await
@@ -487,25 +446,6 @@ async fn check_and_connect(
     }
 }
 
-/// `name[:port]` of a Host header, normalized like a request's host.
-pub(crate) fn split_host_header(h: &str) -> Option<(String, Option<u16>)> {
-    let h = h.trim();
-    let (name, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (n, after) = rest.split_once(']')?;
-        (n, after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((n, p)) if !n.contains(':') => (n, Some(p)),
-            _ => (h, None),
-        }
-    };
-    let port = match port {
-        Some(p) => Some(p.parse().ok()?),
-        None => None,
-    };
-    Some((normalize_host(name)?, port))
-}
-
 /// `CONNECT`: established, then the client's first bytes are checked before any is forwarded:
 /// a TLS ClientHello must name the host the tunnel was allowed for.
 async fn tunnel(
@@ -616,21 +556,8 @@ async fn copy(
     }
 }
 
-pub(crate) fn count(
-    counter: &AtomicU64,
-    n: usize,
-    state: &SessionState,
-    inner: &Inner,
-) -> io::Result<()> {
-    counter.fetch_add(n as u64, Ordering::Relaxed);
-    let total = state.window_bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-    if total > inner.limits.max_bytes_per_execution {
-        return Err(io::Error::other(format!(
-            "over the egress limit of {} bytes per execution",
-            inner.limits.max_bytes_per_execution
-        )));
-    }
-    Ok(())
+fn count(counter: &AtomicU64, n: usize, state: &SessionState, inner: &Inner) -> io::Result<()> {
+    crate::state::count(counter, n, state, inner.limits.max_bytes_per_execution)
 }
 
 async fn refuse(client: &mut TcpStream, conn: Option<&Conn>, refusal: Refusal) {
