@@ -36,10 +36,18 @@ use crate::EngineError;
 /// The layout of `<id>.json` and of how the host keeps snapshots; a snapshot described in
 /// another layout is not read (the session resumes with files only and says so).
 const LAYOUT: u32 = 1;
-/// Where the kernel writes and reads a snapshot inside its sandbox, for the moment it takes:
-/// the workspace is the one place both the kernel and the host reach.
-const IN_SANDBOX: &str = "/workspace/.runcell-state.snap";
-const IN_WORKSPACE: &str = ".runcell-state.snap";
+/// Where session `id`'s kernel writes and reads a snapshot, relative to the workspace, for
+/// the moment it takes: the workspace is the one place both the kernel and the host reach.
+/// Named after the session: kernels beside it on the same workspace (E2B's code contexts) are
+/// paused at the same time at a stop, and each must find its own.
+fn in_workspace(id: &str) -> String {
+    format!(".runcell-state-{id}.snap")
+}
+
+/// [`in_workspace`] as the kernel inside the sandbox sees it.
+fn in_sandbox(id: &str) -> String {
+    format!("/workspace/{}", in_workspace(id))
+}
 /// A session idle this long since a cell that changed nothing snapshotted yet gets an idle
 /// snapshot (what a server killed with -9 comes back from).
 pub(crate) const IDLE_SNAPSHOT_AFTER: Duration = Duration::from_secs(3);
@@ -127,15 +135,15 @@ impl SessionManager {
         };
         let t = std::time::Instant::now();
         let report = kernel
-            .snapshot(IN_SANDBOX, &snapshot_options())
+            .snapshot(&in_sandbox(&info.id), &snapshot_options())
             .map_err(|e| snapshot_failed(&info.id, e))?;
         let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
         let moved = ws
-            .read_file(IN_WORKSPACE, u64::MAX)
+            .read_file(&in_workspace(&info.id), u64::MAX)
             .map_err(EngineError::unavailable)
             .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
-        let _ = ws.delete(IN_WORKSPACE);
+        let _ = ws.delete(&in_workspace(&info.id));
         moved.map_err(|e| match e {
             EngineError::InsufficientStorage(_) => {
                 EngineError::InsufficientStorage(NoSpace::Snapshot {
@@ -196,7 +204,7 @@ impl SessionManager {
             info: Mutex::new(info.clone()),
             workspace: Mutex::new(PausedWorkspace::Mounted(idle.workspace().clone())),
             since: std::time::Instant::now(),
-            env: idle.env().to_vec(),
+            env: Mutex::new(idle.env().to_vec()),
             egress: idle.egress(),
             no_snapshot: snapshot.err(),
             lost: Vec::new(),
@@ -273,11 +281,12 @@ impl SessionManager {
         let t = std::time::Instant::now();
         let ws = self.paused_workspace(id, paused)?;
         let mounted = t.elapsed();
+        let env = paused.env();
         let (mut kernel, how) = core.start_kernel(
             &ws,
             info.language,
             &info.limits,
-            &paused.env,
+            &env,
             info.start,
             paused.egress.as_ref(),
         )?;
@@ -296,7 +305,7 @@ impl SessionManager {
                     &ws,
                     info.language,
                     &info.limits,
-                    &paused.env,
+                    &env,
                     info.start,
                     paused.egress.as_ref(),
                 )?
@@ -307,14 +316,8 @@ impl SessionManager {
         info.status = SessionStatus::Ready;
         info.last_active_at = now;
         info.expires_at = now + chrono::Duration::seconds(info.limits.idle_timeout_s as i64);
-        let mut launched = self.launch_resumed(
-            info,
-            ws,
-            paused.env.clone(),
-            kernel,
-            reservation,
-            paused.egress.clone(),
-        )?;
+        let mut launched =
+            self.launch_resumed(info, ws, env, kernel, reservation, paused.egress.clone())?;
         self.set_restored(id, restored.clone());
         launched.start = how;
         self.paused().remove(id);
@@ -386,17 +389,17 @@ impl SessionManager {
             Ok(d) => d,
             Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
         };
-        if let Err(e) = ws.write_file(IN_WORKSPACE, &data) {
+        if let Err(e) = ws.write_file(&in_workspace(&info.id), &data) {
             return files_only(format!(
                 "its snapshot does not fit in the workspace: {}",
                 crate::chain(&e)
             ));
         }
         let t = std::time::Instant::now();
-        let r = kernel.restore(IN_SANDBOX, &snapshot_options());
+        let r = kernel.restore(&in_sandbox(&info.id), &snapshot_options());
         tracing::debug!(session = %info.id, restore_ms = ms(t.elapsed()), "snapshot read back");
         if kernel.is_alive() {
-            let _ = ws.delete(IN_WORKSPACE);
+            let _ = ws.delete(&in_workspace(&info.id));
         }
         match r {
             Ok(report) => {
@@ -510,7 +513,7 @@ impl SessionManager {
                 info: Mutex::new(info),
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
-                env: Vec::new(),
+                env: Mutex::new(Vec::new()),
                 egress,
                 no_snapshot: None,
                 lost,

@@ -34,7 +34,9 @@ pub(crate) struct Paused {
     pub(crate) workspace: Mutex<PausedWorkspace>,
     /// When it paused (its workspace is unmounted [`UNMOUNT_AFTER`] later).
     pub(crate) since: std::time::Instant,
-    pub(crate) env: Vec<(String, String)>,
+    /// Its kernel's extra environment; empty for a session recovered after a restart (not
+    /// recorded) until its owner gives it back ([`Paused::set_env`]).
+    pub(crate) env: Mutex<Vec<(String, String)>>,
     /// Its network policy's proxy state, kept while the server runs (not across a restart:
     /// a recovered session comes back without a network, as before).
     pub(crate) egress: Option<runcell_egress::SessionEgress>,
@@ -50,6 +52,14 @@ pub(crate) struct Paused {
 impl Paused {
     pub(crate) fn info(&self) -> SessionInfo {
         self.info.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        self.env.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set_env(&self, env: Vec<(String, String)>) {
+        *self.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
     }
 
     pub(crate) fn workspace(&self) -> MutexGuard<'_, PausedWorkspace> {

@@ -542,10 +542,178 @@ async fn the_javascript_sdk_works_too() {
     assert_eq!(r["failing"], serde_json::json!([true, 4]));
     assert_eq!(r["ctx"], "1");
     assert_eq!(r["listedSandbox"], serde_json::json!([r["sandboxId"]]));
+    assert_eq!(r["paused"], true, "{r}");
+    assert_eq!(r["stateWhenPaused"], "paused", "{r}");
+    assert_eq!(r["runningWhenPaused"], false, "{r}");
+    assert_eq!(r["afterResume"], "41", "x = 41 came back: {r}");
+    assert_eq!(r["fileAfterResume"], "written by js", "{r}");
     assert_eq!(r["runningAfterKill"], false);
     let id = r["sandboxId"].as_str().expect("a string");
     assert!(audited(&srv, &key, id)
         .await
         .iter()
         .any(|e| e["code"] == "x = 41"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_keeps_its_variables_files_and_contexts_and_connect_resumes_it() {
+    let (srv, key) = server_and_key("acme").await;
+    let r = scenario(&srv, &key, &["pause", "suite-pause"]).await;
+    let (id, other) = (
+        r["sandbox_id"].as_str().expect("a string"),
+        r["other"].as_str().expect("a string"),
+    );
+    assert_eq!(
+        r["pause_with_command"],
+        serde_json::json!(["ServiceBusyException", "503"]),
+        "{r}"
+    );
+    assert_eq!(r["paused"], true, "{r}");
+    assert_eq!(r["paused_again"], false, "409: already paused");
+    assert_eq!(r["running_when_paused"], false, "{r}");
+    assert_eq!(r["state"], "paused");
+    assert_eq!(r["listed_paused"], serde_json::json!([id]), "{r}");
+    assert_eq!(r["listed_running"], serde_json::json!([other]), "{r}");
+    let mut both = vec![id, other];
+    both.sort();
+    assert_eq!(r["listed_both"], serde_json::json!(both));
+    assert_eq!(r["set_timeout_paused"], "SandboxException", "{r}");
+    assert_eq!(r["state_after_connect"], "running");
+    assert_eq!(r["running_after_connect"], true);
+    assert_eq!(r["var"], "42", "{r}");
+    assert_eq!(r["df"], "6", "{r}");
+    assert_eq!(r["file"], "on disk");
+    assert_eq!(r["ctx_var"], "'context variable'", "{r}");
+    assert_eq!(
+        r["bash_ctx"],
+        serde_json::json!(["5\n"]),
+        "a Bash context keeps its variables: {r}"
+    );
+    assert_eq!(r["default_lacks_ctx_var"], "NameError");
+    assert_eq!(r["connect_running"], true);
+    assert_eq!(r["implicit"], "84", "{r}");
+    assert_eq!(r["killed_paused"], true);
+    assert_eq!(
+        r["listed_after_kill"],
+        serde_json::json!([id]),
+        "the killed paused sandbox is gone, the other one is running"
+    );
+    // The pause was runcell's own: the session was paused, and its cells are in the audit log.
+    let cells = audited(&srv, &key, id).await;
+    assert!(cells.iter().any(|e| e["code"] == "kept * 2"), "{cells:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_sdk_pauses_and_connects_too() {
+    let srv = common::start().await;
+    let key = srv
+        .store
+        .create_key_in_format("e2b", "acme", runcell_store::KeyFormat::E2b)
+        .expect("key")
+        .1;
+    let r = scenario_with(Sdk::Oldest, &srv, &key, &["pause", "suite-old-pause"]).await;
+    // That SDK's pause() returns nothing on an instance and the sandbox id from the class,
+    // whatever the status (409 included).
+    assert_eq!(r["paused"], Value::Null, "{r}");
+    assert_eq!(r["paused_again"], r["sandbox_id"], "{r}");
+    assert_eq!(r["pause_with_command"][1], "503", "{r}");
+    assert_eq!(r["running_when_paused"], false, "{r}");
+    assert_eq!(r["state"], "paused");
+    assert_eq!(r["listed_paused"], serde_json::json!([r["sandbox_id"]]));
+    assert_eq!(r["var"], "42", "{r}");
+    assert_eq!(r["file"], "on disk");
+    assert_eq!(r["ctx_var"], "'context variable'", "{r}");
+    assert_eq!(r["implicit"], "84", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_timeout_an_auto_pause_sandbox_pauses_and_any_other_is_killed() {
+    let (srv, key) = server_and_key("acme").await;
+    let r = scenario(&srv, &key, &["auto_pause"]).await;
+    let end_in = r["end_in"].as_f64().expect("a number");
+    assert!((0.0..=3.5).contains(&end_in), "end_at is the pause: {r}");
+    assert_eq!(
+        r["lifecycle"],
+        serde_json::json!({"on_timeout": "pause", "auto_resume": true}),
+        "{r}"
+    );
+    assert_eq!(r["running_when_paused"], false, "{r}");
+    assert_eq!(r["var"], "'paused at the timeout'", "{r}");
+    assert_eq!(r["file"], "and its file");
+    assert_eq!(r["state_after_connect"], "running");
+    assert_eq!(r["killed_at_timeout"], true);
+    assert_eq!(r["connect_killed"], "SandboxNotFoundException", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_network_options_map_onto_the_egress_allowlist_or_are_refused_in_e2bs_shape() {
+    let srv = common::start_engine_with(None, |c| {
+        c.network = runcell_engine::NetworkConfig {
+            allow_domains: vec!["*.example.com".into()],
+            allow_cidrs: Vec::new(),
+            ..Default::default()
+        };
+    })
+    .await;
+    let (_, key) = srv.store.create_key("e2b", "acme").expect("key");
+    let r = scenario(&srv, &key, &["network"]).await;
+    let refused = |what: &str, says: &str| {
+        let v = &r[what];
+        assert_eq!(v[0], "SandboxException", "{what}: {r}");
+        let msg = v[1].as_str().expect("a message");
+        assert!(
+            msg.starts_with("400: ") && msg.contains(says),
+            "{what}: {msg}"
+        );
+    };
+    refused("deny_list", "denyOut \"10.0.0.0/8\" cannot be mapped");
+    refused("cidr", "address range");
+    refused("all", "all internet");
+    refused("beyond_bound", "pypi.org");
+    assert_eq!(r["proxy_default"], "'none'", "{r}");
+    assert_eq!(
+        r["info_allowed"],
+        serde_json::json!([{"allow_out": ["api.example.com"], "deny_out": ["0.0.0.0/0"]}, false]),
+        "get_info() tells what runcell gave: {r}"
+    );
+    assert_eq!(
+        r["info_default"],
+        serde_json::json!([{"deny_out": ["0.0.0.0/0"]}, false]),
+        "{r}"
+    );
+    assert!(
+        r["proxy_allowed"]
+            .as_str()
+            .is_some_and(|p| p.contains("127.0.0.1:")),
+        "{r}"
+    );
+    // What the sessions say of their network, through runcell's own API.
+    let network = |id: &str| {
+        let http = srv.http.clone();
+        let url = format!("{}/v1/sessions/{id}", srv.base);
+        let key = key.clone();
+        async move {
+            let v: Value = http
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .expect("the session")
+                .json()
+                .await
+                .expect("json");
+            v["network"].clone()
+        }
+    };
+    assert_eq!(
+        network(r["allowed"].as_str().expect("an id")).await,
+        serde_json::json!({"type": "allowlist", "allowed_domains": ["api.example.com"], "domain_secrets": []})
+    );
+    for id in ["offline", "default"] {
+        assert_eq!(
+            network(r[id].as_str().expect("an id")).await,
+            serde_json::json!({"type": "disabled"}),
+            "{id}"
+        );
+    }
 }

@@ -375,6 +375,16 @@ pub trait Backend: DomainStore {
     /// `zygote` or `cold` (`Invalid` otherwise).
     fn update_tenant(&self, tenant: &str, change: &TenantChange) -> Result<TenantSettings>;
 
+    // ---- what the HTTP layer keeps with a session ----
+
+    /// Stores (or replaces) the JSON document `kind` of session `session_id` (E2B's sandbox
+    /// record: `kind` `e2b`), removed with the session. `NotFound` if there is no such
+    /// session. `kind` is a word (1..=64 printable ASCII characters), `json` must parse and
+    /// be at most [`MAX_SESSION_EXTRA_BYTES`].
+    fn put_session_extra(&self, session_id: &str, kind: &str, json: &str) -> Result<()>;
+    /// The JSON document `kind` of session `session_id`, if one was stored.
+    fn session_extra(&self, session_id: &str, kind: &str) -> Result<Option<String>>;
+
     // ---- the audit chain's heads ----
 
     /// Every tenant's chain head (or one tenant's: count 0 if it has none), by tenant name,
@@ -399,6 +409,10 @@ pub trait Backend: DomainStore {
         Ok(None)
     }
 }
+
+/// The largest document [`Backend::put_session_extra`] takes: 1 MiB (E2B's sandbox
+/// variables are bounded by the engine's environment bounds, 256 KiB).
+pub const MAX_SESSION_EXTRA_BYTES: usize = 1 << 20;
 
 /// Where a session lives: see [`Backend::session_node`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -52,6 +52,21 @@ pub(crate) fn json(what: &str, s: &str) -> Result<()> {
         .map_err(|e| StoreError::Invalid(format!("{what} is not valid JSON: {e}")))
 }
 
+/// A session's extra document: its session id, kind and JSON (see
+/// [`crate::Backend::put_session_extra`]).
+pub(crate) fn session_extra(session_id: &str, kind: &str, data: &str) -> Result<()> {
+    id("session id", session_id)?;
+    word("kind", kind)?;
+    if data.len() > crate::MAX_SESSION_EXTRA_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "a session's {kind} document is {} bytes, over the limit of {}",
+            data.len(),
+            crate::MAX_SESSION_EXTRA_BYTES
+        )));
+    }
+    json("data_json", data)
+}
+
 /// 64 lowercase hex digits.
 pub(crate) fn sha256_hex(what: &str, s: &str) -> Result<()> {
     if s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {

@@ -12,6 +12,7 @@ both!(
     key_names_are_validated,
     sessions_crud,
     uploads_metadata,
+    session_extras_live_and_die_with_their_session,
     executions_pagination_and_isolation,
     tenants_are_set_changed_and_cleared,
     intact_chain_verifies,
@@ -233,6 +234,46 @@ fn uploads_metadata(db: &TestDb) {
     assert_eq!(s.uploads("ses_1").expect("list").len(), 2);
     assert!(s.delete_session("ses_1").expect("delete"));
     assert!(s.uploads("ses_1").expect("list").is_empty());
+}
+
+fn session_extras_live_and_die_with_their_session(db: &TestDb) {
+    let s = db.open();
+    s.put_session(&session("a", "ses_1", 0)).expect("put");
+    assert_eq!(s.session_extra("ses_1", "e2b").expect("read"), None);
+    s.put_session_extra("ses_1", "e2b", r#"{"token":"t1"}"#)
+        .expect("extra");
+    s.put_session_extra("ses_1", "e2b", r#"{"token":"t2"}"#)
+        .expect("replaced");
+    s.put_session_extra("ses_1", "other", "[]")
+        .expect("a second kind");
+    assert_eq!(
+        s.session_extra("ses_1", "e2b").expect("read").as_deref(),
+        Some(r#"{"token":"t2"}"#)
+    );
+    assert!(matches!(
+        s.put_session_extra("ses_nope", "e2b", "{}"),
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.put_session_extra("ses_1", "e2b", "{not json"),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        s.put_session_extra("ses_1", "", "{}"),
+        Err(StoreError::Invalid(_))
+    ));
+    let big = format!("\"{}\"", "x".repeat(runcell_store::MAX_SESSION_EXTRA_BYTES));
+    assert!(matches!(
+        s.put_session_extra("ses_1", "e2b", &big),
+        Err(StoreError::Invalid(_))
+    ));
+    // Replacing the session (a status change, a restart's re-record) keeps them; deleting it
+    // drops them.
+    s.put_session(&session("a", "ses_1", 0)).expect("replace");
+    assert!(s.session_extra("ses_1", "e2b").expect("read").is_some());
+    assert!(s.delete_session("ses_1").expect("delete"));
+    assert_eq!(s.session_extra("ses_1", "e2b").expect("read"), None);
+    assert_eq!(s.session_extra("ses_1", "other").expect("read"), None);
 }
 
 fn executions_pagination_and_isolation(db: &TestDb) {

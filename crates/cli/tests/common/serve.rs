@@ -97,9 +97,18 @@ pub fn serve(data: &Path, flags: &[&str]) -> Serve {
 pub fn serve_logging(
     data: &Path,
     flags: &[&str],
+    on_line: impl FnMut(String) + Send + 'static,
+) -> Serve {
+    serve_at(data, free_port(), flags, on_line)
+}
+
+/// [`serve_logging`] on `port` (a server that starts again where its clients know it).
+pub fn serve_at(
+    data: &Path,
+    port: u16,
+    flags: &[&str],
     mut on_line: impl FnMut(String) + Send + 'static,
 ) -> Serve {
-    let port = free_port();
     let mut child = runcell(data)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(flags)

@@ -83,4 +83,38 @@ impl SessionManager {
         s.info.expires_at = Utc::now() + chrono::Duration::seconds(secs as i64);
         Ok(s.info.clone())
     }
+
+    /// Sets session `id`'s auto-pause delay (at most the server's) and counts it from now:
+    /// E2B's `timeout` of a sandbox that pauses at its timeout (`autoPause`), which, like
+    /// `set_timeout`, starts again when the client sets it. The count starts from the
+    /// session's last activity, so that is what "now" moves.
+    pub fn set_pause_after(&self, id: &str, after: Duration) -> Result<SessionInfo, EngineError> {
+        let entry = self.entry(id)?;
+        let mut s = entry.lock();
+        let secs = after
+            .as_secs()
+            .clamp(1, self.core.config.limits.max.pause_after_s);
+        s.info.limits.pause_after_s = secs;
+        s.info.last_active_at = Utc::now();
+        Ok(s.info.clone())
+    }
+
+    /// Gives a paused session the extra environment its kernel starts with when it resumes:
+    /// a session recovered after a restart comes back without the one it was created with
+    /// (the engine does not record it), which E2B's layer keeps and hands back. `false` if
+    /// `id` is not paused.
+    pub fn set_paused_env(
+        &self,
+        id: &str,
+        env: BTreeMap<String, String>,
+    ) -> Result<bool, EngineError> {
+        crate::bounds::check_env(&env)?;
+        Ok(match self.paused().entry(id) {
+            Some(p) => {
+                p.set_env(env.into_iter().collect());
+                true
+            }
+            None => false,
+        })
+    }
 }

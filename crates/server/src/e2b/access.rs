@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 
 use super::error::Refused;
-use super::sandboxes::{end_extras, same_secret, Sandbox};
+use super::sandboxes::{end_extras, same_secret, Sandbox, CONTEXT_OF};
 use crate::state::AppState;
 
 /// The sandbox a data-plane request is for (`E2b-Sandbox-Id`), once its token checks out.
@@ -22,10 +22,23 @@ pub(crate) fn sandbox_of(state: &AppState, headers: &HeaderMap) -> Result<Arc<Sa
             "the E2b-Sandbox-Id header is required (the SDK sends it when E2B_SANDBOX_URL is set)",
         ))?
         .to_owned();
-    let sandbox = state
-        .e2b
-        .get(&id)
-        .ok_or_else(|| Refused::Gone(id.clone()))?;
+    let sandbox = match state.e2b.get(&id) {
+        Some(s) => s,
+        // Unknown to this process: a sandbox of the server before a restart is in the store
+        // (read once, on this thread: a primary-key look-up).
+        None => state
+            .engine
+            .sessions()
+            .get(&id)
+            .ok()
+            .filter(|s| !s.metadata.contains_key(CONTEXT_OF))
+            .and_then(|s| {
+                state
+                    .e2b
+                    .get_or_load(&state.engine, &state.store, &id, &s.owner)
+            })
+            .ok_or_else(|| Refused::Gone(id.clone()))?,
+    };
     let token = header("x-access-token").or_else(|| header("e2b-traffic-access-token"));
     match token {
         Some(t) if same_secret(t, &sandbox.token) => {}

@@ -1,7 +1,16 @@
-//! E2B's control plane: create, list, get, connect, set the timeout of and kill sandboxes, in
-//! the REST shapes of E2B's OpenAPI document (both its `/v2` routes and the older ones).
+//! E2B's control plane: create, list, get, connect, set the timeout of, pause, resume and kill
+//! sandboxes, in the REST shapes of E2B's OpenAPI document (both its `/v2` routes and the
+//! older ones).
+//!
+//! A sandbox's `timeout` maps onto its session's limits: without `autoPause` it is the idle
+//! timeout (the sandbox is killed that long after its last activity); with it, it is the
+//! session's `pause_after_s` (the sandbox pauses instead, and its idle timeout is the server's
+//! maximum so that expiry never comes first). A paused sandbox is a paused session: its
+//! variables in a snapshot, its files on disk; `connect` (or `resume`) brings it back.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -9,7 +18,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use runcell_engine::{CreateSession, Language, LimitsRequest, SessionInfo, SessionStatus};
+use runcell_engine::{
+    CreateSession, Language, LimitsRequest, NetworkPolicy, SessionInfo, SessionStatus,
+};
 use serde_json::{json, Value};
 
 use super::error::Error;
@@ -27,7 +38,7 @@ async fn tenant(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Error> 
     }
 }
 
-/// The tenant's live sandbox `id` (a session, not a context's kernel).
+/// The tenant's sandbox `id`, running or paused (a session, not a context's kernel).
 fn live(state: &AppState, tenant: &Tenant, id: &str) -> Result<SessionInfo, Error> {
     state
         .engine
@@ -94,6 +105,24 @@ fn created(sandbox: &Sandbox) -> Value {
     })
 }
 
+/// When the sandbox ends (killed or paused) if left idle; for a paused one, when it expires.
+fn end_at(info: &SessionInfo, sandbox: Option<&Sandbox>) -> chrono::DateTime<chrono::Utc> {
+    match sandbox {
+        Some(s) if s.auto_pause && info.status != SessionStatus::Paused => {
+            info.last_active_at + chrono::Duration::seconds(info.limits.pause_after_s as i64)
+        }
+        _ => info.expires_at,
+    }
+}
+
+/// E2B's word for a session's state.
+fn state_of(info: &SessionInfo) -> &'static str {
+    match info.status {
+        SessionStatus::Paused => "paused",
+        _ => "running",
+    }
+}
+
 /// A sandbox as `GET /sandboxes/{id}` and the listings show it.
 fn detail(info: &SessionInfo, sandbox: Option<&Sandbox>) -> Value {
     let template = sandbox.map_or("base", |s| s.template.as_str());
@@ -103,14 +132,28 @@ fn detail(info: &SessionInfo, sandbox: Option<&Sandbox>) -> Value {
         "sandboxID": info.id,
         "clientID": "runcell",
         "startedAt": info.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "endAt": info.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "endAt": end_at(info, sandbox).to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "envdVersion": ENVD_VERSION,
         "cpuCount": info.limits.cpu.ceil().max(1.0) as u64,
         "memoryMB": info.limits.memory_mb,
         "diskSizeMB": info.limits.disk_mb,
         "metadata": info.metadata,
-        "state": "running",
+        "state": state_of(info),
         "domain": null,
+        // What runcell gives the sandbox, in E2B's words: never the whole internet; the
+        // allowlist's names through its proxy, everything else denied.
+        "allowInternetAccess": false,
+        "network": match &info.network {
+            NetworkPolicy::Allowlist { allowed_domains, .. } => {
+                json!({"allowOut": allowed_domains, "denyOut": ["0.0.0.0/0"]})
+            }
+            NetworkPolicy::Disabled => json!({"denyOut": ["0.0.0.0/0"]}),
+        },
+        // Any request resumes a paused sandbox (runcell's own rule): E2B's auto-resume.
+        "lifecycle": {
+            "onTimeout": if sandbox.is_some_and(|s| s.auto_pause) { "pause" } else { "kill" },
+            "autoResume": true,
+        },
     });
     if let Some(s) = sandbox {
         v["envdAccessToken"] = s.token.clone().into();
@@ -118,10 +161,112 @@ fn detail(info: &SessionInfo, sandbox: Option<&Sandbox>) -> Value {
     v
 }
 
-/// The lifetime a request asks for, within the server's idle maximum.
-fn lifetime(state: &AppState, asked: Option<u64>) -> u64 {
-    let max = state.engine.config().limits.max.idle_timeout_s;
+/// The lifetime a request asks for, within the server's maximum: its idle timeout's, or with
+/// `auto_pause` its `pause_after_s`'s.
+fn lifetime(state: &AppState, auto_pause: bool, asked: Option<u64>) -> u64 {
+    let max = &state.engine.config().limits.max;
+    let max = match auto_pause {
+        // One second short of the idle maximum, so that the pause comes before the expiry.
+        true => max
+            .pause_after_s
+            .min(max.idle_timeout_s.saturating_sub(1))
+            .max(1),
+        false => max.idle_timeout_s,
+    };
     asked.unwrap_or(DEFAULT_TIMEOUT_S).clamp(1, max)
+}
+
+/// The session limits for a sandbox's `timeout` (module docs).
+fn limits_for(state: &AppState, auto_pause: bool, secs: u64) -> LimitsRequest {
+    let max = &state.engine.config().limits.max;
+    let (idle, pause_after) = match auto_pause {
+        true => (max.idle_timeout_s, secs),
+        // Never paused by itself before it is killed: the idle timeout comes first.
+        false => (secs, max.pause_after_s.max(secs)),
+    };
+    LimitsRequest {
+        // E2B's cell limit, or the server's maximum if that is lower.
+        exec_timeout_s: Some(DEFAULT_TIMEOUT_S.min(max.exec_timeout_s)),
+        idle_timeout_s: Some(idle),
+        pause_after_s: Some(pause_after.min(max.pause_after_s)),
+        ..LimitsRequest::default()
+    }
+}
+
+/// The largest network E2B's `allow_internet_access` and `network` can be given on runcell:
+/// an allowlist of the names (and IP literals) in `network.allowOut`, within the server's
+/// `--egress-allow` (the engine checks that bound, as for `/v1/sessions`). E2B's default,
+/// the whole internet, is no policy runcell has: a sandbox without `allowOut` has no network
+/// at all, whatever `allow_internet_access` says (the SDKs send `true` unless told).
+fn network_of(req: &Value) -> Result<NetworkPolicy, Error> {
+    match req.get("allow_internet_access") {
+        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+        Some(_) => return Err(Error::invalid("allow_internet_access must be a boolean")),
+    }
+    let net = match req.get("network") {
+        None | Some(Value::Null) => return Ok(NetworkPolicy::Disabled),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(Error::invalid("network must be an object")),
+    };
+    let list = |field: &str| -> Result<Option<Vec<String>>, Error> {
+        match net.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str().map(|x| x.trim().to_owned()).ok_or_else(|| {
+                        Error::invalid(format!("network.{field} must be a list of strings"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(_) => Err(Error::invalid(format!(
+                "network.{field} must be a list of strings"
+            ))),
+        }
+    };
+    for (k, v) in net {
+        match k.as_str() {
+            "allowOut" | "denyOut" => {}
+            // Inbound traffic to the sandbox's ports: runcell exposes none, so there is nothing
+            // to make public or to mask.
+            "allowPublicTraffic" | "maskRequestHost" => {}
+            _ if v.is_null() => {}
+            other => {
+                return Err(Error::invalid(format!(
+                    "network.{other} is not supported by runcell's E2B API: only allowOut (names) and denyOut (all traffic) map onto runcell's egress allowlist (docs/e2b.md)"
+                )))
+            }
+        }
+    }
+    let all = |x: &str| matches!(x, "0.0.0.0/0" | "::/0");
+    if let Some(deny) = list("denyOut")? {
+        if let Some(d) = deny.iter().find(|d| !all(d)) {
+            return Err(Error::invalid(format!(
+                "network.denyOut {d:?} cannot be mapped: runcell's egress policy is an allowlist (everything else is denied); deny all traffic (0.0.0.0/0) and list what is allowed in allowOut (docs/e2b.md)"
+            )));
+        }
+    }
+    let allow = list("allowOut")?.unwrap_or_default();
+    if allow.is_empty() {
+        return Ok(NetworkPolicy::Disabled);
+    }
+    for a in &allow {
+        if all(a) {
+            return Err(Error::invalid(
+                "network.allowOut 0.0.0.0/0 (all internet) cannot be mapped: runcell allows only named domains, within the server's --egress-allow (docs/e2b.md)",
+            ));
+        }
+        if a.contains('/') {
+            return Err(Error::invalid(format!(
+                "network.allowOut {a:?} is an address range, which runcell's allowlist does not take: name the domains (or single IP addresses) instead (docs/e2b.md)"
+            )));
+        }
+    }
+    Ok(NetworkPolicy::Allowlist {
+        allowed_domains: allow,
+        domain_secrets: Vec::new(),
+    })
 }
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`.
@@ -144,24 +289,19 @@ pub(crate) async fn create(
         )));
     }
     let envs = string_map(&req, "envVars")?;
-    if req.get("autoPause").and_then(Value::as_bool) == Some(true) {
-        return Err(Error::invalid(
-            "autoPause is not supported by this runcell server: sandboxes are killed at their timeout (docs/e2b.md)",
-        ));
-    }
+    let auto_pause = match req.get("autoPause") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(Error::invalid("autoPause must be a boolean")),
+    };
+    let network = network_of(&req)?;
     if req.get("mcp").is_some_and(|m| !m.is_null()) {
         return Err(Error::invalid(
             "MCP gateways are not supported by runcell's E2B API",
         ));
     }
-    let idle = lifetime(&state, seconds(&req, "timeout")?);
-    let policy = &state.engine.config().limits;
-    let limits = LimitsRequest {
-        // E2B's cell limit, or the server's maximum if that is lower.
-        exec_timeout_s: Some(DEFAULT_TIMEOUT_S.min(policy.max.exec_timeout_s)),
-        idle_timeout_s: Some(idle),
-        ..LimitsRequest::default()
-    };
+    let timeout = lifetime(&state, auto_pause, seconds(&req, "timeout")?);
+    let limits = limits_for(&state, auto_pause, timeout);
     let engine = state.engine.clone();
     let owner = tenant.0.clone();
     let kernel_env = envs.clone();
@@ -173,16 +313,19 @@ pub(crate) async fn create(
             env: kernel_env,
             metadata,
             start: None,
-            // No way out: E2B's `allow_internet_access` and `network` are not mapped (yet).
-            network: Default::default(),
+            network,
         })
     })
     .await
     .map_err(crate::error::ApiError::internal)??;
     state.e2b.start_sweeper(&state.engine);
-    let sandbox = state
-        .e2b
-        .insert(Sandbox::new(&info.id, &tenant.0, &template, envs));
+    let sandbox = Sandbox::new(&info.id, &tenant.0, &template, envs, auto_pause);
+    sandbox.timeout_s.store(timeout, Ordering::Relaxed);
+    let sandbox = state.e2b.insert(sandbox);
+    let (store, kept) = (state.store.clone(), sandbox.clone());
+    tokio::task::spawn_blocking(move || kept.persist(&store))
+        .await
+        .map_err(crate::error::ApiError::internal)?;
     Ok((StatusCode::CREATED, Json(created(&sandbox))).into_response())
 }
 
@@ -195,7 +338,7 @@ pub(crate) async fn info(
     let tenant = tenant(&state, &headers).await?;
     let info = live(&state, &tenant, &id)?;
     state.e2b.start_sweeper(&state.engine);
-    let sandbox = state.e2b.get_or_adopt(&id, &tenant.0);
+    let sandbox = adopt(&state, &id, &tenant).await?;
     Ok(Json(detail(&info, Some(&sandbox))).into_response())
 }
 
@@ -228,20 +371,54 @@ pub(crate) async fn set_timeout(
     bytes: Bytes,
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
-    live(&state, &tenant, &id)?;
+    running(&live(&state, &tenant, &id)?)?;
     let req = body(&bytes)?;
     let secs = seconds(&req, "timeout")?.ok_or_else(|| Error::invalid("timeout is required"))?;
-    retime(&state, &id, lifetime(&state, Some(secs)))?;
+    let sandbox = adopt(&state, &id, &tenant).await?;
+    retime(&state, &sandbox, secs).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Sets the sandbox's lifetime (its context kernels live as long as it does: they end with it).
-fn retime(state: &AppState, id: &str, secs: u64) -> Result<(), Error> {
-    state
-        .engine
-        .sessions()
-        .set_idle_timeout(id, Duration::from_secs(secs))?;
-    Ok(())
+/// The sandbox's record, made now for a session that is not one yet (created through
+/// `/v1/sessions`). May read and write the store.
+async fn adopt(state: &AppState, id: &str, tenant: &Tenant) -> Result<Arc<Sandbox>, Error> {
+    let (st, id, owner) = (state.clone(), id.to_owned(), tenant.0.clone());
+    tokio::task::spawn_blocking(move || st.e2b.get_or_adopt(&st.engine, &st.store, &id, &owner))
+        .await
+        .map_err(|e| crate::error::ApiError::internal(e).into())
+}
+
+/// A timeout's settings need a running sandbox (a request to a paused one would resume it
+/// behind the client's back: `connect` does that).
+fn running(info: &SessionInfo) -> Result<(), Error> {
+    match info.status {
+        SessionStatus::Paused => Err(Error::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {} is paused: connect to it to resume it", info.id),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Sets the sandbox's timeout, counted from now: when it is killed, or with `autoPause` when
+/// it pauses (its context kernels live as long as it does: they end with it). Kept in the
+/// store, for a server that starts again.
+async fn retime(state: &AppState, sandbox: &Arc<Sandbox>, asked: u64) -> Result<(), Error> {
+    let secs = lifetime(state, sandbox.auto_pause, Some(asked));
+    let (st, sb) = (state.clone(), sandbox.clone());
+    tokio::task::spawn_blocking(move || {
+        let d = Duration::from_secs(secs);
+        let sessions = st.engine.sessions();
+        match sb.auto_pause {
+            true => sessions.set_pause_after(&sb.id, d),
+            false => sessions.set_idle_timeout(&sb.id, d),
+        }?;
+        sb.timeout_s.store(secs, Ordering::Relaxed);
+        sb.persist(&st.store);
+        Ok::<_, Error>(())
+    })
+    .await
+    .map_err(crate::error::ApiError::internal)?
 }
 
 /// `POST /sandboxes/{id}/refreshes` `{duration?}`: keeps the sandbox alive that much longer.
@@ -252,15 +429,18 @@ pub(crate) async fn refresh(
     bytes: Bytes,
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
-    let info = live(&state, &tenant, &id)?;
+    running(&live(&state, &tenant, &id)?)?;
     let req = body(&bytes)?;
-    let secs = seconds(&req, "duration")?.unwrap_or(info.limits.idle_timeout_s);
-    retime(&state, &id, lifetime(&state, Some(secs)))?;
+    let sandbox = adopt(&state, &id, &tenant).await?;
+    let secs = seconds(&req, "duration")?.unwrap_or(sandbox.timeout_s.load(Ordering::Relaxed));
+    retime(&state, &sandbox, secs).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` `{timeout?}`: another
-/// client attaches to a running sandbox (its timeout only ever grows here, as E2B's).
+/// client attaches to a sandbox: 200 when it was running (its timeout only ever grows here,
+/// as E2B's), 201 when it was paused and is resumed now (its timeout then starts again: the
+/// one asked for, or the one it had).
 pub(crate) async fn connect(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -270,32 +450,105 @@ pub(crate) async fn connect(
     let tenant = tenant(&state, &headers).await?;
     let info = live(&state, &tenant, &id)?;
     let req = body(&bytes)?;
-    if let Some(secs) = seconds(&req, "timeout")? {
-        let left = (info.expires_at - chrono::Utc::now()).num_seconds().max(0) as u64;
+    let asked = seconds(&req, "timeout")?;
+    state.e2b.start_sweeper(&state.engine);
+    let sandbox = adopt(&state, &id, &tenant).await?;
+    if info.status == SessionStatus::Paused {
+        wake(&state, &sandbox).await?;
+        let secs = asked.unwrap_or(sandbox.timeout_s.load(Ordering::Relaxed));
+        retime(&state, &sandbox, secs).await?;
+        return Ok((StatusCode::CREATED, Json(created(&sandbox))).into_response());
+    }
+    if let Some(secs) = asked {
+        let left = (end_at(&info, Some(&sandbox)) - chrono::Utc::now())
+            .num_seconds()
+            .max(0) as u64;
         if secs > left {
-            retime(&state, &id, lifetime(&state, Some(secs)))?;
+            retime(&state, &sandbox, secs).await?;
         }
     }
-    state.e2b.start_sweeper(&state.engine);
-    let sandbox = state.e2b.get_or_adopt(&id, &tenant.0);
     Ok((StatusCode::OK, Json(created(&sandbox))).into_response())
 }
 
-/// `POST /sandboxes/{id}/pause`: not in this runcell yet.
+/// Resumes a paused sandbox's session (its context kernels resume when next used).
+async fn wake(state: &AppState, sandbox: &Sandbox) -> Result<(), Error> {
+    let (engine, id) = (state.engine.clone(), sandbox.id.clone());
+    let (_, restored) = crate::sessions::blocking(move || engine.sessions().resume(&id)).await?;
+    if let Some(r) = restored {
+        tracing::info!(session = %sandbox.id, names = r.names.len(), skipped = r.skipped.len(), files_only = r.files_only.is_some(), "E2B sandbox resumed");
+    }
+    Ok(())
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, the sandbox paused (its variables in a snapshot, its
+/// files kept, its kernel and memory freed; its code contexts' kernels too); 409 when it is
+/// paused already (the SDK then says `False`); 503 while a cell or command runs (runcell
+/// cannot freeze a running cell: retry when it is done).
 pub(crate) async fn pause(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
-    live(&state, &tenant, &id)?;
-    Err(Error::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "pausing sandboxes is not supported by this runcell server yet: the sandbox keeps running until its timeout (docs/e2b.md)",
-    ))
+    if live(&state, &tenant, &id)?.status == SessionStatus::Paused {
+        return Err(Error::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    let sandbox = adopt(&state, &id, &tenant).await?;
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || pause_blocking(&st, &sandbox))
+        .await
+        .map_err(crate::error::ApiError::internal)??;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `POST /sandboxes/{id}/resume`: a running sandbox is already resumed.
+/// Pauses the sandbox's context kernels, then its own. One after the other: each snapshot
+/// passes through the workspace they share.
+fn pause_blocking(state: &AppState, sandbox: &Sandbox) -> Result<(), Error> {
+    let sessions = state.engine.sessions();
+    let busy = |e: runcell_engine::EngineError| {
+        match e {
+        runcell_engine::EngineError::SessionBusy(_) => Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "sandbox {} is running code or a command: runcell pauses sandboxes between cells, not during one; retry when it is done",
+                sandbox.id
+            ),
+        ),
+        other => other.into(),
+    }
+    };
+    // Refuse before pausing anything: a busy sandbox stays as it was, contexts included. A
+    // command runs in a sandbox of its own beside the kernel, which a pause would not stop.
+    if !sandbox.processes().is_empty()
+        || sessions
+            .get(&sandbox.id)
+            .is_ok_and(|i| i.status == SessionStatus::Busy)
+    {
+        return Err(busy(runcell_engine::EngineError::SessionBusy(
+            runcell_engine::Busy::Running {
+                id: sandbox.id.clone(),
+            },
+        )));
+    }
+    for ctx in sandbox.context_sessions() {
+        match sessions.pause(&ctx) {
+            Ok(_) => {}
+            // A context removed meanwhile has nothing to keep.
+            Err(
+                runcell_engine::EngineError::NotFound(_)
+                | runcell_engine::EngineError::SessionEnded(_),
+            ) => {}
+            Err(e) => return Err(busy(e)),
+        }
+    }
+    sessions.pause(&sandbox.id).map(|_| ()).map_err(busy)
+}
+
+/// `POST /sandboxes/{id}/resume` `{timeout?}` (the older SDKs' resume): 201 with the
+/// sandbox, resumed; 409 when it is running, not paused.
 pub(crate) async fn resume(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -303,12 +556,20 @@ pub(crate) async fn resume(
     bytes: Bytes,
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
-    live(&state, &tenant, &id)?;
-    let _ = bytes;
-    Err(Error::new(
-        StatusCode::CONFLICT,
-        format!("sandbox {id} is running, not paused (runcell does not pause sandboxes yet)"),
-    ))
+    let info = live(&state, &tenant, &id)?;
+    let req = body(&bytes)?;
+    if info.status != SessionStatus::Paused {
+        return Err(Error::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is running, not paused"),
+        ));
+    }
+    state.e2b.start_sweeper(&state.engine);
+    let sandbox = adopt(&state, &id, &tenant).await?;
+    wake(&state, &sandbox).await?;
+    let secs = seconds(&req, "timeout")?.unwrap_or(sandbox.timeout_s.load(Ordering::Relaxed));
+    retime(&state, &sandbox, secs).await?;
+    Ok((StatusCode::CREATED, Json(created(&sandbox))).into_response())
 }
 
 /// `GET /sandboxes/{id}/metrics`: none are kept (an empty series).
@@ -383,13 +644,12 @@ impl Query {
 /// The tenant's sandboxes matching `q`, oldest first, from `q.next_token` on; and the next
 /// page's token.
 fn matching(state: &AppState, tenant: &Tenant, q: &Query) -> (Vec<Value>, Option<String>) {
-    let wants_running = q
-        .states
-        .as_ref()
-        .is_none_or(|s| s.iter().any(|x| x == "running"));
-    if !wants_running {
-        return (Vec::new(), None);
-    }
+    let wants = |word: &str| {
+        q.states
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|x| x == word))
+    };
+    let (running, paused) = (wants("running"), wants("paused"));
     let all: Vec<SessionInfo> = state
         .engine
         .sessions()
@@ -397,7 +657,11 @@ fn matching(state: &AppState, tenant: &Tenant, q: &Query) -> (Vec<Value>, Option
         .into_iter()
         .filter(|s| s.owner == tenant.0)
         .filter(|s| !s.metadata.contains_key(CONTEXT_OF))
-        .filter(|s| matches!(s.status, SessionStatus::Ready | SessionStatus::Busy))
+        .filter(|s| match s.status {
+            SessionStatus::Ready | SessionStatus::Busy => running,
+            SessionStatus::Paused => paused,
+            _ => false,
+        })
         .filter(|s| {
             q.metadata
                 .iter()
@@ -428,6 +692,30 @@ fn matching(state: &AppState, tenant: &Tenant, q: &Query) -> (Vec<Value>, Option
     (items, next)
 }
 
+/// Reads the records of the tenant's sandboxes this process does not know yet (a server that
+/// started again) from the store, so the listing tells their template and lifecycle.
+async fn load_known(state: &AppState, tenant: &Tenant) {
+    let unknown: Vec<String> = state
+        .engine
+        .sessions()
+        .list()
+        .into_iter()
+        .filter(|s| s.owner == tenant.0 && !s.metadata.contains_key(CONTEXT_OF))
+        .filter(|s| state.e2b.get(&s.id).is_none())
+        .map(|s| s.id)
+        .collect();
+    if unknown.is_empty() {
+        return;
+    }
+    let (st, owner) = (state.clone(), tenant.0.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        for id in unknown {
+            st.e2b.get_or_load(&st.engine, &st.store, &id, &owner);
+        }
+    })
+    .await;
+}
+
 /// `GET /v2/sandboxes`: a page, with `x-next-token` when more follow.
 pub(crate) async fn list_v2(
     State(state): State<AppState>,
@@ -436,6 +724,7 @@ pub(crate) async fn list_v2(
 ) -> Result<Response, Error> {
     let tenant = tenant(&state, &headers).await?;
     let q = Query::parse(raw.as_deref())?;
+    load_known(&state, &tenant).await;
     let (items, next) = matching(&state, &tenant, &q);
     let mut resp = Json(Value::Array(items)).into_response();
     if let Some(t) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
@@ -453,6 +742,7 @@ pub(crate) async fn list_v1(
     let tenant = tenant(&state, &headers).await?;
     let mut q = Query::parse(raw.as_deref())?;
     q.limit = Some(usize::MAX);
+    load_known(&state, &tenant).await;
     let (items, _) = matching(&state, &tenant, &q);
     Ok(Json(Value::Array(items)).into_response())
 }

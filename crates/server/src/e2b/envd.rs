@@ -74,9 +74,24 @@ fn sandbox_for(
     }
 }
 
-/// `GET /health`: 204 while the sandbox runs, 502 once it is gone (as E2B's proxy answers).
+/// `GET /health`: 204 while the sandbox runs, 502 once it is gone or while it is paused (as
+/// E2B's proxy answers: the SDK's `is_running()` is then `False`). It never resumes a paused
+/// sandbox, as every other data-plane request does.
 pub(crate) async fn health(State(state): State<AppState>, headers: HeaderMap) -> Response {
     match sandbox_of(&state, &headers) {
+        Ok(s)
+            if state
+                .engine
+                .sessions()
+                .get(&s.id)
+                .is_ok_and(|i| i.status == runcell_engine::SessionStatus::Paused) =>
+        {
+            Error::new(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {} is paused (connect to resume it)", s.id),
+            )
+            .into_response()
+        }
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(r) => Error::from(r).into_response(),
     }

@@ -1,12 +1,20 @@
 //! Which sessions are E2B sandboxes: each one's data-plane token, variables, code contexts and
 //! commands; the check every data-plane request passes; the sweeper that forgets sandboxes
 //! whose session ended.
+//!
+//! The token, template, variables and timeout behaviour are also kept in the store (the
+//! session's extra document of kind [`EXTRA_KIND`], removed with the session), so that a
+//! server that stopped (its sessions paused) and started again still knows the sandbox: the
+//! SDK's `Sandbox.connect(id)` and the token it already holds keep working. Code contexts and
+//! commands live in this process only.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use runcell_engine::Engine;
+use runcell_store::Store;
+use serde::{Deserialize, Serialize};
 
 use super::names::HOME;
 
@@ -21,6 +29,21 @@ pub(crate) const DEFAULT_TIMEOUT_S: u64 = 300;
 /// sandbox it belongs to; such sessions are no sandboxes of their own.
 pub(crate) const CONTEXT_OF: &str = "e2b_context_of";
 
+/// The kind of a session's extra document in the store that holds its [`Record`].
+pub(crate) const EXTRA_KIND: &str = "e2b";
+
+/// What the store keeps of a sandbox: what its session does not hold itself.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    token: String,
+    template: String,
+    envs: BTreeMap<String, String>,
+    /// `autoPause`: the sandbox pauses at its timeout instead of being killed.
+    auto_pause: bool,
+    /// Its timeout as the client last set it, in seconds.
+    timeout_s: u64,
+}
+
 /// What runcell keeps of an E2B sandbox beside its session: the data plane's token, the
 /// variables every command and kernel gets, its code contexts and its commands.
 #[derive(Debug)]
@@ -30,6 +53,11 @@ pub(crate) struct Sandbox {
     pub token: String,
     pub template: String,
     pub envs: BTreeMap<String, String>,
+    /// `autoPause` at create: at its timeout the sandbox pauses (its session's
+    /// `pause_after_s`), else it is killed (its `idle_timeout_s`).
+    pub auto_pause: bool,
+    /// The timeout in seconds as the client last set it (create, `set_timeout`, `connect`).
+    pub timeout_s: AtomicU64,
     pub contexts: Mutex<BTreeMap<String, Context>>,
     pub processes: Mutex<BTreeMap<u32, Arc<Process>>>,
     next_pid: AtomicU32,
@@ -134,13 +162,72 @@ impl Sandboxes {
         self.map().get(id).cloned()
     }
 
+    /// The sandbox session `id` (of `owner`) is: known, or kept in the store (a server that
+    /// started again: its session, paused, gets back the variables its kernel was created
+    /// with, which the engine does not record). May read the store.
+    pub fn get_or_load(
+        &self,
+        engine: &Engine,
+        store: &Store,
+        id: &str,
+        owner: &str,
+    ) -> Option<Arc<Sandbox>> {
+        if let Some(s) = self.get(id) {
+            return Some(s);
+        }
+        let text = match store.session_extra(id, EXTRA_KIND) {
+            Ok(t) => t?,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "cannot read an E2B sandbox's record");
+                return None;
+            }
+        };
+        let rec: Record = match serde_json::from_str(&text) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "an E2B sandbox's record does not parse");
+                return None;
+            }
+        };
+        if !rec.envs.is_empty() {
+            if let Err(e) = engine.sessions().set_paused_env(id, rec.envs.clone()) {
+                tracing::warn!(session = %id, error = %e, "cannot give an E2B sandbox's kernel its variables back");
+            }
+        }
+        let mut sandbox = Sandbox::new(id, owner, &rec.template, rec.envs, rec.auto_pause);
+        sandbox.token = rec.token;
+        sandbox.timeout_s = AtomicU64::new(rec.timeout_s);
+        Some(
+            self.map()
+                .entry(id.to_owned())
+                .or_insert_with(|| Arc::new(sandbox))
+                .clone(),
+        )
+    }
+
     /// The sandbox session `id` is, made known now if it was not (a session created through
-    /// `/v1/sessions`, or before a restart): a fresh token, no variables.
-    pub fn get_or_adopt(&self, id: &str, owner: &str) -> Arc<Sandbox> {
-        self.map()
+    /// `/v1/sessions`): a fresh token, no variables, kept in the store. May read and write the
+    /// store.
+    pub fn get_or_adopt(
+        &self,
+        engine: &Engine,
+        store: &Store,
+        id: &str,
+        owner: &str,
+    ) -> Arc<Sandbox> {
+        if let Some(s) = self.get_or_load(engine, store, id, owner) {
+            return s;
+        }
+        let fresh = Arc::new(Sandbox::new(id, owner, "base", BTreeMap::new(), false));
+        let sandbox = self
+            .map()
             .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(Sandbox::new(id, owner, "base", BTreeMap::new())))
-            .clone()
+            .or_insert_with(|| fresh.clone())
+            .clone();
+        if Arc::ptr_eq(&sandbox, &fresh) {
+            sandbox.persist(store);
+        }
+        sandbox
     }
 
     pub fn all(&self) -> Vec<Arc<Sandbox>> {
@@ -159,7 +246,36 @@ impl Sandboxes {
 }
 
 impl Sandbox {
-    pub fn new(id: &str, owner: &str, template: &str, envs: BTreeMap<String, String>) -> Sandbox {
+    /// Writes what a restarted server needs of it into the store. Blocking; a store that
+    /// cannot take it (sessions not recorded, a full disk) only costs the sandbox its
+    /// survival of a restart, which the log says.
+    pub fn persist(&self, store: &Store) {
+        let rec = Record {
+            token: self.token.clone(),
+            template: self.template.clone(),
+            envs: self.envs.clone(),
+            auto_pause: self.auto_pause,
+            timeout_s: self.timeout_s.load(Ordering::Relaxed),
+        };
+        let text = match serde_json::to_string(&rec) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(session = %self.id, error = %e, "cannot encode an E2B sandbox's record");
+                return;
+            }
+        };
+        if let Err(e) = store.put_session_extra(&self.id, EXTRA_KIND, &text) {
+            tracing::warn!(session = %self.id, error = %e, "cannot keep an E2B sandbox's record: it will not survive a restart");
+        }
+    }
+
+    pub fn new(
+        id: &str,
+        owner: &str,
+        template: &str,
+        envs: BTreeMap<String, String>,
+        auto_pause: bool,
+    ) -> Sandbox {
         let mut contexts = BTreeMap::new();
         contexts.insert(
             "python".to_owned(),
@@ -176,6 +292,8 @@ impl Sandbox {
             token: new_token(),
             template: template.to_owned(),
             envs,
+            auto_pause,
+            timeout_s: AtomicU64::new(DEFAULT_TIMEOUT_S),
             contexts: Mutex::new(contexts),
             processes: Mutex::default(),
             next_pid: AtomicU32::new(1000),

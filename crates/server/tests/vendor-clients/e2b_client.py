@@ -12,7 +12,7 @@ import sys
 import time
 
 import httpx
-from e2b import SandboxQuery
+from e2b import ALL_TRAFFIC, SandboxQuery, SandboxState
 from e2b.exceptions import (
     NotFoundException,
     SandboxException,
@@ -299,6 +299,174 @@ def lifecycle(suite, other_key):
     return r
 
 
+def until(what, check, within=90):
+    """Polls `check` until it is true (the server's expiry thread acts about once a second)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within} s")
+        time.sleep(0.25)
+
+
+def state_word(s):
+    return s.value if hasattr(s, "value") else str(s)
+
+
+def pause_resume(suite):
+    sbx = Sandbox.create(timeout=120, metadata={"suite": suite})
+    other = Sandbox.create(timeout=120, metadata={"suite": suite})
+    r = {"sandbox_id": sbx.sandbox_id, "other": other.sandbox_id}
+    sbx.run_code("import pandas as pd\nkept = 41 + 1\ndf = pd.DataFrame({'a': [1, 2, 3]})")
+    sbx.files.write("/home/user/kept.txt", "on disk")
+    ctx = sbx.create_code_context()
+    sbx.run_code("in_ctx = 'context variable'", context=ctx)
+    bash = sbx.create_code_context(language="bash")
+    sbx.run_code("X=5", context=bash)
+    # Not while a command runs: runcell cannot freeze it.
+    cmd = sbx.commands.run("sleep 30", background=True)
+    try:
+        sbx.pause()
+        r["pause_with_command"] = "paused"
+    except Exception as e:
+        r["pause_with_command"] = [type(e).__name__, str(e)[:3]]
+    cmd.kill()
+    until("the command's end", lambda: not sbx.commands.list())
+    r["paused"] = sbx.pause()
+    r["paused_again"] = Sandbox.pause(sbx.sandbox_id)
+    r["running_when_paused"] = sbx.is_running()
+    r["state"] = state_word(Sandbox.get_info(sbx.sandbox_id).state)
+    page = lambda states: sorted(
+        s.sandbox_id
+        for s in Sandbox.list(query=SandboxQuery(metadata={"suite": suite}, state=states)).next_items()
+    )
+    r["listed_paused"] = page([SandboxState.PAUSED])
+    r["listed_running"] = page([SandboxState.RUNNING])
+    r["listed_both"] = page([SandboxState.RUNNING, SandboxState.PAUSED])
+    try:
+        sbx.set_timeout(60)
+        r["set_timeout_paused"] = "accepted"
+    except SandboxException as e:
+        r["set_timeout_paused"] = type(e).__name__
+    again = Sandbox.connect(sbx.sandbox_id)
+    r["state_after_connect"] = state_word(Sandbox.get_info(sbx.sandbox_id).state)
+    r["running_after_connect"] = sbx.is_running()
+    r["var"] = again.run_code("kept").text
+    r["df"] = again.run_code("int(df['a'].sum())").text
+    r["file"] = again.files.read("/home/user/kept.txt")
+    r["ctx_var"] = again.run_code("in_ctx", context=ctx).text
+    r["bash_ctx"] = again.run_code("echo ${X:-unset}", context=bash).logs.stdout
+    ex = again.run_code("in_ctx")
+    r["default_lacks_ctx_var"] = ex.error.name if ex.error else ex.text
+    r["connect_running"] = Sandbox.connect(sbx.sandbox_id).sandbox_id == sbx.sandbox_id
+    # Paused again, then resumed by the first client's own object (no connect): any
+    # data-plane request resumes it.
+    sbx.pause()
+    r["implicit"] = sbx.run_code("kept * 2").text
+    # A paused sandbox can be killed.
+    other.pause()
+    r["killed_paused"] = Sandbox.kill(other.sandbox_id)
+    r["listed_after_kill"] = page([SandboxState.RUNNING, SandboxState.PAUSED])
+    sbx.kill()
+    return r
+
+
+def auto_pause():
+    r = {}
+    # At its timeout a sandbox with on_timeout pause is paused, not killed.
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"}, metadata={"suite": "auto"})
+    sbx.run_code("survives = 'paused at the timeout'")
+    sbx.files.write("survives.txt", "and its file")
+    info = sbx.get_info()
+    r["end_in"] = (info.end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    r["lifecycle"] = info.lifecycle
+    until("the auto-pause", lambda: state_word(Sandbox.get_info(sbx.sandbox_id).state) == "paused")
+    r["running_when_paused"] = sbx.is_running()
+    again = Sandbox.connect(sbx.sandbox_id, timeout=120)
+    r["var"] = again.run_code("survives").text
+    r["file"] = again.files.read("survives.txt")
+    r["state_after_connect"] = state_word(Sandbox.get_info(sbx.sandbox_id).state)
+    sbx.kill()
+    # Without it the sandbox is killed at its timeout.
+    gone = Sandbox.create(timeout=3)
+    gone.run_code("1")
+
+    def ended():
+        try:
+            Sandbox.get_info(gone.sandbox_id)
+            return False
+        except (SandboxNotFoundException, NotFoundException):
+            return True
+
+    until("the kill at the timeout", ended)
+    r["killed_at_timeout"] = True
+    r["connect_killed"] = "connected"
+    try:
+        Sandbox.connect(gone.sandbox_id)
+    except SandboxNotFoundException as e:
+        r["connect_killed"] = type(e).__name__
+    return r
+
+
+def network():
+    r = {}
+
+    def refused(**kw):
+        try:
+            sbx = Sandbox.create(**kw)
+        except SandboxException as e:
+            return [type(e).__name__, str(e)]
+        sbx.kill()
+        return ["created"]
+
+    r["deny_list"] = refused(network={"deny_out": ["10.0.0.0/8"]})
+    r["cidr"] = refused(network={"allow_out": ["8.8.8.0/24"], "deny_out": [ALL_TRAFFIC]})
+    r["all"] = refused(network={"allow_out": [ALL_TRAFFIC]})
+    r["beyond_bound"] = refused(network={"allow_out": ["pypi.org"], "deny_out": [ALL_TRAFFIC]})
+    offline = Sandbox.create(allow_internet_access=False)
+    r["offline"] = offline.sandbox_id
+    allowed = Sandbox.create(network={"allow_out": ["api.example.com"], "deny_out": [ALL_TRAFFIC]})
+    r["allowed"] = allowed.sandbox_id
+    default = Sandbox.create()
+    r["default"] = default.sandbox_id
+    # The sandbox's own view: an allowlisted sandbox has runcell's proxy, the others none.
+    probe = "import os; os.environ.get('HTTPS_PROXY') or os.environ.get('https_proxy') or 'none'"
+    r["proxy_allowed"] = allowed.run_code(probe).text
+    r["proxy_default"] = default.run_code(probe).text
+    r["info_allowed"] = [allowed.get_info().network, allowed.get_info().allow_internet_access]
+    r["info_default"] = [default.get_info().network, default.get_info().allow_internet_access]
+    return r
+
+
+def restart():
+    """Half before a server restart, half after: the same Sandbox object, then connect."""
+    sbx = Sandbox.create("my-template", timeout=600, envs={"GREETING": "hello"}, metadata={"suite": "restart"})
+    sbx.run_code("kept = 'before the restart'")
+    sbx.files.write("kept.txt", "a file from before")
+    ctx = sbx.create_code_context()
+    sbx.run_code("c = 1", context=ctx)
+    print(json.dumps({"sandbox_id": sbx.sandbox_id}), flush=True)
+    sys.stdin.readline()  # the server restarts meanwhile
+    r = {"sandbox_id": sbx.sandbox_id}
+    listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "restart"}, state=[SandboxState.PAUSED])).next_items()
+    r["listed"] = [[s.sandbox_id, s.template_id] for s in listed]
+    r["state"] = state_word(Sandbox.get_info(sbx.sandbox_id).state)
+    again = Sandbox.connect(sbx.sandbox_id)
+    r["same_token"] = again._envd_access_token == sbx._envd_access_token
+    # The object from before the restart still works: its token is the same.
+    r["var"] = sbx.run_code("kept").text
+    r["file"] = sbx.files.read("kept.txt")
+    r["command_env"] = sbx.commands.run("echo $GREETING").stdout
+    r["kernel_env"] = sbx.run_code("import os; os.environ.get('GREETING')").text
+    try:
+        ex = sbx.run_code("c", context=ctx)
+        r["context"] = ex.text
+    except Exception as e:
+        r["context"] = type(e).__name__
+    r["health"] = sbx.is_running()
+    sbx.kill()
+    return r
+
+
 def readme():
     # The SDK README's example, verbatim but for the print.
     with Sandbox.create() as sandbox:
@@ -347,6 +515,10 @@ SCENARIOS = {
     "contexts": contexts,
     "timeouts": timeouts,
     "lifecycle": lifecycle,
+    "pause": pause_resume,
+    "auto_pause": auto_pause,
+    "network": network,
+    "restart": restart,
 }
 
 if __name__ == "__main__":

@@ -388,6 +388,22 @@ impl Backend for PgStore {
         })
     }
 
+    fn put_session_extra(&self, session_id: &str, kind: &str, json: &str) -> Result<()> {
+        validate::session_extra(session_id, kind, json)?;
+        let (session_id, kind, json) = (own(session_id), own(kind), own(json));
+        self.pg.run(|pool| async move {
+            let mut c = pool.get().await?;
+            records::put_session_extra(&mut c, &session_id, &kind, &json).await
+        })
+    }
+
+    fn session_extra(&self, session_id: &str, kind: &str) -> Result<Option<String>> {
+        let (session_id, kind) = (own(session_id), own(kind));
+        self.pg.run(|pool| async move {
+            records::session_extra(&mut *pool.get().await?, &session_id, &kind).await
+        })
+    }
+
     fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>> {
         if let Some(t) = tenant {
             validate::name("tenant", t)?;

@@ -546,3 +546,44 @@ pub(super) async fn uploads(c: &mut PgConn, session_id: &str) -> Result<Vec<Uplo
         })
         .collect()
 }
+
+pub(super) async fn put_session_extra(
+    c: &mut PgConn,
+    session_id: &str,
+    kind: &str,
+    data: &str,
+) -> Result<()> {
+    let r = c
+        .client
+        .execute(
+            "INSERT INTO session_extras (session_id, kind, data_json, updated_at)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (session_id, kind) DO UPDATE SET
+                 data_json = excluded.data_json, updated_at = excluded.updated_at",
+            &[&session_id, &kind, &data, &time::fmt(Utc::now())],
+        )
+        .await;
+    match r {
+        Ok(_) => Ok(()),
+        // The session's foreign key: there is no such session (or it was just deleted).
+        Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+            Err(StoreError::NotFound(format!("session {session_id}")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) async fn session_extra(
+    c: &mut PgConn,
+    session_id: &str,
+    kind: &str,
+) -> Result<Option<String>> {
+    Ok(c.client
+        .query_opt(
+            "SELECT data_json FROM session_extras WHERE session_id = $1 AND kind = $2",
+            &[&session_id, &kind],
+        )
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?)
+}

@@ -17,6 +17,10 @@ use crate::time;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_init.sql")),
     (2, include_str!("../../migrations/postgres/0002_nodes.sql")),
+    (
+        3,
+        include_str!("../../migrations/postgres/0003_session_extras.sql"),
+    ),
 ];
 
 /// `pg_advisory_xact_lock` keys: "runcell" in ASCII, then 1 for migrating, 2 for keying.

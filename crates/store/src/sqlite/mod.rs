@@ -165,6 +165,14 @@ impl Backend for SqliteStore {
         tenants::update_tenant(self, tenant, change)
     }
 
+    fn put_session_extra(&self, session_id: &str, kind: &str, json: &str) -> Result<()> {
+        sessions::put_session_extra(self, session_id, kind, json)
+    }
+
+    fn session_extra(&self, session_id: &str, kind: &str) -> Result<Option<String>> {
+        sessions::session_extra(self, session_id, kind)
+    }
+
     fn chain_heads(&self, tenant: Option<&str>) -> Result<Vec<ChainHead>> {
         if let Some(t) = tenant {
             validate::name("tenant", t)?;

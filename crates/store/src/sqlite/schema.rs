@@ -16,6 +16,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/0001_init.sql")),
     (2, include_str!("../../migrations/0002_audit_keyed.sql")),
     (3, include_str!("../../migrations/0003_limits.sql")),
+    (4, include_str!("../../migrations/0004_session_extras.sql")),
 ];
 
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

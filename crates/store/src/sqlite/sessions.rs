@@ -136,3 +136,42 @@ pub(super) fn sessions_with_status(
         session_from,
     )
 }
+
+pub(super) fn put_session_extra(
+    store: &SqliteStore,
+    session_id: &str,
+    kind: &str,
+    data: &str,
+) -> Result<()> {
+    validate::session_extra(session_id, kind, data)?;
+    let r = store.write().execute(
+        "INSERT INTO session_extras (session_id, kind, data_json, updated_at)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (session_id, kind) DO UPDATE SET
+             data_json = excluded.data_json, updated_at = excluded.updated_at",
+        params![session_id, kind, data, time::fmt(Utc::now())],
+    );
+    match r {
+        Ok(_) => Ok(()),
+        // The session's foreign key: there is no such session (or it was just deleted).
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+        {
+            Err(StoreError::NotFound(format!("session {session_id}")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) fn session_extra(
+    store: &SqliteStore,
+    session_id: &str,
+    kind: &str,
+) -> Result<Option<String>> {
+    first(
+        &store.read(),
+        "SELECT data_json FROM session_extras WHERE session_id = ?1 AND kind = ?2",
+        [session_id, kind],
+        |r| Ok(r.get(0)?),
+    )
+}

@@ -33,6 +33,13 @@ r.ctx = (await sbx.runCode('x', { context: ctx })).text
 r.listedSandbox = (await Sandbox.list({ query: { metadata: { sdk: 'js' } } }).nextItems()).map(
   (s) => s.sandboxId,
 )
+// Paused, then resumed by connect: the variable and the file are back.
+r.paused = await sbx.pause()
+r.stateWhenPaused = (await Sandbox.getInfo(sbx.sandboxId)).state
+r.runningWhenPaused = await sbx.isRunning()
+const again = await Sandbox.connect(sbx.sandboxId)
+r.afterResume = (await again.runCode('x')).text
+r.fileAfterResume = await again.files.read('/home/user/js.txt')
 await sbx.kill()
 r.runningAfterKill = await sbx.isRunning()
 console.log(JSON.stringify(r))
