@@ -30,6 +30,9 @@ pub struct ServeFile {
     /// Added to `--egress-allow` and `--egress-allow-cidr`.
     pub egress_allow: Option<Vec<String>>,
     pub egress_allow_cidr: Option<Vec<String>>,
+    /// Added to `--egress-ca-file`.
+    pub egress_ca_file: Option<Vec<PathBuf>>,
+    pub pip_index_url: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub audit_checkpoint_every: Option<u64>,
     pub audit_checkpoint_interval_s: Option<u64>,

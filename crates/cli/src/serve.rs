@@ -79,6 +79,16 @@ pub struct ServeArgs {
     /// mirror (comma-separated, repeatable) [default: none].
     #[arg(long, value_delimiter = ',', value_name = "CIDR")]
     egress_allow_cidr: Vec<String>,
+    /// A PEM file of roots the egress proxy also trusts when it verifies the real host of a
+    /// domain with a secret header (whose HTTPS it opens), beside webpki's roots and this
+    /// host's store: a private CA, or a test server's (repeatable).
+    #[arg(long, value_name = "FILE")]
+    egress_ca_file: Vec<PathBuf>,
+    /// The package index pip uses in sessions with a network (PIP_INDEX_URL), e.g. a mirror's
+    /// `https://mirror.internal/simple`; its domain must still be in the session's allowlist
+    /// [default: PyPI].
+    #[arg(long, value_name = "URL")]
+    pip_index_url: Option<String>,
     /// Serves /metrics on this address, without a key, and not on --listen (where, once keys
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
@@ -616,6 +626,12 @@ pub fn serve(
                 file.egress_allow_cidr.clone().unwrap_or_default(),
             ]
             .concat(),
+            ca_files: [
+                args.egress_ca_file,
+                file.egress_ca_file.clone().unwrap_or_default(),
+            ]
+            .concat(),
+            pip_index_url: args.pip_index_url.or_else(|| file.pip_index_url.clone()),
         },
         // Every PNG and JPEG result carries a C2PA manifest signed by this server.
         Some(crate::c2pa::image_signer(&signer)?),

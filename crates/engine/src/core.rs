@@ -117,7 +117,7 @@ impl Core {
             .limits
             .validate()
             .map_err(|m| EngineError::InvalidRequest(Invalid::Policy(m)))?;
-        let network = crate::network::Network::new(&config.network)?;
+        let network = crate::network::Network::new(&config.network, &config.data_dir)?;
         let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
         let blocking: Vec<_> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
@@ -314,6 +314,8 @@ impl Core {
         let host = Host {
             python_runtime: self.config.python_runtime.as_deref(),
             kernel_dir: &kernel_dir,
+            trust_dir: self.network.trust_dir(),
+            pip_index_url: self.network.pip_index_url(),
         };
         crate::launch::launch(&host, program, workspace, limits, extra_env, network)
     }

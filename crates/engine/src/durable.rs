@@ -557,6 +557,7 @@ impl SessionManager {
         mut info: SessionInfo,
         lease: runcell_sandbox::UidLease,
         was_paused: bool,
+        egress: Option<runcell_egress::SessionEgress>,
     ) {
         let data_dir = &self.core().config.data_dir;
         let desc: Option<Description> = std::fs::read(description_file(data_dir, &info.id))
@@ -576,7 +577,7 @@ impl SessionManager {
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
                 env: Mutex::new(env),
-                egress: None,
+                egress,
                 no_snapshot: None,
                 lost,
                 resumed: Mutex::new(false),

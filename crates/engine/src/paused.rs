@@ -185,4 +185,6 @@ pub(crate) fn discard_snapshot(data_dir: &Path, id: &str) {
     let _ = std::fs::remove_file(snapshot_file(data_dir, id));
     let _ = std::fs::remove_file(description_file(data_dir, id));
     let _ = std::fs::remove_file(env_file(data_dir, id));
+    // The session's kept network policy ends with it too.
+    crate::network::forget_policy(data_dir, id);
 }

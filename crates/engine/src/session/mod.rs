@@ -318,7 +318,9 @@ impl SessionManager {
             owner: req.owner,
         };
         let info = self.launch(info, workspace, env, kernel, reservation, egress)?;
-        if let Err(e) = self.record(&info) {
+        let kept = crate::network::keep_policy(&self.core.config.data_dir, &info.id, &info.network)
+            .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::Io(e)));
+        if let Err(e) = kept.and_then(|()| self.record(&info)) {
             // A session the store does not know would be lost at the next start, and the
             // caller, told it failed, would never delete it: end it now (a full disk, say).
             if let Some(entry) = self.take(&info.id) {
@@ -441,13 +443,27 @@ impl SessionManager {
             expires_at,
             limits: req.limits,
             start: req.start,
-            // The policy is not in the store (nor are its secrets): a recovered session comes
-            // back without a network, never with more than it had.
             network: Default::default(),
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some());
+        // The policy was kept beside the egress CA (its secrets are not in the store); it is
+        // checked again against what the server allows now: never more than that.
+        let mut info = info;
+        let mut egress = None;
+        if let Some(policy) = crate::network::kept_policy(&self.core.config.data_dir, &info.id) {
+            match self.core.network.session(&policy) {
+                Ok(e) => {
+                    egress = e;
+                    info.network = policy;
+                }
+                Err(e) => {
+                    tracing::warn!(session = %info.id, error = %crate::chain(&e), "the session's network policy is beyond what the server now allows; it comes back without a network");
+                    crate::network::forget_policy(&self.core.config.data_dir, &info.id);
+                }
+            }
+        }
+        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some(), egress);
         Ok(info)
     }
 
