@@ -358,9 +358,9 @@ fn result_images_and_c2pa_copies_validate_with_the_c2pa_sdk() {
         .get(format!("{base}/v1/sessions/{sid}/files/notes.txt?c2pa"))
         .send()
         .expect("?c2pa");
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 409);
     let err: Value = r.json().expect("json");
-    assert_eq!(err["error"]["code"], "invalid_request", "{err}");
+    assert_eq!(err["error"]["code"], "conflict", "{err}");
     assert!(
         err["error"]["message"]
             .as_str()

@@ -68,7 +68,12 @@ const RECORDED_INPUT_BYTES: usize = 8 << 10;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSpec {
-    /// A Python identifier (the function's name in `runcell_tools`), at most 128 characters.
+    /// A Python identifier (the function's name in `runcell_tools`), at most 128 characters,
+    /// not starting with `__`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = r"^(?!__)[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    )]
     pub name: String,
     #[serde(default)]
     pub description: String,

@@ -11,7 +11,7 @@ use runcell_engine::FileEntry;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode};
 use crate::extract::{ApiQuery, Path};
 use crate::sessions::{blocking, owned};
 use crate::state::{AppState, Tenant};
@@ -166,7 +166,7 @@ pub struct ProvenanceDoc {
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path), GetFileQuery),
     responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin; with `?c2pa`, a copy of the PNG or JPEG with a signed C2PA manifest embedded"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link; with `?c2pa`, a file that is not a PNG or JPEG (by its name), or one the C2PA SDK cannot parse"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance` or `?c2pa`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 413, body = ErrorBody, description = "with `?c2pa`: a file over 100 MiB"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance` or `?c2pa`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 413, body = ErrorBody, description = "with `?c2pa`: a file over 100 MiB"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process; with `?c2pa`, `conflict`: a file that is not a PNG or JPEG (by its name), or one the C2PA SDK cannot parse")))]
 pub async fn get_file(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -233,9 +233,12 @@ async fn c2pa_copy(
         .ok_or_else(|| ApiError::not_found("C2PA copies (this server signs no images)"))?;
     let mime = runcell_engine::mime_of(&path);
     if !runcell_engine::SIGNED_IMAGE_TYPES.contains(&mime.as_str()) {
-        return Err(ApiError::invalid(format!(
-            "?c2pa signs PNG and JPEG files (image/png, image/jpeg); {path} is {mime}"
-        )));
+        // 409 like every refusal that depends on the file rather than on the request's form:
+        // the same `?c2pa` is fine for another path.
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!("?c2pa signs PNG and JPEG files (image/png, image/jpeg); {path} is {mime}"),
+        ));
     }
     let engine = state.engine.clone();
     let name = path.rsplit('/').next().unwrap_or("file").to_owned();
@@ -258,7 +261,10 @@ async fn c2pa_copy(
             file: Some((o.path, o.sha256)),
         };
         Ok(signer.sign(&format, &data, &origin).map_err(|why| {
-            ApiError::invalid(format!("{path} cannot be signed as {format}: {why}"))
+            ApiError::new(
+                ErrorCode::Conflict,
+                format!("{path} cannot be signed as {format}: {why}"),
+            )
         }))
     })
     .await??;

@@ -28,6 +28,7 @@ pub(crate) fn document(api: &mut OpenApi, limits: &LimitPolicy, batches: &crate:
     }
     document_ranges(api, limits);
     document_batches(api, batches);
+    document_tools(api);
     document_paths(api);
     document_start(api);
     for (path, op) in operations(api) {
@@ -314,6 +315,44 @@ fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
             runcell_engine::bridge::MAX_CALL_TIMEOUT.as_secs_f64(),
         ));
     }
+}
+
+/// Client tools: at most [`runcell_engine::bridge::MAX_TOOLS`] declared, no two alike (names
+/// must differ too, which a schema cannot say: `uniqueItems` catches the identical ones), and
+/// a tool result carries exactly one of `output` and `error` (either may be `null`: a present
+/// `null` output is a tool that returned null).
+fn document_tools(api: &mut OpenApi) {
+    use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, OneOfBuilder, SchemaType};
+    let Some(components) = api.components.as_mut() else {
+        return;
+    };
+    if let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut("ExecuteRequest") {
+        if let Some(RefOr::T(Schema::Array(a))) = o.properties.get_mut("tools") {
+            a.max_items = Some(runcell_engine::bridge::MAX_TOOLS);
+            a.unique_items = true;
+        }
+    }
+    let Some(result) = components.schemas.remove("ToolResult") else {
+        return;
+    };
+    let with = |field: &str| {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .required(field)
+            .build()
+    };
+    let one = OneOfBuilder::new()
+        .item(with("output"))
+        .item(with("error"))
+        .description(Some("exactly one of `output` and `error`"))
+        .build();
+    let all = AllOfBuilder::new()
+        .item(result)
+        .item(Schema::OneOf(one))
+        .build();
+    components
+        .schemas
+        .insert("ToolResult".to_owned(), RefOr::T(Schema::AllOf(all)));
 }
 
 /// This server's batch bounds: runs a batch, tests a run.

@@ -50,13 +50,21 @@ pub struct ToolResult {
     pub id: String,
     /// The tool's output (any JSON value, at most 1 MiB as JSON): what the call returns in
     /// the code.
+    #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
     pub output: Option<Value>,
     /// The tool's failure (a message, or any JSON value, passed on as JSON text, at most
     /// 1 MiB): the call raises `runcell_tools.ToolError` with it. Exactly one of `output` and
     /// `error`.
+    #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
     pub error: Option<Value>,
+}
+
+/// A field that is there, whatever its value: `"output": null` is a tool that returned null
+/// (Python's None), not a missing output.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// `POST /v1/executions/{id}/continue`.
