@@ -42,6 +42,7 @@ use utoipa_axum::routes;
 
 pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
+pub use forward::{ClusterSecret, MIN_CLUSTER_SECRET_BYTES};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use runcell_engine::OPEN_TENANT;
@@ -284,5 +285,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         approvals: Arc::default(),
         batches: Arc::default(),
         e2b: Arc::default(),
+        cluster_secret: None,
     }
 }

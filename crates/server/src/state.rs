@@ -49,6 +49,8 @@ pub struct AppState {
     pub batches: Arc<crate::batches::Batches>,
     /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
     pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
+    /// Signs and checks the requests nodes forward to each other; none on a single node.
+    pub cluster_secret: Option<Arc<crate::forward::ClusterSecret>>,
 }
 
 impl AppState {
@@ -80,6 +82,12 @@ impl AppState {
     /// --metrics-listen`): this one answers it with 404.
     pub fn without_metrics(mut self) -> Self {
         self.metrics_elsewhere = true;
+        self
+    }
+
+    /// Forwards to, and takes forwarded requests from, the other nodes holding `secret`.
+    pub fn with_cluster_secret(mut self, secret: crate::forward::ClusterSecret) -> Self {
+        self.cluster_secret = Some(Arc::new(secret));
         self
     }
 
@@ -168,15 +176,27 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = Credential::of(parts.headers.get(axum::http::header::AUTHORIZATION));
+        // Another node authenticated the client and signed for it (crate::forward).
+        if let Some(t) = parts.extensions.get::<crate::forward::ForwardedTenant>() {
+            return Ok(Tenant(t.0.clone()));
+        }
+        Self::of_headers(&parts.headers, state).await
+    }
+}
+
+impl Tenant {
+    /// The tenant the request's own `Authorization` names.
+    pub(crate) async fn of_headers(
+        headers: &axum::http::HeaderMap,
+        state: &AppState,
+    ) -> Result<Self, ApiError> {
+        let key = Credential::of(headers.get(axum::http::header::AUTHORIZATION));
         resolve(state, key)
             .await?
             .map(Tenant)
             .map_err(ApiError::unauthorized)
     }
-}
 
-impl Tenant {
     /// The tenant of a request to a vendor-compatible prefix, whose SDK sends the key its own
     /// way: in `vendor_header` (Anthropic's `x-api-key`) when present, else as
     /// `Authorization: Bearer` (OpenAI's). `Ok(Err(why))`: refused, for the caller to answer
