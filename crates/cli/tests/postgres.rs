@@ -464,6 +464,65 @@ fn three_nodes_route_session_requests_to_their_owner() {
     );
     drop(stranger);
 
+    // Listing reads the shared store: a session made on B and paused there, and A's, are
+    // listed alike through every node, with their status.
+    let on_b: Value = c
+        .post(format!("{}/v1/sessions", b.base))
+        .bearer_auth(&key)
+        .json(&json!({"metadata": {"node": "b"}}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on B");
+    let sid_b = on_b["id"].as_str().expect("session id").to_owned();
+    let paused = c
+        .post(format!("{}/v1/sessions/{sid_b}/pause", c_node.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("pause through C");
+    assert!(paused.status().is_success(), "{}", paused.status());
+    let listing = |base: &str| -> Vec<(String, String, String)> {
+        let mut l: Vec<_> = get(base, "/v1/sessions", &key)["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_str().expect("id").to_owned(),
+                    s["status"].as_str().expect("status").to_owned(),
+                    s["metadata"].to_string(),
+                )
+            })
+            .collect();
+        l.sort();
+        l
+    };
+    let mut expected = vec![
+        (sid.clone(), "ready".to_owned(), json!({}).to_string()),
+        (
+            sid_b.clone(),
+            "paused".to_owned(),
+            json!({"node": "b"}).to_string(),
+        ),
+    ];
+    expected.sort();
+    for base in [&a.base, &b.base, &c_node.base] {
+        assert_eq!(listing(base), expected, "listed through {base}");
+        // And one session's GET agrees, wherever it is asked.
+        assert_eq!(
+            get(base, &format!("/v1/sessions/{sid_b}"), &key)["status"],
+            "paused",
+            "through {base}"
+        );
+    }
+    // Another tenant lists none of them, through any node.
+    for base in [&a.base, &b.base, &c_node.base] {
+        assert_eq!(
+            get(base, "/v1/sessions", &other_key)["sessions"],
+            json!([]),
+            "team-b through {base}"
+        );
+    }
+
     // What forwarding costs (printed, not asserted: the machine is shared): a session's GET
     // at its owner and through another node, p50 of 50 each.
     let p50 = |base: &str| {
@@ -498,6 +557,16 @@ fn three_nodes_route_session_requests_to_their_owner() {
         if r.status() == 200 {
             let s: Value = r.json().expect("json");
             if s["status"] == "dead" {
+                // Listed dead through the nodes left, B's paused session still paused.
+                for base in [&b.base, &c_node.base] {
+                    let mut after = expected.clone();
+                    after.iter_mut().for_each(|e| {
+                        if e.0 == sid {
+                            e.1 = "dead".to_owned();
+                        }
+                    });
+                    assert_eq!(listing(base), after, "after A died, through {base}");
+                }
                 break;
             }
         }
