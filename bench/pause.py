@@ -6,6 +6,9 @@ Usage: bench/pause.py [BINARY=target/release/runcell] [N=20] [PAUSED=1000] [PREL
   RUNTIMES  a directory of installed runtimes, linked into the bench's data dir (default
             target/tmp/runcell-test-runtimes/runtimes, what the tests install)
   PRELOAD   the zygote's modules (serve --preload); default: the server's own default
+  RUST_LOG, LOG  the server's log filter (default warn) and the file its log goes to, e.g.
+            RUST_LOG=runcell_engine::durable=debug,runcell_engine=info LOG=/tmp/pause.log for
+            the time of each step of a pause and a resume
 
 Prints, in one run (a shared machine's absolute numbers move; compare within a run):
   create     POST /v1/sessions, p50/p90 (what the preload costs a create)
@@ -14,10 +17,11 @@ Prints, in one run (a shared machine's absolute numbers move; compare within a r
              first result (a zygote fork, the snapshot read back, the cell)
   explicit   POST .../resume, then the first execute, each
   snapshot   the snapshot's size on disk
-  paused     PAUSED small sessions paused at once: the server's committed memory, the sandbox
-             processes left, and the server's RSS before and after
+  paused     PAUSED small sessions paused: once their workspaces are unmounted (30 s after the
+             pause), what they hold: mounts, loop devices, cgroups, processes, the server's
+             descriptors and RSS, MemAvailable; the listing's time; resumes among them
 """
-import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 import urllib.request
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +31,9 @@ n = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 paused_n = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
 preload = sys.argv[4] if len(sys.argv) > 4 else None
 runtimes = os.environ.get("RUNTIMES", os.path.join(root, "target/tmp/runcell-test-runtimes/runtimes"))
+# RUST_LOG=runcell_engine::durable=debug,runcell_engine=info LOG=FILE: each step's time.
+log_filter = os.environ.get("RUST_LOG", "warn")
+log_file = os.environ.get("LOG")
 
 STATE = """
 import numpy as np
@@ -86,6 +93,103 @@ def metric(base, name):
     return None
 
 
+def mem_available_kb():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+def mounts_under(path):
+    return sum(1 for l in open("/proc/self/mountinfo") if l.split(" ")[4].startswith(path + "/"))
+
+
+def loops_under(path):
+    n = 0
+    for dev in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{dev}/loop/backing_file") as f:
+                n += f.read().strip().startswith(path + "/")
+        except OSError:
+            pass
+    return n
+
+
+def cgroups_of(uids):
+    prefixes = tuple(f"rc-{u}-" for u in uids)
+    n = 0
+    for root in ["/sys/fs/cgroup/runcell"] + [f"/sys/fs/cgroup/{h}/runcell" for h in os.listdir("/sys/fs/cgroup")]:
+        try:
+            n += sum(1 for d in os.listdir(root) if d.startswith(prefixes))
+        except OSError:
+            pass
+    return n
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def paused_phase(base, data, srv):
+    """PAUSED small sessions paused at once: what each costs (nothing, is the goal: no
+    process, cgroup, mount, loop device or descriptor once its workspace is unmounted 30 s
+    after the pause), the listing and resumes among them, and a SIGTERM."""
+    workspaces, images = os.path.join(data, "workspaces"), os.path.join(data, "workspace-images")
+    time.sleep(2)
+    mem0, rss0, fds0, procs0 = mem_available_kb(), rss_kb(srv.pid), open_fds(srv.pid), descendants(srv.pid)
+    spares = loops_under(os.path.join(images, "spares"))
+    ids, uids = [], []
+    t = time.perf_counter()
+    for i in range(paused_n):
+        s, _ = call("POST", base + "/v1/sessions", {"limits": {"memory_mb": 64, "disk_mb": 16}})
+        call("POST", f"{base}/v1/sessions/{s['id']}/execute", {"code": f"v = {i}"})
+        uids.append(os.stat(os.path.join(workspaces, s["id"])).st_uid)
+        call("POST", f"{base}/v1/sessions/{s['id']}/pause")
+        ids.append(s["id"])
+    made = time.perf_counter() - t
+    gauge = metric(base, 'runcell_sessions{state="paused"}')
+    print(f"paused     {paused_n} sessions (create, a cell, pause) in {made:.1f} s; {gauge}")
+    print(f"  right after: workspaces mounted {mounts_under(workspaces)}, session loop devices "
+          f"{loops_under(images) - loops_under(os.path.join(images, 'spares'))}")
+    # Their workspaces are unmounted 30 s after each pause (the expiry thread, every second).
+    deadline = time.time() + 120
+    while mounts_under(workspaces) and time.time() < deadline:
+        time.sleep(1)
+    time.sleep(2)
+    mem1 = mem_available_kb()
+    session_loops = loops_under(images) - loops_under(os.path.join(images, "spares"))
+    print(f"  once unmounted: workspaces mounted {mounts_under(workspaces)}, session loop devices {session_loops}, "
+          f"cgroups of theirs {cgroups_of(uids)}, processes under the server {descendants(srv.pid)} "
+          f"(before: {procs0}: the zygote and its helpers), server fds {fds0} -> {open_fds(srv.pid)}, "
+          f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB, "
+          f"MemAvailable {mem0 // 1024} -> {mem1 // 1024} MiB ({(mem0 - mem1) / paused_n:.0f} KiB per paused session; "
+          f"a shared machine: other processes move it too)")
+    lists = []
+    for _ in range(5):
+        out, ms = call("GET", base + "/v1/sessions")
+        lists.append(ms)
+    listed = sum(1 for x in out["sessions"] if x["status"] == "paused")
+    stats("list", lists)
+    print(f"           listed {listed} paused of {len(out['sessions'])}")
+    for k in (0, paused_n // 2, paused_n - 1):
+        e, ms = call("POST", f"{base}/v1/sessions/{ids[k]}/execute", {"code": "v"})
+        assert e["results"][0]["data"]["text/plain"] == str(k), e
+        print(f"           session {k} resumed (mounted again) to its first result in {ms:.1f} ms")
+    t = time.perf_counter()
+    srv.send_signal(signal.SIGTERM)
+    srv.wait(timeout=120)
+    print(f"SIGTERM    with {paused_n - 3} paused and 3 live: the server stopped in {time.perf_counter() - t:.1f} s")
+    left = mounts_under(data)
+    if left:
+        # A SIGTERM keeps the paused sessions' workspaces for the next start: unmounted here
+        # so the bench leaves nothing mounted.
+        for line in open("/proc/self/mountinfo").read().splitlines()[::-1]:
+            m = line.split(" ")[4]
+            if m.startswith(data + "/"):
+                subprocess.run(["umount", "-l", m])
+
+
 def main():
     data = tempfile.mkdtemp(prefix="runcell-bench-pause-")
     os.symlink(runtimes, os.path.join(data, "runtimes"))
@@ -96,11 +200,19 @@ def main():
     args = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--warm-sessions", "0"]
     if preload:
         args += ["--preload", preload]
-    srv = subprocess.Popen(args, env=dict(os.environ, RUNCELL_DATA_DIR=data, RUST_LOG="warn"),
+    srv = subprocess.Popen(args, env=dict(os.environ, RUNCELL_DATA_DIR=data, RUST_LOG=log_filter),
                            stderr=subprocess.PIPE, text=True)
     for line in srv.stderr:
         if "runcell serving on" in line:
             break
+    # The rest of the log goes to LOG (or nowhere), read on a thread so the server never
+    # blocks on a full pipe.
+    def drain(out=open(log_file, "w") if log_file else None):
+        for line in srv.stderr:
+            if out:
+                out.write(line)
+                out.flush()
+    threading.Thread(target=drain, daemon=True).start()
     # The zygote preloads in the background: wait for it (a create before it starts cold).
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -120,7 +232,9 @@ def main():
             p, ms = call("POST", f"{base}/v1/sessions/{sid}/pause")
             assert p["status"] == "paused", p
             pauses.append(ms)
-            sizes.append(os.path.getsize(os.path.join(data, "snapshots", f"{sid}.snap")))
+            with open(os.path.join(data, "snapshots", f"{sid}.json")) as f:
+                size = json.load(f).get("bytes")  # an older server's description has none
+            sizes.append(size or os.path.getsize(os.path.join(data, "snapshots", f"{sid}.snap")))
             e, ms = call("POST", f"{base}/v1/sessions/{sid}/execute", {"code": "df.shape, model.n_estimators"})
             assert e["results"][0]["data"]["text/plain"] == "((262144, 5), 50)", e
             assert "model" in e["restored"]["names"], e
@@ -133,41 +247,24 @@ def main():
             first.append(ms)
             urllib.request.urlopen(urllib.request.Request(f"{base}/v1/sessions/{sid}", method="DELETE"))
         print(f"preload: {preload or 'the default'}")
-        stats("create", creates)
-        stats("pause", pauses)
-        stats("resume", resumes)
-        stats("explicit", explicit)
-        stats("then cell", first)
-        print(f"snapshot   {statistics.median(sizes) / 1e6:.1f} MB")
-
+        if n:
+            report(creates, pauses, resumes, explicit, first, sizes)
         if paused_n:
-            rss0 = rss_kb(srv.pid)
-            ids = []
-            t = time.perf_counter()
-            for i in range(paused_n):
-                s, _ = call("POST", base + "/v1/sessions", {"limits": {"memory_mb": 64, "disk_mb": 16}})
-                call("POST", f"{base}/v1/sessions/{s['id']}/execute", {"code": f"v = {i}"})
-                call("POST", f"{base}/v1/sessions/{s['id']}/pause")
-                ids.append(s["id"])
-            made = time.perf_counter() - t
-            gauge = metric(base, 'runcell_sessions{state="paused"}')
-            mounts = sum(1 for l in open("/proc/self/mountinfo") if os.path.join(data, "workspaces") in l)
-            print(f"paused     {paused_n} sessions in {made:.1f} s; {gauge}; processes under the server: "
-                  f"{descendants(srv.pid)} (the zygote and its helpers); workspaces mounted: {mounts}; "
-                  f"server RSS {rss0 // 1024} -> {rss_kb(srv.pid) // 1024} MiB")
-            # Each still resumes.
-            e, ms = call("POST", f"{base}/v1/sessions/{ids[-1]}/execute", {"code": "v"})
-            assert e["results"][0]["data"]["text/plain"] == str(paused_n - 1), e
-            print(f"           the last one resumed to its first result in {ms:.1f} ms")
-            t = time.perf_counter()
-            srv.send_signal(signal.SIGTERM)
-            srv.wait(timeout=120)
-            print(f"SIGTERM    with {paused_n - 1} paused and 1 live: the server stopped in {time.perf_counter() - t:.1f} s")
+            paused_phase(base, data, srv)
     finally:
         if srv.poll() is None:
             srv.send_signal(signal.SIGTERM)
             srv.wait(timeout=120)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def report(creates, pauses, resumes, explicit, first, sizes):
+    stats("create", creates)
+    stats("pause", pauses)
+    stats("resume", resumes)
+    stats("explicit", explicit)
+    stats("then cell", first)
+    print(f"snapshot   {statistics.median(sizes) / 1e6:.1f} MB")
 
 
 main()

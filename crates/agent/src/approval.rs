@@ -4,6 +4,7 @@
 //! in words it can act on.
 
 use runcell_engine::tools::ToolCall;
+use runcell_engine::{ApprovalRecord, Decision, Engine, EngineError};
 use serde_json::Value;
 
 use crate::ToolUse;
@@ -28,11 +29,76 @@ pub enum Verdict {
     Decline(Option<String>),
 }
 
+/// A [`Verdict`] and who gave it, when that is not the gate's own `by` (over HTTP, the key
+/// that answered; `runcell` itself for a timeout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub verdict: Verdict,
+    pub by: Option<String>,
+}
+
+impl From<Verdict> for Answer {
+    fn from(verdict: Verdict) -> Answer {
+        Answer { verdict, by: None }
+    }
+}
+
 /// Who decides, and how.
 pub struct Gate<'a> {
-    /// Recorded as `decided_by` in the audit log (e.g. `cli:alice`, `api:tenant`).
+    /// Recorded as `decided_by` in the audit log (e.g. `cli:alice`, `api:tenant`) unless the
+    /// answer names someone else.
     pub by: String,
-    pub decide: &'a mut dyn FnMut(&Proposal<'_>) -> Verdict,
+    pub decide: &'a mut dyn FnMut(&Proposal<'_>) -> Answer,
+}
+
+/// What a recorded decision lets happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ruling {
+    /// Run the call as proposed (also an "edit" that changed nothing).
+    Run,
+    /// Run this instead (same form as [`Proposal::code`]).
+    Edited(String),
+    /// Do not run it; the model is told [`declined_text`] of the reason.
+    Declined(Option<String>),
+}
+
+/// Asks `gate` about `call` (whose reviewable form is `code`), and records the decision in
+/// `owner`'s audit log, before anything runs, as a decision on `session`'s tool `tool` (the
+/// name the model called it by). Shared by the agent loop and the vendor endpoints' loops.
+pub fn rule(
+    engine: &Engine,
+    owner: &str,
+    session: &str,
+    p: &Proposal<'_>,
+    gate: &mut Gate<'_>,
+) -> Result<Ruling, EngineError> {
+    let answer = (gate.decide)(p);
+    let decision = match &answer.verdict {
+        Verdict::Run => Decision::Approved,
+        Verdict::Edit(c) if *c == p.code => Decision::Approved,
+        Verdict::Edit(_) => Decision::Edited,
+        Verdict::Decline(_) => Decision::Declined,
+    };
+    let mut rec = ApprovalRecord::new(
+        Some(session.to_owned()),
+        decision,
+        answer.by.unwrap_or_else(|| gate.by.clone()),
+        p.call.name.clone(),
+        p.code.clone(),
+    );
+    let ruling = match answer.verdict {
+        Verdict::Edit(c) if decision == Decision::Edited => {
+            rec.edited_code = Some(c.clone());
+            Ruling::Edited(c)
+        }
+        Verdict::Decline(r) => {
+            rec.reason = r.clone();
+            Ruling::Declined(r)
+        }
+        _ => Ruling::Run,
+    };
+    engine.record_approval(owner, &rec)?;
+    Ok(ruling)
 }
 
 impl std::fmt::Debug for Gate<'_> {

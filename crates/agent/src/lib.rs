@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use runcell_engine::tools::{ToolCall, ToolOutput};
-use runcell_engine::{
-    ApprovalRecord, CancelToken, CreateSession, Decision, Engine, FileChangeKind, InputFile,
-};
+use runcell_engine::{CancelToken, CreateSession, Engine, FileChangeKind, InputFile};
 
 pub mod approval;
 mod error;
@@ -20,7 +18,7 @@ pub mod provider;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
-pub use approval::{Gate, Proposal, Verdict};
+pub use approval::{Answer, Gate, Proposal, Ruling, Verdict};
 pub use error::AgentError;
 pub use provider::{
     default_models, Client, ModelReply, ProviderConfig, ProviderKind, ReplyMeta, ToolReply,
@@ -301,40 +299,20 @@ impl Agent {
         if call.bad_arguments.is_some() {
             return Ok((self.run_call(session, call)?, false));
         }
-        let code = approval::proposal_text(call);
-        let verdict = (gate.decide)(&Proposal {
+        let p = Proposal {
             step,
             call,
-            code: code.clone(),
-        });
-        let decision = match &verdict {
-            Verdict::Run => Decision::Approved,
-            Verdict::Edit(c) if *c == code => Decision::Approved,
-            Verdict::Edit(_) => Decision::Edited,
-            Verdict::Decline(_) => Decision::Declined,
+            code: approval::proposal_text(call),
         };
-        let mut rec = ApprovalRecord::new(
-            Some(session.to_owned()),
-            decision,
-            gate.by.clone(),
-            call.name.clone(),
-            code.clone(),
-        );
-        match &verdict {
-            Verdict::Edit(c) if decision == Decision::Edited => rec.edited_code = Some(c.clone()),
-            Verdict::Decline(r) => rec.reason = r.clone(),
-            _ => {}
-        }
-        self.engine.record_approval(owner, &rec)?;
-        match verdict {
-            Verdict::Decline(reason) => Ok((
+        match approval::rule(&self.engine, owner, session, &p, gate)? {
+            Ruling::Declined(reason) => Ok((
                 ToolOutput {
                     text: approval::declined_text(reason.as_deref()),
                     ..ToolOutput::error("")
                 },
                 true,
             )),
-            Verdict::Edit(c) if decision == Decision::Edited => {
+            Ruling::Edited(c) => {
                 let edited = match approval::edited_call(call, &c) {
                     Ok(e) => e,
                     Err(m) => return Ok((ToolOutput::error(m), false)),
@@ -343,7 +321,7 @@ impl Agent {
                 out.text = format!("{}{}", approval::edited_note(&c), out.text);
                 Ok((out, false))
             }
-            _ => Ok((self.run_call(session, call)?, false)),
+            Ruling::Run => Ok((self.run_call(session, call)?, false)),
         }
     }
 

@@ -98,7 +98,7 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
             show_step(&event);
         }
     };
-    let mut decide = approve::decide;
+    let mut decide = |p: &runcell_agent::Proposal<'_>| approve::decide(p).into();
     let gate = approve.then(|| Gate {
         by: approve::decided_by(),
         decide: &mut decide,

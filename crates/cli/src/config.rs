@@ -30,6 +30,9 @@ pub struct ServeFile {
     /// Added to `--egress-allow` and `--egress-allow-cidr`.
     pub egress_allow: Option<Vec<String>>,
     pub egress_allow_cidr: Option<Vec<String>>,
+    /// Added to `--egress-ca-file`.
+    pub egress_ca_file: Option<Vec<PathBuf>>,
+    pub pip_index_url: Option<String>,
     pub metrics_listen: Option<SocketAddr>,
     pub audit_checkpoint_every: Option<u64>,
     pub audit_checkpoint_interval_s: Option<u64>,
@@ -56,6 +59,32 @@ pub struct ServeFile {
     pub default_idle_timeout_s: Option<u64>,
     pub default_pause_after_s: Option<u64>,
     pub default_expire_after_s: Option<u64>,
+    /// `[mcp_servers.NAME]` tables; a `--mcp-server` of the same name replaces one.
+    pub mcp_servers: Option<std::collections::BTreeMap<String, McpServerFile>>,
+}
+
+/// One `[mcp_servers.NAME]` table: `command` (stdio) or `url` (streamable HTTP), who may use
+/// it and its bounds.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerFile {
+    /// The program and its arguments: `["github-mcp-server", "stdio"]`, or one string split
+    /// into words as `--mcp-server` splits it.
+    pub command: Option<CommandLine>,
+    pub url: Option<String>,
+    /// Tenant names, or `["*"]` for every tenant [default: none].
+    pub tenants: Option<Vec<String>>,
+    /// Seconds a call may take [default: 60].
+    pub timeout_s: Option<u64>,
+    /// Calls in flight at once, over all sessions [default: 8].
+    pub max_concurrency: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CommandLine {
+    Words(Vec<String>),
+    Line(String),
 }
 
 impl ServeFile {
@@ -85,5 +114,22 @@ mod tests {
         assert_eq!(f.max_memory_mb, Some(512));
         let e = toml::from_str::<ServeFile>("max_memroy_mb = 512\n").expect_err("a typo");
         assert!(e.to_string().contains("max_memroy_mb"), "{e}");
+    }
+
+    #[test]
+    fn mcp_servers_are_tables() {
+        let f: ServeFile = toml::from_str(
+            "[mcp_servers.github]\ncommand = [\"gh-mcp\", \"stdio\"]\ntenants = [\"acme\"]\n\
+             [mcp_servers.docs]\nurl = \"http://127.0.0.1:9/mcp\"\ntimeout_s = 5\n",
+        )
+        .expect("tables");
+        let servers = f.mcp_servers.expect("mcp_servers");
+        assert!(
+            matches!(&servers["github"].command, Some(CommandLine::Words(w)) if w[0] == "gh-mcp")
+        );
+        assert_eq!(servers["docs"].timeout_s, Some(5));
+        let e =
+            toml::from_str::<ServeFile>("[mcp_servers.a]\ncomand = \"x\"\n").expect_err("a typo");
+        assert!(e.to_string().contains("comand"), "{e}");
     }
 }

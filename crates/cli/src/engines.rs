@@ -51,10 +51,12 @@ pub(crate) fn serving_engine(
     limits: runcell_engine::LimitPolicy,
     workspaces_on_disk: bool,
     network: runcell_engine::NetworkConfig,
+    image_signer: Option<std::sync::Arc<dyn runcell_engine::ImageSigner>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
     let mut config = config_with_runtime(data_dir, preload, limits)?;
     config.workspaces_on_disk = workspaces_on_disk;
     config.network = network;
+    config.image_signer = image_signer;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)
 }
 

@@ -21,19 +21,50 @@ pub enum KeysCommand {
         #[arg(long, default_value = "runcell", value_parser = ["runcell", "e2b"])]
         format: String,
         #[command(flatten)]
+        key: KeyArgs,
+        #[command(flatten)]
         settings: TenantArgs,
     },
     /// List keys (never their secret), with their tenant's quota and default start.
     List,
-    /// Change the quota or default start of a key's tenant (every key of the tenant shares them).
+    /// Change a key's approval default, or the quota or default start of its tenant (every
+    /// key of the tenant shares those).
     Update {
         /// The key's id, or the name of the only active key so named.
         key_id_or_name: String,
+        #[command(flatten)]
+        key: KeyArgs,
         #[command(flatten)]
         settings: TenantArgs,
     },
     /// Revoke a key by id or name.
     Revoke { id_or_name: String },
+}
+
+/// What is the key's own, not its tenant's.
+#[derive(Debug, Default, clap::Args)]
+pub struct KeyArgs {
+    /// Whether the agent endpoints' cells (the chat, /anthropic, /openai/v1, /gemini,
+    /// /mistral) wait for `POST /v1/approvals/{id}` when a request made with this key does
+    /// not say: `always` (a floor: a request asking for `never` is refused with 403), `never`
+    /// (requests may still ask for `always`), or `none` (no default: as `never`).
+    #[arg(long, value_name = "always|never|none", value_parser = ["always", "never", "none"])]
+    approval: Option<String>,
+}
+
+impl KeyArgs {
+    /// The change asked for: `Some(None)` clears the default.
+    fn approval(&self) -> Option<Option<runcell_store::ApprovalMode>> {
+        self.approval
+            .as_deref()
+            .map(runcell_store::ApprovalMode::parse)
+    }
+}
+
+/// A key's approval default, as `keys list` shows it.
+fn show_approval(k: &runcell_store::KeyInfo) -> &'static str {
+    k.approval
+        .map_or("none", runcell_store::ApprovalMode::as_str)
 }
 
 /// A tenant's quota and default start, read at every session start (the API's, MCP's and the
@@ -153,16 +184,26 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
             name,
             tenant,
             format,
+            key: key_args,
             settings,
         } => {
             let format = match format.as_str() {
                 "e2b" => runcell_store::KeyFormat::E2b,
                 _ => runcell_store::KeyFormat::Runcell,
             };
-            let (info, key) = store.create_key_in_format(&name, &tenant, format)?;
+            let (mut info, key) = store.create_key_in_format(&name, &tenant, format)?;
+            // Set before the key is shown: nobody can use it without its default meanwhile.
+            if let Some(mode) = key_args.approval() {
+                info = store
+                    .set_key_approval(&info.id, mode)?
+                    .with_context(|| format!("the key {} vanished as it was made", info.id))?;
+            }
             eprintln!(
-                "created key {} ({}) for tenant {}; it is shown once:",
-                info.id, info.name, info.tenant
+                "created key {} ({}) for tenant {}, approval {}; it is shown once:",
+                info.id,
+                info.name,
+                info.tenant,
+                show_approval(&info)
             );
             if !settings.is_empty() {
                 let q = store.update_tenant(&info.tenant, &settings.change())?;
@@ -172,22 +213,31 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
         }
         KeysCommand::Update {
             key_id_or_name,
+            key: key_args,
             settings,
         } => {
-            if settings.is_empty() {
+            if settings.is_empty() && key_args.approval.is_none() {
                 bail!(
-                    "nothing to update: give --max-sessions or --max-memory-mb (a number, or none)"
+                    "nothing to update: give --approval (always, never or none), --max-sessions, --max-memory-mb (a number, or none) or --start"
                 );
             }
             let key = store
                 .find_key(&key_id_or_name)?
                 .with_context(|| format!("no key matches {key_id_or_name:?}"))?;
-            let q = store.update_tenant(&key.tenant, &settings.change())?;
-            eprintln!(
-                "tenant {} (every key of the tenant): {}",
-                q.tenant,
-                show_tenant(&q)
-            );
+            if let Some(mode) = key_args.approval() {
+                let k = store
+                    .set_key_approval(&key.id, mode)?
+                    .with_context(|| format!("no key matches {key_id_or_name:?}"))?;
+                eprintln!("key {} ({}): approval {}", k.id, k.name, show_approval(&k));
+            }
+            if !settings.is_empty() {
+                let q = store.update_tenant(&key.tenant, &settings.change())?;
+                eprintln!(
+                    "tenant {} (every key of the tenant): {}",
+                    q.tenant,
+                    show_tenant(&q)
+                );
+            }
         }
         KeysCommand::List => {
             let quotas: std::collections::HashMap<String, runcell_store::TenantSettings> = store
@@ -202,13 +252,14 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
                     None => "active".into(),
                 };
                 println!(
-                    "{}  {:20}  tenant={:12}  {}…  created {}  {}  {}",
+                    "{}  {:20}  tenant={:12}  {}…  created {}  {}  approval={}  {}",
                     k.id,
                     k.name,
                     k.tenant,
                     k.prefix,
                     k.created_at.to_rfc3339(),
                     state,
+                    show_approval(&k),
                     show_tenant(&quota)
                 );
             }

@@ -5,6 +5,7 @@ mod args;
 mod ask;
 mod audit;
 mod batch;
+mod c2pa;
 mod config;
 mod doctor;
 mod engines;
@@ -152,7 +153,10 @@ fn init_logging() {
     let ansi = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
         && std::io::stderr().is_terminal();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        // The C2PA SDK logs each signature's and each check's phases at info.
+        .with_env_filter(
+            EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "info,c2pa=warn".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();

@@ -80,6 +80,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
         runcell_engine::NetworkConfig {
             allow_domains: args.allow_domains,
             allow_cidrs: args.allow_cidrs,
+            ..Default::default()
         },
     )?;
     let stdout = std::io::stdout();

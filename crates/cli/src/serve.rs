@@ -79,6 +79,16 @@ pub struct ServeArgs {
     /// mirror (comma-separated, repeatable) [default: none].
     #[arg(long, value_delimiter = ',', value_name = "CIDR")]
     egress_allow_cidr: Vec<String>,
+    /// A PEM file of roots the egress proxy also trusts when it verifies the real host of a
+    /// domain with a secret header (whose HTTPS it opens), beside webpki's roots and this
+    /// host's store: a private CA, or a test server's (repeatable).
+    #[arg(long, value_name = "FILE")]
+    egress_ca_file: Vec<PathBuf>,
+    /// The package index pip uses in sessions with a network (PIP_INDEX_URL), e.g. a mirror's
+    /// `https://mirror.internal/simple`; its domain must still be in the session's allowlist
+    /// [default: PyPI].
+    #[arg(long, value_name = "URL")]
+    pip_index_url: Option<String>,
     /// Serves /metrics on this address, without a key, and not on --listen (where, once keys
     /// exist, it otherwise needs one).
     #[arg(long, value_name = "ADDR")]
@@ -126,6 +136,17 @@ pub struct ServeArgs {
     /// the secret itself instead.
     #[arg(long, value_name = "FILE", env = "RUNCELL_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
+    /// An MCP server whose tools sessions' code may call (`from runcell_tools.mcp import
+    /// NAME`), repeatable: `NAME=COMMAND ARGS...` (stdio: a program runcell starts on this host,
+    /// the line split into words as a shell would, never run by one) or `NAME=URL` (streamable
+    /// HTTP). NAME is a Python identifier. No tenant may use it until --mcp-server-tenants
+    /// names one (docs/tools.md).
+    #[arg(long, value_name = "NAME=COMMAND...|NAME=URL")]
+    mcp_server: Vec<String>,
+    /// The tenants whose sessions may use an MCP server: `NAME=TENANT,...`, or `NAME=*` for
+    /// every tenant (repeatable) [default: none]. Without keys the tenant is `default`.
+    #[arg(long, value_name = "NAME=TENANT,...")]
+    mcp_server_tenants: Vec<String>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -287,6 +308,82 @@ fn limit_policy(
     Ok(p)
 }
 
+/// The MCP servers of the file's `[mcp_servers.NAME]` tables, then of `--mcp-server` (which
+/// replaces a table of the same name), with their tenants (`--mcp-server-tenants` wins over a
+/// table's `tenants`).
+fn mcp_servers(
+    flags: &[String],
+    tenant_flags: &[String],
+    file: &ServeFile,
+) -> anyhow::Result<Vec<runcell_server::mcp_servers::McpServerConfig>> {
+    use runcell_server::mcp_servers::{self as mcp, McpServerConfig, TenantAccess};
+    let mut servers: std::collections::BTreeMap<String, McpServerConfig> = Default::default();
+    for (name, table) in file.mcp_servers.iter().flatten() {
+        let transport = match (&table.command, &table.url) {
+            (Some(command), None) => {
+                let words = match command {
+                    crate::config::CommandLine::Words(w) => w.clone(),
+                    crate::config::CommandLine::Line(line) => shlex_words(name, line)?,
+                };
+                mcp::stdio(name, words)?
+            }
+            (None, Some(url)) => mcp::http(name, url)?,
+            _ => {
+                return Err(invalid(format!(
+                    "[mcp_servers.{name}] needs exactly one of command and url"
+                )))
+            }
+        };
+        let mut config = McpServerConfig::new(name, transport)?;
+        if let Some(t) = &table.tenants {
+            config.tenants = TenantAccess::from_names(t.iter().cloned())?;
+        }
+        if let Some(s) = table.timeout_s {
+            config = config.with_call_timeout(s)?;
+        }
+        if let Some(n) = table.max_concurrency {
+            config = config.with_max_concurrency(n)?;
+        }
+        servers.insert(name.clone(), config);
+    }
+    for flag in flags {
+        let config = McpServerConfig::parse_flag(flag)?;
+        if flags
+            .iter()
+            .filter(|f| f.split('=').next().map(str::trim) == Some(config.name.as_str()))
+            .count()
+            > 1
+        {
+            return Err(mcp::McpConfigError::Duplicate(config.name).into());
+        }
+        servers.insert(config.name.clone(), config);
+    }
+    for flag in tenant_flags {
+        let (name, access) = mcp::parse_tenants_flag(flag)?;
+        let server = servers
+            .get_mut(&name)
+            .ok_or(mcp::McpConfigError::UnknownServer(name))?;
+        server.tenants = access;
+    }
+    Ok(servers.into_values().collect())
+}
+
+/// A table's `command = "..."`, split as `--mcp-server` splits it.
+fn shlex_words(name: &str, line: &str) -> anyhow::Result<Vec<String>> {
+    // The same rule as the flag's: parse it as one.
+    match runcell_server::mcp_servers::McpServerConfig::parse_flag(&format!("{name}={line}"))?
+        .transport
+    {
+        runcell_server::mcp_servers::McpTransport::Stdio { program, mut args } => {
+            args.insert(0, program);
+            Ok(args)
+        }
+        runcell_server::mcp_servers::McpTransport::Http { .. } => Err(invalid(format!(
+            "[mcp_servers.{name}] command is a URL: use url = \"{line}\""
+        ))),
+    }
+}
+
 /// `explicit_data_dir`: `--data-dir` or `RUNCELL_DATA_DIR`, which win over the file's.
 pub fn serve(
     explicit_data_dir: Option<&Path>,
@@ -351,6 +448,21 @@ pub fn serve(
             .collect()
     });
     let limits = limit_policy(&args.limits, &file)?;
+    let mcp_servers = std::sync::Arc::new(
+        mcp_servers(&args.mcp_server, &args.mcp_server_tenants, &file)
+            .and_then(|c| Ok(runcell_server::mcp_servers::McpServers::new(c)?))
+            // Each a configuration mistake: the usage exit code, the message naming the server.
+            .map_err(|e| invalid(format!("{e:#}")))?,
+    );
+    for server in mcp_servers.configs() {
+        if server.tenants == runcell_server::mcp_servers::TenantAccess::Only(Default::default()) {
+            tracing::warn!(
+                server = %server.name,
+                "MCP server configured but no tenant may use it: add --mcp-server-tenants {}=TENANT (or =*)",
+                server.name
+            );
+        }
+    }
     let mut allowed_hosts = args.allowed_hosts;
     for name in file.allowed_hosts.iter().flatten() {
         allowed_hosts.push(
@@ -528,7 +640,15 @@ pub fn serve(
                 file.egress_allow_cidr.clone().unwrap_or_default(),
             ]
             .concat(),
+            ca_files: [
+                args.egress_ca_file,
+                file.egress_ca_file.clone().unwrap_or_default(),
+            ]
+            .concat(),
+            pip_index_url: args.pip_index_url.or_else(|| file.pip_index_url.clone()),
         },
+        // Every PNG and JPEG result carries a C2PA manifest signed by this server.
+        Some(crate::c2pa::image_signer(&signer)?),
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);
@@ -577,7 +697,9 @@ pub fn serve(
         let mut state = runcell_server::state(engine.clone(), store, addr)
             .with_batch_limits(max_batch_runs.into(), max_tests_per_run.into())
             .with_allowed_hosts(allowed_hosts)
-            .with_audit_signer(signer);
+            .with_audit_signer(signer)
+            .with_mcp_servers(mcp_servers.clone());
+        mcp_servers.connect_in_background();
         if let Some((chat, vendor)) = chat {
             state = state.with_chat(chat).with_vendor(vendor);
         }

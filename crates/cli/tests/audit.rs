@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use common::serve::runcell;
 use serde_json::{json, Value};
 
-fn data_dir() -> PathBuf {
+fn data_dir() -> common::serve::DataDir {
     common::serve::data_dir("runcell-audit-test-")
 }
 

@@ -426,6 +426,103 @@ fn a_sigterm_restart_keeps_variables() {
     );
 }
 
+/// The environment across a restart: the session's `env` given at its create and what cells
+/// changed in `os.environ` (Python); a Bash session's variables (exported or not), functions,
+/// aliases and working directory. Each checked against a session that never had them.
+#[test]
+fn a_restart_keeps_the_environment_and_bash_state() {
+    let data = common::serve::data_dir("runcell-durable-env-");
+    let c = http();
+    let first = serve(&data);
+    let py = create(
+        &c,
+        &first,
+        json!({"env": {"GIVEN": "at create", "CHANGED": "old", "REMOVED": "soon"}}),
+    );
+    let e = execute(
+        &c,
+        &first,
+        &py,
+        "import os\nos.environ['CHANGED'] = 'new'\nos.environ['ADDED'] = 'in a cell'\ndel os.environ['REMOVED']",
+    );
+    assert_eq!(e["status"], "ok", "{e}");
+    let sh = create(
+        &c,
+        &first,
+        json!({"language": "bash", "env": {"GIVEN": "to bash"}}),
+    );
+    let e = execute(
+        &c,
+        &first,
+        &sh,
+        "export EXPORTED=ex; PLAIN=pl; declare -a ARR=(a 'b c'); greet() { echo \"hello $1\"; }; alias say='echo said'; mkdir -p sub/dir && cd sub/dir",
+    );
+    assert_eq!(e["status"], "ok", "{e}");
+    // SIGTERM in between (a restart); the paused sessions come back paused.
+    drop(first);
+    let second = serve(&data);
+    const ENV: &str = "import os\n(os.environ.get('GIVEN'), os.environ.get('CHANGED'), os.environ.get('ADDED'), os.environ.get('REMOVED'))";
+    let e = execute(&c, &second, &py, ENV);
+    assert_eq!(text(&e), "('at create', 'new', 'in a cell', None)", "{e}");
+    assert!(
+        names(&e["restored"]).contains(&"os.environ".to_owned()),
+        "{e}"
+    );
+    const SH: &str =
+        "echo \"$GIVEN|$EXPORTED|$PLAIN|${ARR[1]}|$(printenv EXPORTED)\"; greet you; say; pwd";
+    let e = execute(&c, &second, &sh, SH);
+    assert_eq!(
+        e["stdout"], "to bash|ex|pl|b c|ex\nhello you\nsaid\n/workspace/sub/dir\n",
+        "{e}"
+    );
+    let restored = names(&e["restored"]);
+    for name in ["EXPORTED", "PLAIN", "ARR", "greet()", "alias say", "cwd"] {
+        assert!(restored.contains(&name.to_owned()), "{name}: {e}");
+    }
+    // Controls: fresh sessions have none of it.
+    let fresh = create(&c, &second, json!({}));
+    let e = execute(&c, &second, &fresh, ENV);
+    assert_eq!(text(&e), "(None, None, None, None)", "{e}");
+    let fresh = create(&c, &second, json!({"language": "bash"}));
+    let e = execute(
+        &c,
+        &second,
+        &fresh,
+        "echo \"[$EXPORTED|$PLAIN]\"; type greet >/dev/null 2>&1 || echo no-greet; pwd",
+    );
+    assert_eq!(e["stdout"], "[|]\nno-greet\n/workspace\n", "{e}");
+    // A kill -9 brings the create's env back too (kept at the first idle snapshot).
+    let mut second = second;
+    let again = create(&c, &second, json!({"env": {"AFTER_KILL": "kept"}}));
+    execute(&c, &second, &again, "v = 1");
+    let kept = data.join("snapshots").join(format!("{again}.env"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !kept.exists()
+        || !data
+            .join("snapshots")
+            .join(format!("{again}.json"))
+            .exists()
+    {
+        assert!(Instant::now() < deadline, "no idle snapshot");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&kept)
+        .expect("env file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the env may hold secrets");
+    second.kill9();
+    let third = serve(&data);
+    let e = execute(
+        &c,
+        &third,
+        &again,
+        "import os\nos.environ.get('AFTER_KILL'), v",
+    );
+    assert_eq!(text(&e), "('kept', 1)", "{e}");
+}
+
 #[test]
 fn a_kill9_restart_restores_the_idle_snapshot_and_names_lost_executions() {
     let data = common::serve::data_dir("runcell-durable-kill9-");
@@ -643,4 +740,231 @@ fn a_full_workspace_keeps_the_session_running_and_a_removed_runtime_is_a_clear_e
     }
     let e = execute(&c, &srv, &id, "int(big.sum())");
     assert_eq!(text(&e), "1048576", "{e}");
+}
+
+/// Every process under `pid` (children, their children...).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // After the command's ") ": state, then the parent's pid.
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1))
+            .and_then(|s| s.parse::<u32>().ok());
+        if let Some(pp) = ppid {
+            children.entry(pp).or_default().push(p);
+        }
+    }
+    let (mut out, mut todo) = (Vec::new(), vec![pid]);
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
+}
+
+/// What the descriptors of process `pid` point at.
+fn open_fds(pid: u32) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect()
+}
+
+/// Mount points under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(&dir))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Loop devices whose backing file is under `dir`.
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let Ok(blocks) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    blocks
+        .flatten()
+        .filter_map(|b| {
+            let backing = std::fs::read_to_string(b.path().join("loop/backing_file")).ok()?;
+            Path::new(backing.trim())
+                .starts_with(&dir)
+                .then(|| b.file_name().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// Per-run cgroup directories of host uid `uid` (`rc-<uid>-…` under every hierarchy's
+/// `runcell` directory).
+fn cgroups_of(uid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = format!("rc-{uid}-");
+    let mut found = Vec::new();
+    let roots = ["/sys/fs/cgroup/runcell".to_owned()].into_iter().chain(
+        std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| format!("{}/runcell", e.path().display())),
+    );
+    for root in roots {
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+/// Issue 17's "a paused session costs no sandbox and no memory", counted: 50 paused sessions
+/// leave no process, no cgroup, no workspace mount and no loop device behind (each checked
+/// present while they are live: the control), and of the server's descriptors exactly one
+/// each, its uid lease; the listing shows them all paused and each resumes with its own
+/// variables.
+#[test]
+fn fifty_paused_sessions_hold_no_process_cgroup_mount_loop_device_or_descriptor() {
+    use std::os::unix::fs::MetadataExt;
+    const N: usize = 50;
+    let data = common::serve::data_dir("runcell-durable-fifty-");
+    let c = http();
+    let srv = serve(&data);
+    let pid = srv.child.id();
+    let small = json!({"limits": {"memory_mb": 64, "disk_mb": 16}});
+    // Warm up (the zygote, the store's connections), then the baseline.
+    let first = create(&c, &srv, small.clone());
+    execute(&c, &srv, &first, "1");
+    let del = c
+        .delete(format!("{}/v1/sessions/{first}", srv.base))
+        .send()
+        .expect("delete");
+    assert_eq!(del.status(), 204);
+    std::thread::sleep(Duration::from_secs(1));
+    let (procs0, fds0) = (descendants(pid).len(), open_fds(pid));
+    let workspaces = data.join("workspaces");
+    let images = data.join("workspace-images");
+    let mut ids = Vec::new();
+    let mut uids = Vec::new();
+    for i in 0..N {
+        let id = create(&c, &srv, small.clone());
+        let e = execute(&c, &srv, &id, &format!("v = {i} * 7"));
+        assert_eq!(e["status"], "ok", "{e}");
+        uids.push(
+            std::fs::metadata(workspaces.join(&id))
+                .expect("workspace")
+                .uid(),
+        );
+        ids.push(id);
+    }
+    // The control: live, each has its processes, its cgroup and its mounted image.
+    assert!(descendants(pid).len() >= procs0 + N, "a sandbox each");
+    assert!(
+        uids.iter().all(|u| !cgroups_of(*u).is_empty()),
+        "a cgroup each"
+    );
+    assert!(mounts_under(&workspaces).len() >= N, "mounted");
+    let session_loops = || {
+        loop_devices_under(&images)
+            .len()
+            .saturating_sub(loop_devices_under(&images.join("spares")).len())
+    };
+    assert!(session_loops() >= N, "a loop device each");
+    for id in &ids {
+        let (status, body) = action(&c, &srv, id, "pause");
+        assert_eq!(status, 200, "pause {id}: {body}");
+    }
+    // Unmounted 30 s after their pause (UNMOUNT_AFTER), by the expiry thread.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !mounts_under(&workspaces).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still mounted: {:?}",
+            mounts_under(&workspaces)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Sandboxes end off the pause's path: give the teardown threads a moment.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while descendants(pid).len() > procs0 {
+        assert!(Instant::now() < deadline, "processes left");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A loop device is freed after its last unmount by the kernel's deferred autoclear.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while session_loops() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "loop devices left: {:?}",
+            loop_devices_under(&images)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for u in &uids {
+        assert_eq!(cgroups_of(*u), Vec::<std::path::PathBuf>::new(), "uid {u}");
+    }
+    // The one descriptor a paused session keeps: its uid's lease, a lock on
+    // `<run dir>/uids/<uid>` (the image's files are that uid's; a lock, so a killed server's
+    // leases free themselves). Nothing else was left open.
+    let fds = open_fds(pid);
+    let leases: Vec<u32> = fds
+        .iter()
+        .filter(|p| p.parent().and_then(|d| d.file_name()) == Some("uids".as_ref()))
+        .filter_map(|p| p.file_name()?.to_str()?.parse().ok())
+        .collect();
+    for u in &uids {
+        assert_eq!(
+            leases.iter().filter(|l| *l == u).count(),
+            1,
+            "uid {u}'s lease: {fds:?}"
+        );
+    }
+    let others = fds.len() - leases.len();
+    assert!(
+        others <= fds0.len() + 4,
+        "{others} descriptors besides the leases, {} before: {fds:?}",
+        fds0.len()
+    );
+    // Listing: all of them, paused.
+    let list: Value = c
+        .get(format!("{}/v1/sessions", srv.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("list");
+    let paused: Vec<&str> = list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .filter(|s| s["status"] == "paused")
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    for id in &ids {
+        assert!(paused.contains(&id.as_str()), "{id} listed paused");
+    }
+    // And each resumes with its own state: the first by a cell, the last explicitly.
+    let e = execute(&c, &srv, &ids[0], "v");
+    assert_eq!(text(&e), "0", "{e}");
+    let (status, r) = action(&c, &srv, &ids[N - 1], "resume");
+    assert_eq!(status, 200, "{r}");
+    assert!(names(&r["restored"]).contains(&"v".to_owned()), "{r}");
+    let e = execute(&c, &srv, &ids[N - 1], "v");
+    assert_eq!(text(&e), ((N - 1) * 7).to_string(), "{e}");
 }

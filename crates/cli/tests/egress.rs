@@ -161,3 +161,171 @@ fn the_proxy_refuses_every_way_around_the_allowlist() {
         "{own_line}"
     );
 }
+
+const KEPT_SECRET: &str = "Bearer kept-secret-41d9";
+
+/// A destination at 127.0.0.2 saying whether a request carried [`KEPT_SECRET`] (never echoing
+/// it).
+fn secret_destination() -> u16 {
+    let l = TcpListener::bind("127.0.0.2:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = vec![0u8; 8192];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_string();
+            let body = if head.contains(&format!("\r\nAuthorization: {KEPT_SECRET}\r\n")) {
+                "authorized"
+            } else {
+                "no secret"
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// A session's network policy (allowlist and secret) is the same after a pause and resume and
+/// after the server restarts (kept beside the egress CA, readable by the server only, never
+/// in the database); a restart whose bound no longer covers it brings the session back
+/// without a network, never with more than the server allows. The CA survives restarts.
+#[test]
+fn a_network_policy_survives_pause_resume_and_a_restart() {
+    use serde_json::{json, Value};
+    let port = secret_destination();
+    let data = common::serve::data_dir("runcell-egress-kept-");
+    let _unmount = common::serve::UnmountOnDrop(data.clone());
+    let flags = [
+        "--egress-allow",
+        "127.0.0.2,127.0.0.3",
+        "--egress-allow-cidr",
+        "127.0.0.0/8",
+    ];
+    let c = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let post = |base: &str, path: &str, body: Value| -> (u16, Value) {
+        let r = c
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .expect("POST");
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    let fetch = |base: &str, id: &str, host: &str| -> String {
+        let code = format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    print(urllib.request.urlopen('http://{host}:{port}/', timeout=10).read().decode())\n\
+             except urllib.error.HTTPError as e:\n    print(e.code)"
+        );
+        let (s, e) = post(
+            base,
+            &format!("/v1/sessions/{id}/execute"),
+            json!({"code": code}),
+        );
+        assert_eq!(s, 200, "{e}");
+        e["stdout"].as_str().unwrap_or_default().trim().to_owned()
+    };
+    let first = common::serve::serve(&data, &flags);
+    let (s, session) = post(
+        &first.base,
+        "/v1/sessions",
+        json!({"network": {"type": "allowlist", "allowed_domains": ["127.0.0.2"],
+            "domain_secrets": [{"domain": "127.0.0.2", "name": "Authorization", "value": KEPT_SECRET}]}}),
+    );
+    assert_eq!(s, 201, "{session}");
+    let id = session["id"].as_str().expect("id").to_owned();
+    let expected = session["network"].clone();
+    assert_eq!(expected["domain_secrets"][0]["value"], "<redacted>");
+    assert_eq!(fetch(&first.base, &id, "127.0.0.2"), "authorized");
+    let kept = data
+        .join("egress")
+        .join("sessions")
+        .join(format!("{id}.json"));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&kept)
+            .expect("kept policy")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let ca = std::fs::read(data.join("egress").join("ca").join("ca.pem")).expect("ca");
+    // Pause and resume in the same server.
+    assert_eq!(
+        post(&first.base, &format!("/v1/sessions/{id}/pause"), json!({})).0,
+        200
+    );
+    let (s, resumed) = post(&first.base, &format!("/v1/sessions/{id}/resume"), json!({}));
+    assert_eq!(s, 200, "{resumed}");
+    assert_eq!(resumed["network"], expected, "{resumed}");
+    assert_eq!(fetch(&first.base, &id, "127.0.0.2"), "authorized");
+    assert_eq!(
+        fetch(&first.base, &id, "127.0.0.3"),
+        "403",
+        "still only its allowlist"
+    );
+    drop(first); // SIGTERM: the session is paused for the next start
+
+    let second = common::serve::serve(&data, &flags);
+    let info: Value = c
+        .get(format!("{}/v1/sessions/{id}", second.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("GET");
+    assert_eq!(info["status"], "paused", "{info}");
+    assert_eq!(info["network"], expected, "{info}");
+    // Any request resumes it, with its policy and its secret.
+    assert_eq!(fetch(&second.base, &id, "127.0.0.2"), "authorized");
+    assert_eq!(fetch(&second.base, &id, "127.0.0.3"), "403");
+    assert_eq!(
+        std::fs::read(data.join("egress").join("ca").join("ca.pem")).expect("ca"),
+        ca,
+        "the same CA after a restart"
+    );
+    let db = std::fs::read(data.join("runcell.db")).expect("db");
+    assert!(
+        !db.windows(KEPT_SECRET.len())
+            .any(|w| w == KEPT_SECRET.as_bytes()),
+        "the secret is in the database"
+    );
+    drop(second);
+
+    // The operator narrows the bound: the session comes back without a network.
+    let third = common::serve::serve(
+        &data,
+        &[
+            "--egress-allow",
+            "127.0.0.3",
+            "--egress-allow-cidr",
+            "127.0.0.0/8",
+        ],
+    );
+    let info: Value = c
+        .get(format!("{}/v1/sessions/{id}", third.base))
+        .send()
+        .and_then(|r| r.json())
+        .expect("GET");
+    assert_eq!(info["network"], json!({"type": "disabled"}), "{info}");
+    let code = format!(
+        "import urllib.request\ntry:\n    urllib.request.urlopen('http://127.0.0.2:{port}/', timeout=10)\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    );
+    let (_, e) = post(
+        &third.base,
+        &format!("/v1/sessions/{id}/execute"),
+        json!({"code": code}),
+    );
+    let out = e["stdout"].as_str().unwrap_or_default();
+    assert!(
+        out.starts_with("URLError <urlopen error [Errno 111] Connection refused>"),
+        "no proxy, no route: {e}"
+    );
+    assert!(!kept.exists(), "the policy beyond the bound is forgotten");
+}

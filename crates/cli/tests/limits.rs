@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Output, Stdio};
 
 use common::serve::{runcell, serve, Serve};
 use serde_json::{json, Value};
 
-fn data_dir() -> PathBuf {
+fn data_dir() -> common::serve::DataDir {
     common::serve::data_dir("runcell-limits-test-")
 }
 

@@ -10,7 +10,7 @@ mod common;
 #[path = "../../store/tests/common/pg.rs"]
 mod pg;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -73,9 +73,8 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
     );
     let keys = tempfile::tempdir().expect("tempdir");
     let flags = shared(&url, keys.path());
-    let (data_a, data_b): (PathBuf, PathBuf) =
-        (data_dir("runcell-pg-a-"), data_dir("runcell-pg-b-"));
-    let _unmount_a = UnmountOnDrop(data_a.clone());
+    let (data_a, data_b) = (data_dir("runcell-pg-a-"), data_dir("runcell-pg-b-"));
+    let _unmount_a = UnmountOnDrop(data_a.to_path_buf());
 
     let out = cli(&data_a, &flags)
         .args(["keys", "create", "--name", "ci", "--tenant", "team-a"])
@@ -300,18 +299,13 @@ fn three_nodes_route_session_requests_to_their_owner() {
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
     node_flags.extend(secret.iter().map(String::as_str));
     let data_a = data_dir("runcell-pg-a-");
-    let _unmount_a = UnmountOnDrop(data_a.clone());
+    let _unmount_a = UnmountOnDrop(data_a.to_path_buf());
     let mut a = node_on(&data_a, common::serve::free_port(), &node_flags);
-    let b = node_on(
-        &data_dir("runcell-pg-b-"),
-        common::serve::free_port(),
-        &node_flags,
-    );
-    let c_node = node_on(
-        &data_dir("runcell-pg-c-"),
-        common::serve::free_port(),
-        &node_flags,
-    );
+    // Bound: a data dir is removed when its guard drops, after the node on it has stopped.
+    let data_b = data_dir("runcell-pg-b-");
+    let b = node_on(&data_b, common::serve::free_port(), &node_flags);
+    let data_c = data_dir("runcell-pg-c-");
+    let c_node = node_on(&data_c, common::serve::free_port(), &node_flags);
     let c = http();
 
     let s: Value = c

@@ -51,10 +51,7 @@ const MIB: usize = 1 << 20;
 
 #[test]
 fn a_result_flood_leaves_the_server_bounded() {
-    let data = runcell_engine::testing::data_dir_with_runtime(
-        Path::new(env!("CARGO_TARGET_TMPDIR")),
-        "runcell-flood-test-",
-    );
+    let data = common::serve::data_dir("runcell-flood-test-");
     let srv = serve(&data);
     let pid = srv.child.id();
     let http = reqwest::blocking::Client::builder()

@@ -3,13 +3,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::serve::{free_port, runcell, Serve, UnmountOnDrop};
 use serde_json::{json, Value};
 
-fn data_dir() -> PathBuf {
+fn data_dir() -> common::serve::DataDir {
     common::serve::data_dir("runcell-serve-test-")
 }
 
@@ -69,7 +69,7 @@ fn http() -> reqwest::blocking::Client {
 fn kill_9_loses_no_acknowledged_execution_and_sessions_recover() {
     let data = data_dir();
     // Its recovered session is paused, and a paused session's image stays mounted at a stop.
-    let _unmount = UnmountOnDrop(data.clone());
+    let _unmount = UnmountOnDrop(data.to_path_buf());
     let c = http();
     let first = serve(&data);
     let session: Value = post_json(
@@ -294,7 +294,7 @@ fn keys_and_loopback_rules_and_audit_commands() {
 fn a_killed_server_takes_its_zygote_and_zygote_born_sandboxes_along() {
     let data = data_dir();
     // Its recovered session is paused, and a paused session's image stays mounted at a stop.
-    let _unmount = UnmountOnDrop(data.clone());
+    let _unmount = UnmountOnDrop(data.to_path_buf());
     let c = http();
     let mut srv = serve(&data);
     // /healthz once `ready(h)` holds.

@@ -11,11 +11,17 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod ca;
 mod http;
+mod intercept;
 mod policy;
 mod proxy;
+mod state;
 mod tls;
 
 pub use addr::{Cidr, CidrError};
+pub use ca::{Authority, CaError};
+pub use intercept::{Interception, TrustError};
 pub use policy::{DomainPattern, DomainSecret, PatternError, Policy, PolicyBounds, PolicyError};
-pub use proxy::{ConnectionRecord, Egress, EgressLimits, Serving, SessionEgress, MAX_RECORDS};
+pub use proxy::{ConnectionRecord, Egress, Serving, SessionEgress, MAX_RECORDS};
+pub use state::EgressLimits;

@@ -129,6 +129,25 @@ pub(crate) fn normalize_host(host: &str) -> Option<String> {
     check_name(&lower).ok().map(|()| lower)
 }
 
+/// `name[:port]` of a Host header, normalized like a request's host.
+pub(crate) fn split_host_header(h: &str) -> Option<(String, Option<u16>)> {
+    let h = h.trim();
+    let (name, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (n, after) = rest.split_once(']')?;
+        (n, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((n, p)) if !n.contains(':') => (n, Some(p)),
+            _ => (h, None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(p.parse().ok()?),
+        None => None,
+    };
+    Some((normalize_host(name)?, port))
+}
+
 /// A header the proxy adds to every request for `domain` (exact name); the sandbox never sees
 /// the value.
 #[derive(Clone, PartialEq, Eq)]

@@ -16,29 +16,10 @@ use tokio::task::JoinSet;
 
 use crate::addr::{host_addresses, refusal, Cidr};
 use crate::http::{self, Head, HeadError};
-use crate::policy::{normalize_host, Policy};
+use crate::intercept::{intercept, Interception};
+use crate::policy::{normalize_host, split_host_header, Policy};
+use crate::state::{lock, Conn, EgressLimits, SessionState};
 use crate::tls::{self, Hello};
-
-/// Bounds on what one session's sandboxes may do through the proxy.
-#[derive(Debug, Clone, Copy)]
-pub struct EgressLimits {
-    /// Connections open at once, per session.
-    pub max_connections: usize,
-    /// Bytes in both directions between two [`SessionEgress::take_records`] (one execution).
-    pub max_bytes_per_execution: u64,
-    /// For the request head, the TLS ClientHello, name resolution and the upstream connect, each.
-    pub step_timeout: Duration,
-}
-
-impl Default for EgressLimits {
-    fn default() -> EgressLimits {
-        EgressLimits {
-            max_connections: 64,
-            max_bytes_per_execution: 1 << 30,
-            step_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Connections recorded per execution (see [`SessionEgress::take_records`]).
 pub const MAX_RECORDS: usize = 1000;
@@ -63,10 +44,13 @@ pub struct Egress {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     allowed_cidrs: Vec<Cidr>,
-    limits: EgressLimits,
+    pub(crate) limits: EgressLimits,
     runtime: OnceLock<Handle>,
+    /// HTTPS to domains with a secret header; without it their tunnels stay end to end (and
+    /// the secret is added to plain HTTP only).
+    interception: Option<Interception>,
 }
 
 impl Egress {
@@ -78,8 +62,31 @@ impl Egress {
                 allowed_cidrs,
                 limits,
                 runtime: OnceLock::new(),
+                interception: None,
             }),
         }
+    }
+
+    /// The same, and opening HTTPS to the domains that have a secret header (see
+    /// [`Interception`]).
+    pub fn intercepting(
+        allowed_cidrs: Vec<Cidr>,
+        limits: EgressLimits,
+        interception: Interception,
+    ) -> Egress {
+        Egress {
+            inner: Arc::new(Inner {
+                allowed_cidrs,
+                limits,
+                runtime: OnceLock::new(),
+                interception: Some(interception),
+            }),
+        }
+    }
+
+    /// The interception's CA and trust, if HTTPS to secret domains is opened.
+    pub fn interception(&self) -> Option<&Interception> {
+        self.inner.interception.as_ref()
     }
 
     /// The state of one session (its policy, its connections), shared by each of its sandboxes.
@@ -131,23 +138,6 @@ impl Egress {
 pub struct SessionEgress {
     egress: Egress,
     state: Arc<SessionState>,
-}
-
-#[derive(Debug)]
-struct SessionState {
-    policy: Policy,
-    open: AtomicUsize,
-    window_bytes: AtomicU64,
-    records: Mutex<Vec<Arc<Conn>>>,
-}
-
-#[derive(Debug)]
-struct Conn {
-    domain: String,
-    port: u16,
-    refused: Mutex<Option<String>>,
-    bytes_out: AtomicU64,
-    bytes_in: AtomicU64,
 }
 
 /// Serving one sandbox's socket; dropping it stops the accept loop and ends its connections.
@@ -225,10 +215,6 @@ impl SessionEgress {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Counts an open connection for as long as it lives.
 struct OpenGuard<'a>(&'a AtomicUsize);
 
@@ -288,7 +274,32 @@ async fn connection(mut client: TcpStream, state: Arc<SessionState>, inner: Arc<
         Ok(u) => u,
         Err(refusal) => return refuse(&mut client, Some(&conn), refusal).await,
     };
-    let result = if head.path.is_none() {
+    let opened = inner
+        .interception
+        .as_ref()
+        .filter(|_| state.policy.secrets_for(&conn.domain).next().is_some());
+    let result = if let (None, Some(icpt)) = (&head.path, opened) {
+        // A domain with a secret header: its HTTPS is opened here (crate::intercept).
+        match client
+            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            .await
+        {
+            Ok(()) => {
+                intercept(
+                    client,
+                    rest,
+                    upstream,
+                    head.port,
+                    conn.clone(),
+                    state.clone(),
+                    inner.limits,
+                    icpt,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        }
+    } else if head.path.is_none() {
         tunnel(client, upstream, rest, &head, &conn, &state, &inner).await
     } else {
         let secrets: Vec<(&str, &str)> = state
@@ -435,25 +446,6 @@ async fn check_and_connect(
     }
 }
 
-/// `name[:port]` of a Host header, normalized like a request's host.
-fn split_host_header(h: &str) -> Option<(String, Option<u16>)> {
-    let h = h.trim();
-    let (name, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (n, after) = rest.split_once(']')?;
-        (n, after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((n, p)) if !n.contains(':') => (n, Some(p)),
-            _ => (h, None),
-        }
-    };
-    let port = match port {
-        Some(p) => Some(p.parse().ok()?),
-        None => None,
-    };
-    Some((normalize_host(name)?, port))
-}
-
 /// `CONNECT`: established, then the client's first bytes are checked before any is forwarded:
 /// a TLS ClientHello must name the host the tunnel was allowed for.
 async fn tunnel(
@@ -565,15 +557,7 @@ async fn copy(
 }
 
 fn count(counter: &AtomicU64, n: usize, state: &SessionState, inner: &Inner) -> io::Result<()> {
-    counter.fetch_add(n as u64, Ordering::Relaxed);
-    let total = state.window_bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-    if total > inner.limits.max_bytes_per_execution {
-        return Err(io::Error::other(format!(
-            "over the egress limit of {} bytes per execution",
-            inner.limits.max_bytes_per_execution
-        )));
-    }
-    Ok(())
+    crate::state::count(counter, n, state, inner.limits.max_bytes_per_execution)
 }
 
 async fn refuse(client: &mut TcpStream, conn: Option<&Conn>, refusal: Refusal) {

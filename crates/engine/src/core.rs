@@ -54,6 +54,9 @@ pub struct EngineConfig {
     /// What sessions' network allowlists may name and which address ranges the egress proxy
     /// may reach (`serve --egress-allow`, `--egress-allow-cidr`); by default nothing.
     pub network: crate::network::NetworkConfig,
+    /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
+    /// images are returned as the kernel sent them (`runcell run`, `repl`).
+    pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
 }
 
 impl EngineConfig {
@@ -67,6 +70,7 @@ impl EngineConfig {
             limits: LimitPolicy::default(),
             workspaces_on_disk: true,
             network: Default::default(),
+            image_signer: None,
         }
     }
 
@@ -103,6 +107,8 @@ pub(crate) struct Core {
     pub(crate) images: Option<runcell_sandbox::WorkspaceImages>,
     /// The egress bounds and proxy (crate::network).
     pub(crate) network: crate::network::Network,
+    /// The server's MCP dispatcher, given to every session cell (mcp_tools.rs).
+    pub(crate) mcp_tools: crate::mcp_tools::McpTools,
 }
 
 impl Core {
@@ -111,7 +117,7 @@ impl Core {
             .limits
             .validate()
             .map_err(|m| EngineError::InvalidRequest(Invalid::Policy(m)))?;
-        let network = crate::network::Network::new(&config.network)?;
+        let network = crate::network::Network::new(&config.network, &config.data_dir)?;
         let cgroups = runcell_sandbox::cgroup::Hierarchy::detect();
         let blocking: Vec<_> = runcell_sandbox::doctor::check_mandatory_with(&cgroups)
             .into_iter()
@@ -164,6 +170,7 @@ impl Core {
             ledger: Arc::default(),
             images,
             network,
+            mcp_tools: Default::default(),
         })
     }
 
@@ -210,6 +217,32 @@ impl Core {
             Some(a) => a.record(owner, execution, code).map_err(EngineError::from),
             None => Ok(()),
         }
+    }
+
+    /// [`Core::audit`] through the batched writer, waiting for the record: runs that finish
+    /// together (a batch's, concurrent `POST /v1/execute`s) share one commit instead of paying
+    /// one each, and nothing is acknowledged before it is recorded (DESIGN.md §9). Gives the
+    /// execution back.
+    pub(crate) fn audit_shared(
+        &self,
+        owner: &str,
+        execution: Execution,
+        code: &str,
+    ) -> Result<Execution, EngineError> {
+        let Some(a) = &self.auditor else {
+            return Ok(execution);
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        a.record(
+            owner.to_owned(),
+            execution,
+            code.to_owned(),
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .unwrap_or_else(|_| Err(crate::error::RecordError::NoAnswer.into()))
     }
 
     /// Like [`Core::audit`] without waiting: `then` gets the execution back once it is
@@ -281,6 +314,8 @@ impl Core {
         let host = Host {
             python_runtime: self.config.python_runtime.as_deref(),
             kernel_dir: &kernel_dir,
+            trust_dir: self.network.trust_dir(),
+            pip_index_url: self.network.pip_index_url(),
         };
         crate::launch::launch(&host, program, workspace, limits, extra_env, network)
     }

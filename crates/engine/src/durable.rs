@@ -28,7 +28,10 @@ use crate::core::io_error;
 use crate::error::{NoSpace, Unresumable};
 use crate::limits::Admit;
 use crate::model::Language;
-use crate::paused::{description_file, discard_snapshot, snapshot_file, Paused, PausedWorkspace};
+use crate::paused::{
+    description_file, discard_snapshot, env_file, snapshot_file, snapshots_dir, Paused,
+    PausedWorkspace,
+};
 use crate::restored::{Restored, Skipped};
 use crate::session::{SessionInfo, SessionManager, SessionStatus};
 use crate::EngineError;
@@ -63,6 +66,9 @@ struct Description {
     last_execution: Option<String>,
     /// Names the pause could not save.
     skipped: Vec<Skipped>,
+    /// The snapshot's size, as the kernel reported it.
+    #[serde(default)]
+    bytes: u64,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -74,18 +80,61 @@ fn ms(d: Duration) -> f64 {
 /// power loss right after it leaves a file the kernel finds truncated (the session then
 /// resumes with its files only, and says so).
 fn write_durably(path: &Path, data: &[u8]) -> Result<(), EngineError> {
-    use std::io::Write;
+    write_durably_from(path, &mut std::io::Cursor::new(data))
+}
+
+/// [`write_durably`] from a reader: a file is copied by the kernel (`copy_file_range` or
+/// `sendfile`, which `std::io::copy` uses between files), never through a buffer of ours:
+/// the server allocates and faults in nothing for a 10 MB snapshot.
+fn write_durably_from(path: &Path, from: &mut impl std::io::Read) -> Result<(), EngineError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(data))
+        .and_then(|mut f| std::io::copy(from, &mut f))
         .map_err(io_error("write a snapshot", &tmp));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
     std::fs::rename(&tmp, path).map_err(io_error("rename", path))
+}
+
+/// Keeps a session's `env` beside its snapshot (`<id>.env`, JSON pairs, mode 0600: values
+/// may be the user's secrets) for a server that starts again. Written at each pause and idle
+/// snapshot, only when it changed (it never does after the create).
+fn keep_env(data_dir: &Path, id: &str, env: &[(String, String)]) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = env_file(data_dir, id);
+    let json = serde_json::to_vec(env).unwrap_or_default();
+    if std::fs::read(&path).is_ok_and(|old| old == json) {
+        return;
+    }
+    let tmp = path.with_extension(format!("envtmp{}", std::process::id()));
+    let written = std::fs::create_dir_all(snapshots_dir(data_dir))
+        .and_then(|_| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+        })
+        .and_then(|mut f| f.write_all(&json))
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(session = %id, error = %e, "cannot keep the session's env for a restart");
+    }
+}
+
+/// A kept `env` ([`keep_env`]); none when it was never kept or cannot be read.
+fn kept_env(data_dir: &Path, id: &str) -> Vec<(String, String)> {
+    std::fs::read(env_file(data_dir, id))
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok())
+        .unwrap_or_default()
 }
 
 /// How long a pause's or a resume's snapshot may take (it runs the session's own
@@ -140,9 +189,11 @@ impl SessionManager {
         let kernel_took = t.elapsed();
         let ws = idle.workspace().clone();
         let moved = ws
-            .read_file(&in_workspace(&info.id), u64::MAX)
+            .open_file(&in_workspace(&info.id))
             .map_err(EngineError::unavailable)
-            .and_then(|data| write_durably(&snapshot_file(&data_dir, &info.id), &data));
+            .and_then(|(mut file, _)| {
+                write_durably_from(&snapshot_file(&data_dir, &info.id), &mut file)
+            });
         let _ = ws.delete(&in_workspace(&info.id));
         moved.map_err(|e| match e {
             EngineError::InsufficientStorage(_) => {
@@ -159,10 +210,11 @@ impl SessionManager {
             taken_at: Utc::now(),
             last_execution,
             skipped: report.skipped.into_iter().map(Skipped::from).collect(),
+            bytes: report.bytes,
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
         write_durably(&description_file(&data_dir, &info.id), &json)?;
-        tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
+        tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
     }
 
@@ -191,7 +243,12 @@ impl SessionManager {
             return Ok(info);
         }
         let t = std::time::Instant::now();
-        let mut idle = self.idle(id)?;
+        let mut idle = match self.idle(id) {
+            Ok(idle) => idle,
+            // Paused meanwhile by another request, whose pause this one waited for.
+            Err(e) => return self.paused().get(id).ok_or(e),
+        };
+        keep_env(&self.core().config.data_dir, id, idle.env());
         let snapshot = self.take_snapshot(&mut idle)?;
         let snapshotted = t.elapsed();
         let mut info = idle.info();
@@ -367,6 +424,7 @@ impl SessionManager {
     /// Copies the session's snapshot into its workspace and has `kernel` read it; what came
     /// back. Never fails: a snapshot that cannot be read leaves the files only, and says why.
     fn restore_into(&self, kernel: &mut Kernel, ws: &Workspace, info: &SessionInfo) -> Restored {
+        let t0 = std::time::Instant::now();
         let data_dir = &self.core().config.data_dir;
         let files_only = |why: String| Restored {
             files_only: Some(why),
@@ -385,19 +443,22 @@ impl SessionManager {
                 desc.layout, desc.language
             ));
         }
-        let data = match std::fs::read(snapshot_file(data_dir, &info.id)) {
-            Ok(d) => d,
+        let opened = std::fs::File::open(snapshot_file(data_dir, &info.id))
+            .and_then(|f| f.metadata().map(|m| (f, m.len())));
+        let (mut file, len) = match opened {
+            Ok(f) => f,
             Err(e) => return files_only(format!("its snapshot cannot be read: {e}")),
         };
-        if let Err(e) = ws.write_file(&in_workspace(&info.id), &data) {
+        if let Err(e) = ws.write_file_from(&in_workspace(&info.id), &mut file, len) {
             return files_only(format!(
                 "its snapshot does not fit in the workspace: {}",
                 crate::chain(&e)
             ));
         }
+        let copied = t0.elapsed();
         let t = std::time::Instant::now();
         let r = kernel.restore(&in_sandbox(&info.id), &snapshot_options());
-        tracing::debug!(session = %info.id, restore_ms = ms(t.elapsed()), "snapshot read back");
+        tracing::debug!(session = %info.id, copy_ms = ms(copied), restore_ms = ms(t.elapsed()), kernel_own_ms = r.as_ref().map(|r| ms(r.duration)).unwrap_or_default(), "snapshot read back");
         if kernel.is_alive() {
             let _ = ws.delete(&in_workspace(&info.id));
         }
@@ -439,6 +500,7 @@ impl SessionManager {
             let Ok(mut idle) = self.idle(&s.id) else {
                 continue;
             };
+            keep_env(&self.core().config.data_dir, &s.id, idle.env());
             match self.take_snapshot(&mut idle) {
                 Ok(_) => {
                     taken.insert(s.id.clone(), s.last_active_at);
@@ -495,6 +557,7 @@ impl SessionManager {
         mut info: SessionInfo,
         lease: runcell_sandbox::UidLease,
         was_paused: bool,
+        egress: Option<runcell_egress::SessionEgress>,
     ) {
         let data_dir = &self.core().config.data_dir;
         let desc: Option<Description> = std::fs::read(description_file(data_dir, &info.id))
@@ -506,14 +569,15 @@ impl SessionManager {
             self.executions_after(&info, desc.as_ref().and_then(|d| d.last_execution.clone()))
         };
         info.status = SessionStatus::Paused;
+        let env = kept_env(data_dir, &info.id);
         self.paused().insert(
             info.id.clone(),
             Paused {
                 info: Mutex::new(info),
                 workspace: Mutex::new(PausedWorkspace::Unmounted(lease)),
                 since: std::time::Instant::now(),
-                env: Mutex::new(Vec::new()),
-                egress: None,
+                env: Mutex::new(env),
+                egress,
                 no_snapshot: None,
                 lost,
                 resumed: Mutex::new(false),

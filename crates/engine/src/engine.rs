@@ -84,6 +84,18 @@ impl Engine {
         &self.sessions
     }
 
+    /// Makes `dispatch` answer the `mcp.` calls of every session cell from now on (the
+    /// operator's MCP servers; mcp_tools.rs), its calls run on `runtime`, each waiting at most
+    /// `call_timeout` (for cells whose execute set no tools of its own).
+    pub fn set_mcp_dispatch(
+        &self,
+        dispatch: Arc<dyn crate::bridge::ToolDispatch>,
+        runtime: tokio::runtime::Handle,
+        call_timeout: Duration,
+    ) {
+        self.core.mcp_tools.set(dispatch, runtime, call_timeout);
+    }
+
     /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
     pub fn committed_memory_mb(&self) -> u64 {
         self.core.ledger.committed_mb()

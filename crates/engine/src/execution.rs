@@ -16,7 +16,7 @@ use crate::model::{
 #[derive(Debug)]
 pub(crate) struct Began {
     pub(crate) id: String,
-    session_id: Option<String>,
+    pub(crate) session_id: Option<String>,
     /// The workspace before the run, to tell what the run changed in it.
     before: Option<Snapshot>,
     pub(crate) started_at: DateTime<Utc>,
@@ -31,6 +31,11 @@ impl Began {
             before: workspace.snapshot().ok(),
             started_at: Utc::now(),
         }
+    }
+
+    /// The session the execution belongs to, if any.
+    pub(crate) fn session_id(&self) -> Option<&str> {
+        self.session_id.as_deref()
     }
 
     /// The run is over: its end time and what it changed in `workspace`, which is on disk
@@ -126,6 +131,8 @@ impl Ended {
                 killed_by: run.killed_by.map(Into::into),
             },
             network: Vec::new(),
+            tool_calls: Vec::new(),
+            pending_tool_calls: Vec::new(),
             started_at: self.started_at,
             finished_at: self.finished_at,
             restored: None,

@@ -52,6 +52,10 @@ pub(crate) struct Host<'a> {
     pub(crate) python_runtime: Option<&'a Path>,
     /// The kernel code's host directory (written on first use, so asked only for kernels).
     pub(crate) kernel_dir: &'a dyn Fn() -> Result<PathBuf, EngineError>,
+    /// The trust files for sandboxes with a network (crate::network::TRUST_DIR).
+    pub(crate) trust_dir: Option<&'a Path>,
+    /// `serve --pip-index-url`, for sandboxes with a network.
+    pub(crate) pip_index_url: Option<&'a str>,
 }
 
 /// The sandbox for `program` on `workspace` under `limits`. `extra_env` (the session's
@@ -112,7 +116,16 @@ pub(crate) fn launch<'w>(
         host.python_runtime.is_some(),
     );
     if network {
-        env.extend(crate::network::proxy_env());
+        env.extend(crate::network::proxy_env(
+            host.trust_dir.is_some(),
+            host.pip_index_url,
+        ));
+        if let Some(dir) = host.trust_dir {
+            ro_binds.push(Bind {
+                source: dir.to_owned(),
+                target: crate::network::TRUST_DIR.into(),
+            });
+        }
     }
     for (k, v) in extra_env {
         if !env.iter().any(|(ek, _)| ek == k) {

@@ -6,6 +6,7 @@ mod approval;
 mod audit;
 mod batch;
 mod bounds;
+pub mod bridge;
 mod commands;
 mod core;
 mod durable;
@@ -16,6 +17,7 @@ mod files;
 mod hashing;
 mod launch;
 mod limits;
+mod mcp_tools;
 mod model;
 mod network;
 mod oneshot;
@@ -28,6 +30,7 @@ mod restored;
 mod rich;
 mod session;
 mod spares;
+mod stamp;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
@@ -62,7 +65,8 @@ pub use model::{
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use network::{
-    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, EGRESS_PORT, PACKAGES_DIR,
+    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, BUNDLE_FILE, CA_FILE,
+    EGRESS_PORT, PACKAGES_DIR, TRUST_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome, MAX_ARGS, MAX_ARG_CHARS};
 pub use provenance::producer;
@@ -75,6 +79,7 @@ pub use session::{
     CancelToken, CreateSession, EventSink, ExecEvent, SandboxSlot, SessionInfo, SessionManager,
     SessionStatus, QUEUE_DEPTH,
 };
+pub use stamp::{ImageOrigin, ImageSigner, SIGNED_IMAGE_TYPES};
 pub use verdict::{
     Check, Comparison, Judged, TestCase, TestResult, TestSummary, Verdict, DEFAULT_TOLERANCE,
     MAX_TESTS_PER_RUN,

@@ -48,6 +48,9 @@ pub enum ExecutionStatus {
     Timeout,
     Interrupted,
     Killed,
+    /// Not finished: suspended on client tool calls (`pending_tool_calls`), answered with
+    /// `POST /v1/executions/{id}/continue` (issue 22). Never recorded: only the end is.
+    Waiting,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -183,6 +186,12 @@ pub struct Execution {
     /// network policy).
     #[serde(default)]
     pub network: Vec<crate::network::policy::NetworkConnection>,
+    /// Every tool call the code made (issue 22, docs/tools.md), refused ones included.
+    #[serde(default)]
+    pub tool_calls: Vec<crate::bridge::ToolCallRecord>,
+    /// While `status` is `waiting`: the client tool calls waiting for their answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_tool_calls: Vec<crate::bridge::PendingToolCall>,
     #[serde(serialize_with = "rfc3339")]
     pub started_at: DateTime<Utc>,
     #[serde(serialize_with = "rfc3339")]
@@ -305,6 +314,15 @@ mod tests {
                 bytes_out: 10,
                 bytes_in: 20,
             }],
+            tool_calls: vec![crate::bridge::ToolCallRecord {
+                id: "call_0".into(),
+                name: "lookup".into(),
+                input: serde_json::json!({"id": 3}),
+                output_bytes: 12,
+                duration_ms: 4,
+                error: None,
+            }],
+            pending_tool_calls: Vec::new(),
             started_at: t,
             finished_at: t,
             restored: None,
@@ -318,6 +336,7 @@ mod tests {
               "files":[{"path":"chart.png","size":3,"mime":"image/png","change":"created","sha256":"ab".repeat(32)}],
               "usage":{"wall_ms":1,"cpu_ms":2,"peak_memory_bytes":3,"killed_by":"oom"},
               "network":[{"domain":"pypi.org","port":443,"allowed":true,"bytes_out":10,"bytes_in":20}],
+              "tool_calls":[{"id":"call_0","name":"lookup","input":{"id":3},"output_bytes":12,"duration_ms":4,"error":null}],
               "started_at":"2026-01-02T03:04:05.678Z","finished_at":"2026-01-02T03:04:05.678Z"})
         );
     }

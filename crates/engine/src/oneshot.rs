@@ -192,6 +192,9 @@ impl Engine {
             Ok(())
         };
         let sandbox = &self.core.sandbox;
+        // Counted as a running cell: the audit writer waits a moment for runs about to end,
+        // so that a batch's runs share commits.
+        let counted = CountedRun::start(&self.core.cells_running);
         let outcome = match zygote {
             Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
                 // Nothing started: slower, never broken; the zygote is restarted.
@@ -231,7 +234,8 @@ impl Engine {
         if let Some(e) = &egress {
             execution.network = crate::network::connections(e.take_records());
         }
-        self.core.audit(&req.owner, &execution, &req.code)?;
+        drop(counted);
+        let execution = self.core.audit_shared(&req.owner, execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,
             exit_code: outcome.exit.shell_code(),
@@ -245,6 +249,22 @@ impl Engine {
 pub struct OneShotOutcome {
     pub execution: Execution,
     pub exit_code: i32,
+}
+
+/// One run counted in `Core::cells_running` until dropped.
+struct CountedRun<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> CountedRun<'a> {
+    fn start(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CountedRun(count)
+    }
+}
+
+impl Drop for CountedRun<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The program file on the host, bound read-only into the sandbox; removed on drop.

@@ -174,8 +174,17 @@ pub(crate) fn description_file(data_dir: &Path, id: &str) -> PathBuf {
     snapshots_dir(data_dir).join(format!("{id}.json"))
 }
 
-/// Removes a session's snapshot (it ended).
+/// The session's `env` (as given at its create), kept for a server that starts again: a
+/// session it brings back starts its kernel with the same environment.
+pub(crate) fn env_file(data_dir: &Path, id: &str) -> PathBuf {
+    snapshots_dir(data_dir).join(format!("{id}.env"))
+}
+
+/// Removes a session's snapshot and what is kept beside it (it ended).
 pub(crate) fn discard_snapshot(data_dir: &Path, id: &str) {
     let _ = std::fs::remove_file(snapshot_file(data_dir, id));
     let _ = std::fs::remove_file(description_file(data_dir, id));
+    let _ = std::fs::remove_file(env_file(data_dir, id));
+    // The session's kept network policy ends with it too.
+    crate::network::forget_policy(data_dir, id);
 }

@@ -125,6 +125,8 @@ mod tests {
             }],
             usage: Default::default(),
             network: Vec::new(),
+            tool_calls: Vec::new(),
+            pending_tool_calls: Vec::new(),
             restored: None,
             started_at: t,
             finished_at: t,

@@ -20,6 +20,19 @@ pub const DEFAULT_PRELOAD: &[&str] = &[
     "cloudpickle",
 ];
 
+/// Warns of the preload's modules the runtime could not import, each once per process (a
+/// zygote started again after it died skips the same ones).
+fn log_skipped_once(skipped: &[(String, String)]) {
+    static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    for (module, reason) in skipped {
+        if !logged.contains(module) {
+            tracing::warn!(%module, %reason, "the zygote preloads without a module the runtime lacks; sessions import it themselves if they use it");
+            logged.push(module.clone());
+        }
+    }
+}
+
 /// How long preloading may take (a cold disk can make the first imports slow).
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Wait before starting again after a failure, so a broken runtime does not spin.
@@ -110,6 +123,7 @@ impl ZygoteSlot {
                 *state = match result {
                     Ok(z) => {
                         tracing::info!(pid = z.pid(), preloaded = ?z.preloaded, "zygote ready");
+                        log_skipped_once(&z.skipped);
                         State::Ready(Arc::new(z))
                     }
                     Err(error) => {

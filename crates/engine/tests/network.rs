@@ -21,6 +21,7 @@ fn engine(allow: &[&str], cidrs: &[&str], zygote: bool) -> TestEngine {
     config.network = NetworkConfig {
         allow_domains: allow.iter().map(|s| (*s).to_owned()).collect(),
         allow_cidrs: cidrs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
     };
     if zygote {
         config.preload = Some(
@@ -311,4 +312,73 @@ fn runcell_engine_main_text(e: &Execution) -> String {
         .find(|r| r.is_main_result)
         .and_then(|r| r.data.get("text/plain").cloned())
         .unwrap_or_default()
+}
+
+/// The real npm registry (reachable from this machine): `npm install` in a JavaScript
+/// session's workspace puts a small package (not in Node) where the kernel's `require` finds
+/// it in the next cell; without the registry in the allowlist npm fails on its first try,
+/// saying why.
+#[test]
+fn npm_installs_from_the_registry_into_the_workspace() {
+    let engine = engine(&["registry.npmjs.org", "127.0.0.2"], &[], false);
+    let id = engine
+        .sessions()
+        .create(CreateSession {
+            network: allowlist(&["registry.npmjs.org"]),
+            language: Some(Language::Javascript),
+            ..CreateSession::default()
+        })
+        .expect("create")
+        .id;
+    let e = exec(&engine, &id, "require('is-number')");
+    assert!(
+        e.error
+            .as_ref()
+            .is_some_and(|err| err.value.contains("Cannot find module 'is-number'")),
+        "{e:?}"
+    );
+    let out = engine
+        .run_command(&id, "npm install is-number@7.0.0 2>&1", None)
+        .expect("npm");
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let e = exec(
+        &engine,
+        &id,
+        "const isNumber = require('is-number'); [isNumber(5), isNumber('x'), require.resolve('is-number')]",
+    );
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(
+        runcell_engine_main_text(&e),
+        "[ true, false, '/workspace/node_modules/is-number/index.js' ]"
+    );
+    // Not allowed: a clear error, fast.
+    let id = engine
+        .sessions()
+        .create(CreateSession {
+            network: allowlist(&["127.0.0.2"]),
+            language: Some(Language::Javascript),
+            ..CreateSession::default()
+        })
+        .expect("create")
+        .id;
+    // No timing here (a loaded machine makes npm's own start vary by seconds): the refusal is
+    // the proxy's at the CONNECT, and `npm_config_fetch_retries=0` makes it npm's only try.
+    let out = engine
+        .run_command(
+            &id,
+            "npm install is-number@7.0.0 --loglevel=http 2>&1; echo \"exit $?\"",
+            None,
+        )
+        .expect("npm");
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(text.contains("exit 1"), "{text}");
+    assert!(
+        text.contains("npm error 403 403 Forbidden: runcell egress: refused CONNECT registry.npmjs.org:443: registry.npmjs.org is not in this session's network allowlist (allowed_domains: 127.0.0.2)"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("npm http fetch GET").count(),
+        1,
+        "one try, no retries: {text}"
+    );
 }

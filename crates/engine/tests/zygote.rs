@@ -690,3 +690,101 @@ fn shutdown_ends_the_warm_sessions() {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(engine.sessions().warm_ready(), 0);
 }
+
+/// A preload naming modules the runtime lacks (the default preload's scikit-learn on a runtime
+/// without it): the zygote leaves them out and starts, so sessions are still forked, not cold.
+#[test]
+fn a_preload_module_the_runtime_lacks_is_skipped_and_the_zygote_starts() {
+    let mut config =
+        runcell_engine::testing::engine_config(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let mut preload: Vec<String> = runcell_engine::DEFAULT_PRELOAD
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    preload.insert(1, "runcell_no_such_module".into());
+    preload.push("json.runcell_no_such_submodule".into());
+    config.preload = Some(preload);
+    let engine =
+        runcell_engine::testing::TestEngine(runcell_engine::Engine::new(config).expect("engine"));
+    let status = engine.wait_for_zygote(Duration::from_secs(180));
+    let ZygoteStatus::Ready {
+        preloaded: held, ..
+    } = &status
+    else {
+        panic!("the zygote did not start: {status:?}");
+    };
+    // The control: every module that exists is preloaded, in order; only the missing two
+    // are left out.
+    let expected: Vec<String> = runcell_engine::DEFAULT_PRELOAD
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(held, &expected);
+    let s = engine
+        .sessions()
+        .create(CreateSession::default())
+        .expect("create");
+    assert_eq!(s.start, runcell_engine::Start::Zygote, "{s:?}");
+    assert!(preloaded(&engine, &s.id), "pandas is in the forked session");
+    let e = engine
+        .sessions()
+        .execute(&s.id, "import runcell_no_such_module", None, None)
+        .expect("execute");
+    assert_eq!(e.status, ExecutionStatus::Error, "{e:?}");
+    assert_eq!(
+        e.error.as_ref().map(|x| x.name.as_str()),
+        Some("ModuleNotFoundError"),
+        "{e:?}"
+    );
+}
+
+/// The zygote renders one figure before it serves (so that matplotlib's first-render state is
+/// shared): a session still starts with no figure and figure number 1, holds no descriptor of
+/// a font file the zygote opened (a sandbox's confinement would have closed it under
+/// FreeType's lazy reads), and renders text (titles, labels, a legend: fonts it opens itself)
+/// to a whole PNG, in a session and in a one-shot alike. The zygote's heap, moved onto huge
+/// pages where the kernel can, changes nothing the session sees.
+#[test]
+fn zygote_sessions_render_text_after_the_zygotes_warm_up() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let id = create(&engine);
+    assert!(preloaded(&engine, &id));
+    // Positive control for the warm-up: the zygote imported the Agg backend while rendering,
+    // which pyplot's import alone does not.
+    assert_eq!(
+        main_text(&exec(
+            &engine,
+            &id,
+            "import sys\n'matplotlib.backends.backend_agg' in sys.modules"
+        )),
+        "True"
+    );
+    assert_eq!(
+        main_text(&exec(
+            &engine,
+            &id,
+            "import matplotlib.pyplot as plt\nplt.get_fignums()"
+        )),
+        "[]"
+    );
+    let fonts = "import os\nsorted(t for t in (os.readlink(f'/proc/self/fd/{f}') for f in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{f}')) if t.endswith(('.ttf', '.otf', '.afm')))";
+    assert_eq!(main_text(&exec(&engine, &id, fonts)), "[]");
+    let render = "import io, matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nn = fig.number\nax.plot([1, 2, 3], label='series')\nax.set_title('A title with text')\nax.set_xlabel('x label')\nax.legend()\nbuf = io.BytesIO()\nfig.savefig(buf, format='png', bbox_inches='tight')\nplt.close(fig)\ndata = buf.getvalue()\n(n, data[:8] == b'\\x89PNG\\r\\n\\x1a\\n', len(data) > 5000)";
+    assert_eq!(main_text(&exec(&engine, &id, render)), "(1, True, True)");
+    // Twice: the second render reuses the fonts the first opened in this session.
+    assert_eq!(main_text(&exec(&engine, &id, render)), "(1, True, True)");
+
+    let mut req = runcell_engine::OneShot::new(
+        runcell_engine::Language::Python,
+        render.replace("\n(n, ", "\nprint(n, "),
+    );
+    req.start = runcell_engine::Start::Zygote;
+    let out = engine.run_once(&req, &mut |_, _| {}).expect("one-shot");
+    assert_eq!(
+        (out.execution.status, out.execution.stdout.as_str()),
+        (ExecutionStatus::Ok, "1 True True\n"),
+        "{:?}",
+        out.execution
+    );
+}

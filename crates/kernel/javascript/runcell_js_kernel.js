@@ -303,6 +303,84 @@ class FrameReader {
 }
 
 // --------------------------------------------------------------------------
+// Client tools (issue 22; python/runcell_tools.py is the Python side, docs/tools.md)
+// --------------------------------------------------------------------------
+
+// The largest arguments a call may send, as JSON (the host checks the same bound).
+const MAX_TOOL_INPUT = 1024 * 1024;
+const promiseK = Promise;
+
+/** A failed tool call; `kind` is error, timeout, refused, too_large or cancelled. */
+class ToolError extends Error {
+  constructor(message, kind = 'error', tool = null) {
+    super(message);
+    this.name = { error: 'ToolError', timeout: 'ToolTimeout', refused: 'ToolRefused', too_large: 'ToolTooLarge', cancelled: 'ToolCancelled' }[kind] || 'ToolError';
+    this.kind = kind;
+    this.tool = tool;
+  }
+}
+
+function jsonTypeOf(value) {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'array';
+  if (typeof value === 'number') return Number.isInteger(value) ? 'integer' : 'number';
+  if (typeof value === 'object') return 'object';
+  return typeof value; // string, boolean, ...
+}
+
+function isJsonType(value, kind) {
+  const actual = jsonTypeOf(value);
+  if (kind === 'number') return actual === 'number' || actual === 'integer';
+  if (!['string', 'integer', 'boolean', 'array', 'object', 'null'].includes(kind)) return true;
+  return actual === kind;
+}
+
+/**
+ * Checks value against the JSON Schema subset tools use (as runcell_tools.validate does):
+ * TypeError for a wrong type or a missing / unexpected field, RangeError for a value out of
+ * bounds; the message names the field.
+ */
+function validateTool(schema, value, where) {
+  if (schema === null || typeof schema !== 'object') return;
+  let kinds = schema.type;
+  if (typeof kinds === 'string') kinds = [kinds];
+  if (Array.isArray(kinds) && kinds.length && !kinds.some((k) => isJsonType(value, k))) {
+    throw new TypeError(`${where} must be ${kinds.join(' or ')}, not ${jsonTypeOf(value)}`);
+  }
+  if (Array.isArray(schema.enum) && !schema.enum.some((o) => jsonStringify(o) === jsonStringify(value))) {
+    throw new RangeError(`${where} must be one of ${schema.enum.map((o) => jsonStringify(o)).join(', ')}, not ${jsonStringify(value)}`);
+  }
+  if (typeof value === 'number') {
+    const checks = [['minimum', (v, b) => v >= b, '≥'], ['maximum', (v, b) => v <= b, '≤'],
+      ['exclusiveMinimum', (v, b) => v > b, '>'], ['exclusiveMaximum', (v, b) => v < b, '<']];
+    for (const [key, ok, word] of checks) {
+      if (typeof schema[key] === 'number' && !ok(value, schema[key])) {
+        throw new RangeError(`${where} must be ${word} ${schema[key]}, got ${value}`);
+      }
+    }
+  }
+  const length = (n, low, high, unit) => {
+    if (Number.isInteger(schema[low]) && n < schema[low]) throw new RangeError(`${where} must have at least ${schema[low]} ${unit}, has ${n}`);
+    if (Number.isInteger(schema[high]) && n > schema[high]) throw new RangeError(`${where} must have at most ${schema[high]} ${unit}, has ${n}`);
+  };
+  if (typeof value === 'string') length(value.length, 'minLength', 'maxLength', 'characters');
+  if (Array.isArray(value)) {
+    length(value.length, 'minItems', 'maxItems', 'items');
+    if (schema.items && typeof schema.items === 'object') value.forEach((item, i) => validateTool(schema.items, item, `${where}[${i}]`));
+  } else if (value !== null && typeof value === 'object') {
+    const props = schema.properties && typeof schema.properties === 'object' ? schema.properties : {};
+    for (const name of Array.isArray(schema.required) ? schema.required : []) {
+      if (!Object.prototype.hasOwnProperty.call(value, name)) throw new TypeError(`${where} is missing the required field '${name}'`);
+    }
+    for (const [name, item] of Object.entries(value)) {
+      if (Object.prototype.hasOwnProperty.call(props, name)) validateTool(props[name], item, where === 'arguments' ? `'${name}'` : `${where}.${name}`);
+      else if (schema.additionalProperties === false) throw new TypeError(`${where} has an unexpected field '${name}'`);
+      else if (schema.additionalProperties && typeof schema.additionalProperties === 'object') validateTool(schema.additionalProperties, item, `${where}.${name}`);
+    }
+  }
+}
+
+// --------------------------------------------------------------------------
 // MIME bundles
 // --------------------------------------------------------------------------
 
@@ -773,6 +851,89 @@ class Kernel {
     this.runner = new vm.Script(`globalThis[Symbol.for('runcell.kernel')].invoke()`, { filename: RUNNER_FILE });
     this.session = null;
     this.importers = new Map();
+    this.declared = new Map(); // this cell's client tools: name -> spec
+    this.toolCalls = new Map(); // call number -> {resolve, reject, name}
+    this.nextCall = 0;
+  }
+
+  /** The global `tools`: `await tools.lookup({id: 3})`, `await tools.call(name, input)`. */
+  makeTools() {
+    const kernel = this;
+    const target = Object.create(null);
+    return new Proxy(target, {
+      get(_, name) {
+        if (typeof name !== 'string' || name === 'then') return undefined;
+        if (name === 'call') return (tool, input) => kernel.callTool(String(tool), input, false);
+        if (name === 'ToolError') return ToolError;
+        return (input = {}) => kernel.callTool(name, input, true);
+      },
+      has(_, name) {
+        return typeof name === 'string' && kernel.declared.has(name);
+      },
+      ownKeys() {
+        return [...kernel.declared.keys()];
+      },
+      getOwnPropertyDescriptor(_, name) {
+        if (typeof name !== 'string' || !kernel.declared.has(name)) return undefined;
+        return { value: (input = {}) => kernel.callTool(name, input, true), enumerable: true, configurable: true };
+      },
+    });
+  }
+
+  /** Sends one call of the running cell; a promise of its answer. */
+  callTool(name, input, declaredOnly) {
+    try {
+      const cell = this.current;
+      if (cell === null || cell.settled) throw new ToolError(`${name}(): tools can be called only while a cell runs`, 'cancelled', name);
+      if (declaredOnly) {
+        const spec = this.declared.get(name);
+        if (!spec) throw new ToolError(`${name}() is not a tool declared for this execution`, 'refused', name);
+        try {
+          validateTool(spec.input_schema && typeof spec.input_schema === 'object' ? spec.input_schema : {}, input, 'arguments');
+        } catch (err) {
+          err.message = `${name}(): ${err.message}`;
+          throw err;
+        }
+      }
+      let text;
+      try {
+        text = jsonStringify(input === undefined ? {} : input);
+      } catch (err) {
+        throw new TypeError(`${name}(): the arguments are not JSON: ${err && err.message}`);
+      }
+      const size = bufferFrom(text, 'utf8').length;
+      if (size > MAX_TOOL_INPUT) throw new ToolError(`${name}(): the arguments are ${size} bytes as JSON, over the ${MAX_TOOL_INPUT}-byte limit`, 'too_large', name);
+      this.nextCall += 1;
+      const call = this.nextCall;
+      const answer = new promiseK((resolve, reject) => this.toolCalls.set(call, { resolve, reject, name }));
+      writeFrame(bufferFrom(`{"type":"tool_call","id":${jsonStringify(cell.id)},"call":${call},"name":${jsonStringify(name)},"input":${text}}`, 'utf8'));
+      return answer;
+    } catch (err) {
+      if (err instanceof ChannelClosed) throw err;
+      return promiseK.reject(err);
+    }
+  }
+
+  /** A `tool_result` frame: the call's promise settles. */
+  toolResult(message) {
+    const waiting = this.toolCalls.get(message.call);
+    if (!waiting) return; // a call of an ended cell
+    this.toolCalls.delete(message.call);
+    const error = message.error;
+    if (error !== undefined && error !== null) {
+      const text = typeof error === 'object' ? error.message : error;
+      waiting.reject(new ToolError(typeof text === 'string' ? text : jsonStringify(text), (typeof error === 'object' && error.kind) || 'error', waiting.name));
+    } else {
+      waiting.resolve(message.output);
+    }
+  }
+
+  /** The cell ended: calls still waiting fail, and its tools go. */
+  endTools() {
+    const waiting = [...this.toolCalls.values()];
+    this.toolCalls.clear();
+    this.declared = new Map();
+    for (const w of waiting) w.reject(new ToolError('the cell ended before the tool answered', 'cancelled', w.name));
   }
 
   // ---- set-up ----
@@ -796,6 +957,7 @@ class Kernel {
       __dirname: cwd,
       display,
       [IMPORT_HELPER]: (specifier, options) => this.importModule(specifier, options),
+      tools: this.makeTools(),
     };
     for (const [name, value] of Object.entries(globals)) {
       Object.defineProperty(globalThis, name, { value, writable: true, configurable: true, enumerable: false });
@@ -913,7 +1075,9 @@ class Kernel {
           exit(3);
         }
         if (message === null) break;
-        this.queue.push(message);
+        // Answers to the running cell's tool calls are taken at once (the cell awaits them).
+        if (message.type === 'tool_result') this.toolResult(message);
+        else this.queue.push(message);
       }
       this.pump();
     }));
@@ -987,6 +1151,10 @@ class Kernel {
     } else {
       // Output from here on is this cell's (the host holds what came before).
       if (message.ack === true) this.send({ type: 'started', id });
+      this.declared = new Map();
+      for (const spec of Array.isArray(message.tools) ? message.tools : []) {
+        if (spec && typeof spec === 'object' && typeof spec.name === 'string') this.declared.set(spec.name, spec);
+      }
       this.execute(id, code);
     }
   }
@@ -1287,6 +1455,7 @@ class Kernel {
     if (cell.settled) return;
     cell.settled = true;
     if (cell.poll) clearIntervalK(cell.poll);
+    this.endTools();
     setImmediateK(() => critical(() => {
       try {
         const done = { type: 'done', id: cell.id, status, execution_count: cell.count };

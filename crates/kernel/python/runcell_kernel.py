@@ -49,6 +49,12 @@ except ImportError as _exc:  # a kernel copied without it still runs cells
     _snapshot_import_error = _exc
 
 try:
+    # Tools called from the cell (issue 22), beside this file like runcell_snapshot.
+    import runcell_tools
+except ImportError:  # a kernel copied without it still runs cells (tool calls are refused)
+    runcell_tools = None
+
+try:
     # Chart data of matplotlib figures (issue 24), beside this file like runcell_snapshot.
     import runcell_charts
 except ImportError:  # figures still come back as PNGs
@@ -60,6 +66,16 @@ try:
     import _signal as _sig
 except ImportError:  # not CPython
     _sig = signal
+
+try:
+    # glibc's malloc_trim, called between cells (see _release_free_memory). Imported with the
+    # kernel, so in the zygote: a forked session finds it loaded.
+    import ctypes as _ctypes
+
+    _malloc_trim = _ctypes.CDLL(None).malloc_trim
+    _malloc_trim.argtypes = (_ctypes.c_size_t,)
+except (ImportError, OSError, AttributeError):  # not glibc: nothing to trim
+    _malloc_trim = None
 
 SIGINT = int(signal.SIGINT)
 SIGINT_SET = (SIGINT,)
@@ -87,7 +103,10 @@ def _code_filename():
 
 
 # Frames from this file and the framing module are hidden from user tracebacks.
-KERNEL_FILES = frozenset((_code_filename(), runcell_wire.encode.__code__.co_filename))
+KERNEL_FILES = frozenset(
+    (_code_filename(), runcell_wire.encode.__code__.co_filename)
+    + ((runcell_tools._call.__code__.co_filename,) if runcell_tools is not None else ())
+)
 
 
 def _warn(message):
@@ -733,6 +752,9 @@ class Kernel:
         self.module.__dict__["__builtins__"] = builtins
         self.namespace = self.module.__dict__
         self.future_flags = 0
+        # The environment the session started with (the sandbox's and the session's `env`):
+        # a snapshot carries what cells changed in os.environ since, not the whole of it.
+        self.start_environ = dict(os.environ)
         self.loop = None  # asyncio loop for top-level await, created on first use
         self.displayed_figures = set()  # ids of figures already shown in this cell
 
@@ -803,6 +825,8 @@ class Kernel:
                 self.handle_execute(message)
             elif kind in ("snapshot", "restore"):
                 self.handle_snapshot(kind, message)
+            elif kind == "tool_result":
+                pass  # the answer to a call of a cell that has ended: nobody waits for it
             else:
                 self.send_protocol_error(None, f"unknown message type {kind!r}")
         except ChannelClosed:
@@ -825,7 +849,7 @@ class Kernel:
                 {"type": "done", "id": msg_id, "status": "error", "execution_count": self.execution_count}
             )
         else:
-            self.execute(msg_id, code, message.get("ack") is True)
+            self.execute(msg_id, code, message.get("ack") is True, message.get("tools"))
 
     # ---- snapshots (issue 17): the namespace to a file and back ----
 
@@ -875,17 +899,45 @@ class Kernel:
         self.send({"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count})
 
     def take_snapshot(self, path):
-        # What the kernel itself carries from cell to cell and the namespace does not.
-        extra = {"future_flags": self.future_flags}
-        return runcell_snapshot.save_namespace(self.module, path, extra)
+        # What the kernel itself carries from cell to cell and the namespace does not: the
+        # `from __future__` flags, and the cells' changes to os.environ (os.environ["K"] = v,
+        # del, putenv through os.environ): variables set or changed, and those removed.
+        environ = dict(os.environ)
+        changes = {
+            "set": {k: v for k, v in environ.items() if self.start_environ.get(k) != v},
+            "unset": sorted(k for k in self.start_environ if k not in environ),
+        }
+        extra = {"future_flags": self.future_flags, "environ": changes}
+        report = runcell_snapshot.save_namespace(self.module, path, extra)
+        if (changes["set"] or changes["unset"]) and len(report["names"]) < runcell_snapshot.MAX_REPORT_NAMES:
+            report["names"] = [*report["names"], "os.environ"]
+        return report
 
     def restore_snapshot(self, path):
         report, extra = runcell_snapshot.load_namespace(self.module, path)
         flags = extra.get("future_flags")
         if isinstance(flags, int):
             self.future_flags |= flags & FUTURE_FLAGS
+        changes = extra.get("environ")
+        if isinstance(changes, dict) and self.apply_environ(changes):
+            if len(report["names"]) < runcell_snapshot.MAX_REPORT_NAMES:
+                report["names"] = [*report["names"], "os.environ"]
         self.install_lazy_hooks()  # a restored figure or pyplot import gets the show() patch
         return report
+
+    def apply_environ(self, changes):
+        """Puts a snapshot's os.environ changes back; whether there were any. Strings only:
+        the file is the session's own, but a damaged entry must not stop the restore."""
+        applied = False
+        for key, value in (changes.get("set") or {}).items():
+            if isinstance(key, str) and isinstance(value, str) and key and "=" not in key and "\0" not in key + value:
+                os.environ[key] = value
+                applied = True
+        for key in changes.get("unset") or ():
+            if isinstance(key, str) and key in os.environ:
+                del os.environ[key]
+                applied = True
+        return applied
 
     def send_protocol_error(self, msg_id, text):
         self.send({"type": "error", "id": msg_id, "name": "ProtocolError", "value": text, "traceback": ""})
@@ -914,7 +966,7 @@ class Kernel:
 
     # ---- one cell ----
 
-    def execute(self, msg_id, code, ack=False):
+    def execute(self, msg_id, code, ack=False, tools=None):
         _restore_std_fds()
         if ack:
             # Output from here on is this cell's (the host holds what came before).
@@ -926,6 +978,8 @@ class Kernel:
         self.error_sent = False
         self.reset_result_counts()
         result_frame = b""
+        if runcell_tools is not None:
+            runcell_tools._begin_cell(self.channel, msg_id, tools)
         try:
             status, result_frame = self.run_cell(code)
         except ChannelClosed:
@@ -935,6 +989,9 @@ class Kernel:
             status = self.report_kernel_failure(exc)
         finally:
             self.current_id = None
+            if runcell_tools is not None:
+                # Before `done`: from here the main loop is the channel's only reader.
+                runcell_tools._end_cell()
         _flush_std()
         # What json.dumps makes of this message, without its per-call set-up (a tenth of a
         # `1+1` cell's time); the test suite compares the two.
@@ -950,6 +1007,7 @@ class Kernel:
         # The main result and `done` leave in one write: one wake-up of the host, not two.
         # SIGINT is ignored here: run_cell and report_kernel_failure end with interrupts off.
         self.channel.send_frames(result_frame + self.channel.encode(None, done), interruptible=False)
+        _release_free_memory()
 
     def run_cell(self, source):
         """Compile, run and report one cell; returns the done status and the main result's
@@ -1232,6 +1290,21 @@ def _bounded(text):
 # --------------------------------------------------------------------------
 # Process set-up
 # --------------------------------------------------------------------------
+
+
+def _release_free_memory():
+    """Hands the heap's free pages back to the system after a cell (its reply is sent).
+
+    A cell's temporary objects (a figure rendered to PNG, a DataFrame's intermediates) leave
+    free chunks in malloc's heap that glibc keeps mapped: in a forked session each of those
+    pages is a private copy, ~3 MiB after a pandas + matplotlib cell, counted in every live
+    session's memory. malloc_trim(0) returns them (it takes a few microseconds when there is
+    nothing to return; docs/benchmarks.md)."""
+    if _malloc_trim is not None:
+        try:
+            _malloc_trim(0)
+        except Exception:
+            pass
 
 
 def reseed():

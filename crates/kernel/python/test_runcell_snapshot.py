@@ -53,10 +53,10 @@ class Kernels(unittest.TestCase):
         self.assertEqual(outcome.status, "ok", (outcome.messages, outcome.stderr))
         return outcome
 
-    def request(self, kernel, kind, path=None, msg_id="snap"):
+    def request(self, kernel, kind, path=None, msg_id="snap", **fields):
         kernel.start_request = None
         kernel.marks = (len(kernel.buffers["stdout"]), len(kernel.buffers["stderr"]))
-        kernel.send({"type": kind, "id": msg_id, "path": self.path if path is None else path})
+        kernel.send(dict(fields, type=kind, id=msg_id, path=self.path if path is None else path))
         return kernel.finish(msg_id)
 
     def snapshot(self, kernel):
@@ -71,8 +71,8 @@ class Kernels(unittest.TestCase):
         (report,) = [m for m in outcome.messages if m["type"] == "restored"]
         return report
 
-    def refusal(self, kernel, path=None):
-        outcome = self.request(kernel, "restore", path)
+    def refusal(self, kernel, path=None, **fields):
+        outcome = self.request(kernel, "restore", path, **fields)
         self.assertEqual(outcome.status, "error", outcome.messages)
         (refused,) = [m for m in outcome.messages if m["type"] == "snapshot_refused"]
         return refused["refusal"], outcome
@@ -114,6 +114,36 @@ class PlainRoundTrip(Kernels):
         self.assertEqual(self.value(b, "same is data"), "True")
         # The kernel's execution count is the new session's own.
         self.assertEqual(b.run("1").done["execution_count"], 3)
+
+    def test_os_environ_changes_round_trip(self):
+        a = self.kernel()
+        self.run_ok(
+            a,
+            "import os\nos.environ['RUNCELL_T_SET'] = 'a b=c'\nos.environ['HOME'] = '/elsewhere'\n"
+            "os.environ.pop('RUNCELL_T_GONE', None)\nx = 1",
+        )
+        report = self.snapshot(a)
+        self.assertIn("os.environ", report["names"])
+        b = self.kernel()
+        restored = self.restore(b)
+        self.assertIn("os.environ", restored["names"])
+        self.assertEqual(
+            self.value(b, "import os\n(os.environ['RUNCELL_T_SET'], os.environ['HOME'], 'RUNCELL_T_GONE' in os.environ, x)"),
+            "('a b=c', '/elsewhere', False, 1)",
+        )
+        # Control: a kernel that did not restore has its own environment.
+        c = self.kernel()
+        self.assertEqual(self.value(c, "import os\n'RUNCELL_T_SET' in os.environ"), "False")
+        # A variable the session removed (one it started with, one it had set) stays removed.
+        self.assertEqual(self.value(c, "'PATH' in os.environ"), "True")
+        self.run_ok(b, "del os.environ['RUNCELL_T_SET']\ndel os.environ['PATH']")
+        self.snapshot(b)
+        d = self.kernel()
+        self.restore(d)
+        self.assertEqual(
+            self.value(d, "import os\n'RUNCELL_T_SET' in os.environ, 'PATH' in os.environ, os.environ['HOME']"),
+            "(False, False, '/elsewhere')",
+        )
 
     def test_open_file_generator_socket_thread_and_lock_are_skipped_and_named(self):
         a = self.kernel()
@@ -373,6 +403,7 @@ target = (df["a"] > 0).astype(int)
 model = LogisticRegression().fit(X, target)
 forest = RandomForestClassifier(n_estimators=5, random_state=0).fit(X, target)
 same_df = df
+big = np.arange(300_000.0)  # 2.4 MB: over POPULATE_FROM, read into a mapping of its own
 """
 
     def test_dataframes_arrays_and_fitted_models_round_trip(self):
@@ -393,8 +424,11 @@ same_df = df
         self.assertEqual(got, expected)
         self.assertEqual(self.value(b, "(np.__name__, pd.__name__, same_df is df, view_t.shape)"), "('numpy', 'pandas', True, (4, 3))")
         # Restored arrays own writable memory.
-        self.run_ok(b, "arr[0, 0] = 99.0\ndf.loc[0, 'a'] = 5.0")
-        self.assertEqual(self.value(b, "float(arr[0, 0]), float(df.loc[0, 'a'])"), "(99.0, 5.0)")
+        self.run_ok(b, "arr[0, 0] = 99.0\ndf.loc[0, 'a'] = 5.0\nbig[-1] = -1.0")
+        self.assertEqual(
+            self.value(b, "float(arr[0, 0]), float(df.loc[0, 'a']), float(big.sum()), big.flags.writeable"),
+            f"(99.0, 5.0, {float(sum(range(299_999))) - 1.0}, True)",
+        )
 
 
 class FormatTests(unittest.TestCase):

@@ -8,6 +8,7 @@ mod process;
 mod programs;
 pub mod runtime;
 mod snapshot;
+mod tools;
 
 pub use process::{
     blocking, CellError, CellEvent, CellOptions, CellOutcome, CellStatus, DroppedResults, Kernel,
@@ -18,4 +19,6 @@ pub use programs::{
     SNAPSHOT_MODULE, SYSTEM_PYTHON,
 };
 pub use runcell_protocol::{IncompatibleField, SkippedName, SnapshotRefusal};
+pub use runcell_protocol::{ToolFailure, ToolFailureKind};
 pub use snapshot::{RestoreReport, SnapshotError, SnapshotOptions, SnapshotReport};
+pub use tools::{CellTools, KernelToolCall, ToolAnswer, ToolSink, MAX_WAIT_CREDIT};

@@ -5,10 +5,12 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runcell_protocol::{
     DoneStatus, Frame, FrameDecoder, HostMessage, KernelMessage, MimeBundle, ProtocolError,
+    ToolFailureKind,
 };
 use runcell_sandbox::{
     CappedOutput, ExitStatus, KillReason, Launch, Running, RunningHandle, Sandbox, SandboxError,
@@ -16,6 +18,8 @@ use runcell_sandbox::{
 use rustix::event::{PollFd, PollFlags, Timespec};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+
+use crate::tools::{CellTools, KernelToolCall, Link};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -209,6 +213,10 @@ pub struct Kernel {
     reply: Option<KernelMessage>,
     /// What lives exactly as long as this kernel's sandbox (see [`Kernel::keep_alongside`]).
     companions: Vec<Companion>,
+    /// The next cell's tools (see [`Kernel::set_tools`]), then the running cell's.
+    tools: Option<CellTools>,
+    /// The running cell's way back for tool answers, made at its first call (tools.rs).
+    link: Option<Arc<Link>>,
 }
 
 /// Something dropped with the kernel: the engine's egress proxy serving this sandbox.
@@ -307,6 +315,8 @@ impl Kernel {
             async_io: None,
             reply: None,
             companions: Vec::new(),
+            tools: None,
+            link: None,
         })
     }
 
@@ -349,6 +359,12 @@ impl Kernel {
             tv_nsec: 0,
         };
         matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
+    }
+
+    /// The tools the next cell (and only it) may call, and where its calls go. Without, a
+    /// cell's calls are refused at once.
+    pub fn set_tools(&mut self, tools: Option<CellTools>) {
+        self.tools = tools;
     }
 
     /// Cells run so far.
@@ -479,6 +495,11 @@ impl Kernel {
             id: id.to_owned(),
             code: code.to_owned(),
             ack: opts.ack,
+            tools: self
+                .tools
+                .as_ref()
+                .map(|t| t.specs.clone())
+                .unwrap_or_default(),
         };
         self.execution_count += 1;
         self.begin_message(id, &msg, opts)
@@ -623,7 +644,17 @@ impl Kernel {
         opts: &CellOptions,
     ) -> Result<Result<Instant, Ended>, KernelError> {
         let now = Instant::now();
-        if clock.interrupted_at.is_none() && now >= clock.deadline {
+        // Time spent waiting for tool answers does not count (tools.rs).
+        let credit = self.link.as_ref().map_or(Duration::ZERO, |l| l.waited());
+        let deadline = clock.deadline + credit;
+        let mut soon = Duration::from_millis(100);
+        if let Some(link) = &self.link {
+            if link.has_backlog() {
+                link.flush()?;
+                soon = Duration::from_millis(5);
+            }
+        }
+        if clock.interrupted_at.is_none() && now >= deadline {
             // The deadline: KeyboardInterrupt inside the cell, state kept.
             self.handle.interrupt();
             clock.interrupted_at = Some(now);
@@ -640,8 +671,8 @@ impl Kernel {
         }
         Ok(Ok(clock
             .interrupted_at
-            .map_or(clock.deadline, |t| t + opts.grace)
-            .min(now + Duration::from_millis(100))))
+            .map_or(deadline, |t| t + opts.grace)
+            .min(now + soon)))
     }
 
     /// Reads the channel and applies its messages, a read at a time (so at most one frame
@@ -680,6 +711,18 @@ impl Kernel {
         buf: &mut [u8],
         on_event: &mut dyn FnMut(CellEvent<'_>),
     ) -> Result<(), KernelError> {
+        self.tools = None;
+        let mut ended = ended;
+        if let Some(link) = self.link.take() {
+            if let Err(e) = link.close() {
+                if matches!(ended, Ended::Done(_)) {
+                    out.protocol_error = Some(format!(
+                        "the kernel did not take the rest of a tool answer at the end of the cell ({e})"
+                    ));
+                    ended = Ended::Kill(KillReason::Signal);
+                }
+            }
+        }
         match ended {
             Ended::Done(status) => {
                 // Everything the cell printed before `done` is already in the pipes. One
@@ -930,6 +973,7 @@ impl Kernel {
                     !between && id.as_ref().is_none_or(|id| *id == self.cell_id)
                 }
                 KernelMessage::Started { id }
+                | KernelMessage::ToolCall { id, .. }
                 | KernelMessage::Snapshotted { id, .. }
                 | KernelMessage::Restored { id, .. }
                 | KernelMessage::SnapshotRefused { id, .. } => !between && *id == self.cell_id,
@@ -1012,6 +1056,9 @@ impl Kernel {
                     return Ok(Some(Ended::Done(status)));
                 }
                 KernelMessage::Ready { .. } => {}
+                KernelMessage::ToolCall {
+                    call, name, input, ..
+                } => self.tool_call(call, name, input, len)?,
                 // One report per request; more can only be forged (and a cell's are nobody's:
                 // `begin_message` clears it), dropped and counted like extra errors.
                 KernelMessage::Snapshotted { .. }
@@ -1027,6 +1074,44 @@ impl Kernel {
                 | KernelMessage::SnapshotRefused { .. }) => self.reply = Some(report),
             }
         }
+    }
+
+    /// Hands a call of the running cell to its tools' sink, or refuses it.
+    fn tool_call(
+        &mut self,
+        call: u64,
+        name: String,
+        input: serde_json::Value,
+        frame_bytes: usize,
+    ) -> Result<(), KernelError> {
+        let link = match &self.link {
+            Some(l) => l.clone(),
+            None => self.link.insert(Link::new(&self.channel)?).clone(),
+        };
+        let Some(tools) = &self.tools else {
+            link.refuse(
+                call,
+                ToolFailureKind::Refused,
+                format!("no tools were declared for this execution: {name:?} cannot be called"),
+            );
+            return Ok(());
+        };
+        match link.open_call(call) {
+            Some(answer) => tools.sink.call(
+                KernelToolCall {
+                    name,
+                    input,
+                    frame_bytes,
+                },
+                answer,
+            ),
+            None => link.refuse(
+                call,
+                ToolFailureKind::Refused,
+                format!("call number {call} is already waiting for its answer"),
+            ),
+        }
+        Ok(())
     }
 
     /// Before a cell is sent: an idle kernel is silent, so whatever waits on its channel

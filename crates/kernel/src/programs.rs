@@ -94,6 +94,20 @@ const CHARTS_MODULE: (&str, &str) = (
     include_str!("../python/runcell_charts.py"),
 );
 
+/// Tools called from the cell (issue 22: `from runcell_tools import lookup`), a module the Python
+/// kernel imports from its own directory.
+const TOOLS_MODULE: (&str, &str) = (
+    "runcell_tools.py",
+    include_str!("../python/runcell_tools.py"),
+);
+
+/// The operator's MCP servers as `runcell_tools.mcp.<server>` (issue 22), a module
+/// runcell_tools imports from beside it.
+const TOOLS_MCP_MODULE: (&str, &str) = (
+    "runcell_tools_mcp.py",
+    include_str!("../python/runcell_tools_mcp.py"),
+);
+
 /// The framing the Python and bash kernels share (`import runcell_wire`). A module, not a
 /// program: found beside them on `sys.path`, the script's directory when a kernel runs cold and
 /// the directory the zygote inserts before it imports the Python kernel.
@@ -107,7 +121,7 @@ const JAVASCRIPT_SOURCE: (&str, &str) = (
 
 /// Every file of the kernel directory, as (name, content): the kernels' programs and the
 /// modules they import from beside them.
-pub const KERNEL_FILES: [(&str, &str); 7] = [
+pub const KERNEL_FILES: [(&str, &str); 9] = [
     (PYTHON.file, PYTHON.source),
     PYTHON_WIRE,
     (BASH.file, BASH.source),
@@ -115,6 +129,8 @@ pub const KERNEL_FILES: [(&str, &str); 7] = [
     JAVASCRIPT_SOURCE,
     SNAPSHOT_MODULE,
     CHARTS_MODULE,
+    TOOLS_MODULE,
+    TOOLS_MCP_MODULE,
 ];
 
 #[cfg(test)]

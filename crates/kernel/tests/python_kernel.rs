@@ -65,3 +65,10 @@ fn snapshot_suite_passes_with_the_data_science_runtime() {
         .expect("install the default runtime");
     run_snapshot_suite(&info.path.join("bin/python3"));
 }
+
+/// The MCP modules' suite (`python/test_runcell_tools_mcp.py`: names, annotations, argument
+/// checks, results, the import hook), with the plain host python3: stdlib only.
+#[test]
+fn mcp_modules_suite_passes_with_the_plain_host_python() {
+    run_file(Path::new("/usr/bin/python3"), "test_runcell_tools_mcp.py");
+}

@@ -37,6 +37,21 @@ pub enum HostMessage {
         code: String,
         #[serde(default, skip_serializing_if = "is_false")]
         ack: bool,
+        /// The client tools the cell may call (`runcell_tools`), each `{name, description,
+        /// input_schema}` as the execute request declared it: the kernel makes them callable
+        /// and checks arguments against the schema before a call leaves the sandbox.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tools: Vec<serde_json::Value>,
+    },
+    /// The answer to the running cell's `ToolCall` number `call`: its `output` (any JSON
+    /// value) or an `error`. Sent only while that cell runs; a kernel drops one for a call it
+    /// no longer waits for.
+    ToolResult {
+        call: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<serde_json::Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<ToolFailure>,
     },
     /// Write the session's language state (variables, functions, ...) to `path`, a file
     /// inside the sandbox. Answered like a cell, outside the execution count: `Snapshotted`
@@ -45,6 +60,30 @@ pub enum HostMessage {
     /// Read a snapshot at `path` back into the session: `Restored` or `SnapshotRefused` (or
     /// an `Error`), then `Done`.
     Restore { id: String, path: String },
+}
+
+/// Why a tool call failed, as the kernel raises it: `kind` picks the exception class
+/// (`runcell_tools.ToolError` and its subclasses), `message` is its text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolFailure {
+    pub kind: ToolFailureKind,
+    pub message: String,
+}
+
+/// The kinds of [`ToolFailure`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolFailureKind {
+    /// The tool ran and failed (the client's or the MCP server's error).
+    Error,
+    /// No answer came within the call's time limit.
+    Timeout,
+    /// runcell refused the call: an undeclared tool, over the rate or pending-call bounds.
+    Refused,
+    /// The arguments or the result were over the size bound.
+    TooLarge,
+    /// The execution ended (or was interrupted) before the answer came.
+    Cancelled,
 }
 
 /// How a cell ended, as the kernel saw it.
@@ -79,6 +118,16 @@ pub enum KernelMessage {
         name: String,
         value: String,
         traceback: String,
+    },
+    /// The running cell calls a tool (`runcell_tools`): `call` is the kernel's own number for
+    /// it, unique among the cell's calls waiting for an answer; the host answers each with one
+    /// `ToolResult` of the same number, while the cell runs. The host never trusts it beyond
+    /// that: the name is checked against what the execution may call, the input bounded.
+    ToolCall {
+        id: String,
+        call: u64,
+        name: String,
+        input: serde_json::Value,
     },
     /// The cell is finished; everything it printed is already in the stdout/stderr pipes.
     Done {
@@ -382,6 +431,7 @@ mod tests {
             id: "ex_2".into(),
             code: "1+1".into(),
             ack: false,
+            tools: Vec::new(),
         })
         .expect("json");
         assert_eq!(exec, r#"{"type":"execute","id":"ex_2","code":"1+1"}"#);
@@ -389,6 +439,7 @@ mod tests {
             id: "ex_3".into(),
             code: "1".into(),
             ack: true,
+            tools: Vec::new(),
         })
         .expect("json");
         assert_eq!(
@@ -398,6 +449,55 @@ mod tests {
         let started: KernelMessage =
             serde_json::from_str(r#"{"type": "started", "id": "ex_3"}"#).expect("started");
         assert_eq!(started, KernelMessage::Started { id: "ex_3".into() });
+    }
+
+    #[test]
+    fn tool_messages_match_the_kernels() {
+        // As runcell_tools.py writes a call.
+        let call: KernelMessage = serde_json::from_str(
+            r#"{"type": "tool_call", "id": "ex_1", "call": 3, "name": "lookup", "input": {"id": 3}}"#,
+        )
+        .expect("tool_call");
+        assert_eq!(
+            call,
+            KernelMessage::ToolCall {
+                id: "ex_1".into(),
+                call: 3,
+                name: "lookup".into(),
+                input: serde_json::json!({"id": 3}),
+            }
+        );
+        let ok = serde_json::to_string(&HostMessage::ToolResult {
+            call: 3,
+            output: Some(serde_json::json!([1, "a"])),
+            error: None,
+        })
+        .expect("json");
+        assert_eq!(ok, r#"{"type":"tool_result","call":3,"output":[1,"a"]}"#);
+        let failed = serde_json::to_string(&HostMessage::ToolResult {
+            call: 4,
+            output: None,
+            error: Some(ToolFailure {
+                kind: ToolFailureKind::TooLarge,
+                message: "m".into(),
+            }),
+        })
+        .expect("json");
+        assert_eq!(
+            failed,
+            r#"{"type":"tool_result","call":4,"error":{"kind":"too_large","message":"m"}}"#
+        );
+        let exec = serde_json::to_string(&HostMessage::Execute {
+            id: "ex_2".into(),
+            code: "f()".into(),
+            ack: false,
+            tools: vec![serde_json::json!({"name": "f"})],
+        })
+        .expect("json");
+        assert_eq!(
+            exec,
+            r#"{"type":"execute","id":"ex_2","code":"f()","tools":[{"name":"f"}]}"#
+        );
     }
 
     #[test]
@@ -478,6 +578,7 @@ mod tests {
             id: "a".into(),
             code: "b".into(),
             ack: false,
+            tools: Vec::new(),
         })
         .expect("encode");
         let mut d = FrameDecoder::new();
@@ -507,6 +608,7 @@ mod tests {
             id: "a".into(),
             code: "b".into(),
             ack: false,
+            tools: Vec::new(),
         })
         .expect("encode");
         let big = 10usize << 20;

@@ -257,6 +257,60 @@ impl Workspace {
     /// of the directory: an upload of N files would otherwise cost N walks). Never follows a
     /// symlink: an existing symlink anywhere on the way is an error.
     pub fn write_file(&self, rel: &str, data: &[u8]) -> Result<FileStat, WorkspaceError> {
+        let mut file = self.create_for_write(rel, data.len() as u64)?;
+        file.write_all(data).map_err(|e| WorkspaceError::Io {
+            action: "write",
+            path: PathBuf::from(rel),
+            source: e,
+        })?;
+        Self::stat_written(rel, &file)
+    }
+
+    /// [`Workspace::write_file`] with the content of `src` (from its current offset, `len`
+    /// bytes): copied by the kernel (`copy_file_range`, or `sendfile` between filesystems),
+    /// never through a buffer of ours. A 10 MB snapshot moved into a workspace this way costs
+    /// no allocation and no page faults of the server's.
+    pub fn write_file_from(
+        &self,
+        rel: &str,
+        src: &mut fs::File,
+        len: u64,
+    ) -> Result<FileStat, WorkspaceError> {
+        let mut file = self.create_for_write(rel, len)?;
+        let copied = io::copy(&mut io::Read::take(&mut *src, len), &mut file).map_err(|e| {
+            WorkspaceError::Io {
+                action: "write",
+                path: PathBuf::from(rel),
+                source: e,
+            }
+        })?;
+        if copied != len {
+            return Err(WorkspaceError::Io {
+                action: "write",
+                path: PathBuf::from(rel),
+                source: io::Error::from(io::ErrorKind::UnexpectedEof),
+            });
+        }
+        Self::stat_written(rel, &file)
+    }
+
+    fn stat_written(rel: &str, file: &fs::File) -> Result<FileStat, WorkspaceError> {
+        let io_err = |source| WorkspaceError::Io {
+            action: "stat",
+            path: PathBuf::from(rel),
+            source,
+        };
+        let meta = file.metadata().map_err(io_err)?;
+        Ok(FileStat {
+            size: meta.len(),
+            modified: meta.modified().map_err(io_err)?,
+        })
+    }
+
+    /// Creates (or truncates) `rel` for `len` bytes to be written, as [`Workspace::write_file`]
+    /// says: parents made, owned by the sandbox user, never through a symlink, and refused
+    /// when the sandbox's own room is less than `len`.
+    fn create_for_write(&self, rel: &str, len: u64) -> Result<fs::File, WorkspaceError> {
         let parts = validate_relative(rel)?;
         let (file_name, dirs) = parts.split_last().ok_or(WorkspaceError::InvalidPath {
             path: rel.to_owned(),
@@ -291,7 +345,7 @@ impl Workspace {
         })
         .map_err(|e| io_err("create", e))?;
         // SAFETY: openat succeeded; the descriptor is ours.
-        let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let uid = self.uid;
         // SAFETY: fchown on our own descriptor.
         cvt(unsafe { libc::fchown(file.as_raw_fd(), uid, uid) }).map_err(|e| io_err("chown", e))?;
@@ -299,16 +353,11 @@ impl Workspace {
             // The host writes as root, which may use the blocks an image keeps beyond its
             // quota: the sandbox's room (measured after the truncation) bounds an upload too.
             let room = fstatfs_avail(&file).map_err(|e| io_err("statfs", e))?;
-            if data.len() as u64 > room {
+            if len > room {
                 return Err(io_err("write", io::Error::from_raw_os_error(libc::ENOSPC)));
             }
         }
-        file.write_all(data).map_err(|e| io_err("write", e))?;
-        let meta = file.metadata().map_err(|e| io_err("stat", e))?;
-        Ok(FileStat {
-            size: meta.len(),
-            modified: meta.modified().map_err(|e| io_err("stat", e))?,
-        })
+        Ok(file)
     }
 
     /// Reads `rel`; never through a symlink.

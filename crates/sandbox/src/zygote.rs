@@ -95,6 +95,9 @@ pub struct Zygote {
     pid: u32,
     /// Modules the zygote holds, as reported once it was ready.
     pub preloaded: Vec<String>,
+    /// Modules of the configured preload that could not be imported (the runtime lacks
+    /// them), with Python's reason: left out, the zygote starts without them.
+    pub skipped: Vec<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -160,6 +163,7 @@ impl Zygote {
             inner: Mutex::new(inner),
             pid,
             preloaded: Vec::new(),
+            skipped: Vec::new(),
         };
         let config_json =
             serde_json::to_vec(config).map_err(|e| ZygoteError::Config(e.to_string()))?;
@@ -181,11 +185,22 @@ impl Zygote {
         };
         let text = String::from_utf8_lossy(&reply);
         match text.strip_prefix("ready ") {
-            Some(modules) => {
-                z.preloaded = modules
+            Some(rest) => {
+                // `ready a,b,c`, then a line `skipped NAME REASON` per module left out.
+                let mut lines = rest.split('\n');
+                z.preloaded = lines
+                    .next()
+                    .unwrap_or_default()
                     .split(',')
                     .filter(|m| !m.is_empty())
                     .map(String::from)
+                    .collect();
+                z.skipped = lines
+                    .filter_map(|l| l.strip_prefix("skipped "))
+                    .map(|l| {
+                        let (name, why) = l.split_once(' ').unwrap_or((l, ""));
+                        (name.to_owned(), why.to_owned())
+                    })
                     .collect();
                 Ok(z)
             }
@@ -409,15 +424,30 @@ pub fn zygote_main() -> ! {
         },
         _ => exit_with(sock_fd, ""),
     };
-    let py = match prepare(&config) {
+    let (py, skipped) = match prepare(&config) {
         Ok(p) => p,
         Err(e) => exit_with(sock_fd, &format!("error {e}")),
     };
-    let _ = send_with_fds(
-        sock_fd,
-        format!("ready {}", config.preload.join(",")).as_bytes(),
-        &[],
+    let mut ready = format!(
+        "ready {}",
+        config
+            .preload
+            .iter()
+            .filter(|m| !skipped.iter().any(|(s, _)| s == *m))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",")
     );
+    for (name, why) in &skipped {
+        // One line each: a reason's own newlines would start a line of their own.
+        let why: String = why
+            .chars()
+            .take(500)
+            .map(|c| if c == '\n' { ' ' } else { c })
+            .collect();
+        ready.push_str(&format!("\nskipped {name} {why}"));
+    }
+    let _ = send_with_fds(sock_fd, ready.as_bytes(), &[]);
     serve(&py, &config, sock_fd, &mut buf)
 }
 
@@ -431,7 +461,9 @@ fn exit_with(sock: BorrowedFd<'_>, msg: &str) -> ! {
 
 /// Its own mount namespace with the sandbox paths in place, then libpython, then the imports,
 /// then back to the host's mount namespace.
-fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
+/// The zygote's set-up: its namespace, Python, the imports. Returns Python and the modules
+/// of the preload that could not be imported, with why.
+fn prepare(config: &ZygoteConfig) -> Result<(Python, Vec<(String, String)>), String> {
     // Supplementary groups survive clone and stay usable in the user namespace: host root's
     // group 0 would open group-readable root files to every sandbox. Drop them while root.
     // SAFETY: an empty group list.
@@ -505,8 +537,26 @@ fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
     drop(err_w);
     let mut msg = String::new();
     let _ = File::from(err_r).read_to_string(&mut msg);
-    if rc != 0 || !msg.is_empty() {
-        return Err(format!("preloading failed: {}", msg.trim()));
+    // What the preload wrote: one `skipped NAME\tREASON` line per module it could not
+    // import, or a traceback (anything else) when it failed.
+    let mut skipped = Vec::new();
+    let mut failure = String::new();
+    for line in msg.lines() {
+        match line
+            .strip_prefix("skipped ")
+            .and_then(|l| l.split_once('\t'))
+        {
+            Some((name, why)) if failure.is_empty() => {
+                skipped.push((name.to_owned(), why.to_owned()))
+            }
+            _ => {
+                failure.push_str(line);
+                failure.push('\n');
+            }
+        }
+    }
+    if rc != 0 || !failure.is_empty() {
+        return Err(format!("preloading failed: {}", failure.trim()));
     }
     // fork() copies only the calling thread: any other thread (a BLAS pool started anyway)
     // could hold a lock that then stays locked forever in every session.
@@ -523,12 +573,14 @@ fn prepare(config: &ZygoteConfig) -> Result<Python, String> {
             "the preloaded modules started threads ({threads} in all); forking would be unsafe"
         ));
     }
+    // What it got shows as AnonHugePages in /proc/<zygote>/smaps_rollup.
+    let _ = collapse_into_huge_pages();
     // Sandboxes are built from host paths (workspaces, bind sources), as cold ones are; the
     // zygote's own namespace, with its private /tmp, goes away with this.
     // SAFETY: setns with our own descriptor in a single-threaded process.
     cvt(unsafe { libc::setns(host_mnt.as_raw_fd(), libc::CLONE_NEWNS) })
         .map_err(|e| format!("setns back to the host's mount namespace: {e}"))?;
-    Ok(py)
+    Ok((py, skipped))
 }
 
 fn mount(
@@ -627,7 +679,11 @@ fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
 }
 
 /// Python that imports the kernel and `config.preload`, then freezes the heap so the
-/// collector never touches (and so copies) the shared pages in the sessions.
+/// collector never touches (and so copies) the shared pages in the sessions. A module of the
+/// preload the runtime cannot import (an ImportError: scikit-learn not installed) is left
+/// out and named on `err_fd` as `skipped NAME<TAB>REASON`: the zygote starts without it
+/// rather than not at all (every session would then start cold). Any other failure, and
+/// the kernel's own import, still fail it, with the traceback.
 fn preload_code(config: &ZygoteConfig, err_fd: RawFd) -> String {
     let modules: Vec<String> = config.preload.iter().map(|m| format!("{m:?}")).collect();
     format!(
@@ -638,19 +694,112 @@ def _runcell_preload():
         sys.argv = [""]
         sys.path.insert(0, {kdir:?})
         importlib.import_module({kmod:?})
+        skipped = []
         for name in [{mods}]:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:
+                why = " ".join(f"{{type(exc).__name__}}: {{exc}}".split())
+                skipped.append(f"skipped {{name}}\t{{why}}\n")
+        try:
+            _runcell_warm_matplotlib(sys)
+        except Exception:
+            pass  # an optimisation only: sessions render their first figure themselves
         gc.collect()
         gc.freeze()
+        if skipped:
+            os.write({err_fd}, "".join(skipped).encode())
     except BaseException:
         os.write({err_fd}, traceback.format_exc().encode())
+def _runcell_warm_matplotlib(sys):
+    # One figure rendered to PNG here, so that what matplotlib builds on its first render (the
+    # Agg backend and PIL's PNG writer imported, text layout and mathtext caches, the
+    # renderer's lazily made state) is built once, in pages every session shares, instead of in
+    # each session's own copy (~2.6 MiB per session that renders a figure). The fonts it
+    # opened are dropped: an FT2Font reads its file lazily through a descriptor that a
+    # sandbox's confinement closes, so a session must open its own.
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    import io
+    fig, ax = pyplot.subplots()
+    ax.plot([0, 1], [0, 1], label="a")
+    ax.set_title("t")
+    ax.set_xlabel("x")
+    ax.legend()
+    fig.savefig(io.BytesIO(), format="png", bbox_inches="tight")
+    pyplot.close(fig)
+    pyplot.close("all")
+    font_manager = sys.modules.get("matplotlib.font_manager")
+    if font_manager is not None and hasattr(font_manager, "_get_font"):
+        font_manager._get_font.cache_clear()
 _runcell_preload()
-del _runcell_preload
+del _runcell_preload, _runcell_warm_matplotlib
 "#,
         kdir = config.kernel_dir.to_string_lossy(),
         kmod = config.kernel_module,
         mods = modules.join(", "),
     )
+}
+
+/// `madvise(2)`'s MADV_COLLAPSE (Linux 6.1): make a range's pages one transparent huge page
+/// per aligned 2 MiB, now and whatever the system's THP setting.
+const MADV_COLLAPSE: libc::c_int = 25;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Moves the preloaded interpreter's anonymous memory (the heap and the large anonymous
+/// mappings: ~130 MiB with numpy, pandas, matplotlib and scikit-learn) onto 2 MiB pages where
+/// a mapping holds whole aligned 2 MiB ranges. Returns the bytes collapsed.
+///
+/// Why: every sandbox is a fork of this process, and a fork copies one page-table entry per
+/// 4 KiB page that has one (an exit frees them again), twice per sandbox (pid 1 and the
+/// program). On this kind of VM that copy is most of a fork: ~6 ms of CPU for 200 MiB on
+/// 4 KiB pages, under 1 ms on 2 MiB pages (docs/benchmarks.md). A sandbox's copy-on-write
+/// stays per 4 KiB page (the kernel splits a shared huge page's mapping on the first write
+/// and copies one small page), so a session costs no more memory; the zygote itself gains the
+/// zeroed holes of the ranges it collapses. Only `MADV_COLLAPSE` is used, not
+/// `MADV_HUGEPAGE`: a mapping marked so would make a sandbox's first touch of an empty 2 MiB
+/// range allocate a whole huge page. Best effort: a kernel without it (EINVAL), a range it
+/// cannot collapse (EAGAIN, ENOMEM) stay on small pages.
+fn collapse_into_huge_pages() -> usize {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return 0;
+    };
+    let mut collapsed = 0;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        // Private and writable; anonymous or the brk heap (file mappings are not copied by a
+        // fork unless written to, and collapsing them would need the page cache's help).
+        let name = fields.nth(3).unwrap_or("");
+        if !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+            continue;
+        }
+        if !(name.is_empty() || name == "[heap]") {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) else {
+            continue;
+        };
+        let from = start.next_multiple_of(HUGE_PAGE);
+        let to = end / HUGE_PAGE * HUGE_PAGE;
+        if to <= from {
+            continue;
+        }
+        // SAFETY: advice on a range of our own mappings; MADV_COLLAPSE keeps the contents.
+        if unsafe { libc::madvise(from as *mut c_void, to - from, MADV_COLLAPSE) } == 0 {
+            collapsed += to - from;
+        }
+    }
+    collapsed
 }
 
 /// The request loop: one sandbox per request; zombies reaped as they come.

@@ -1,6 +1,7 @@
 //! Cells waiting for a person (`approval: "always"` on an agent endpoint, `pending.rs`):
-//! listed by `GET /v1/approvals`, answered by `POST /v1/approvals/{id}`. Each decision is
-//! recorded in the audit log by the agent loop, before the cell runs.
+//! listed by `GET /v1/approvals`, answered by `POST /v1/approvals/{id}` by a key of the same
+//! tenant (another tenant's id is 404, whatever it is). Each decision is recorded in the audit
+//! log by the agent loop, before the cell runs, with `decided_by` naming the key that answered.
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -11,7 +12,7 @@ use utoipa::ToSchema;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::ApiJson;
 use crate::pending::PendingApproval;
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal, Tenant};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ApprovalList {
@@ -65,12 +66,13 @@ pub async fn list_approvals(State(state): State<AppState>, tenant: Tenant) -> Js
         (status = 404, body = ErrorBody, description = "no cell of this tenant waits under this id (answered, timed out, or never)")))]
 pub async fn answer_approval(
     State(state): State<AppState>,
-    tenant: Tenant,
+    who: Principal,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ApprovalDecision>,
 ) -> ApiResult<Json<ApprovalAnswered>> {
     // Unknown first: a well-formed decision on no waiting cell is a 404 whatever it says.
     let missing = || ApiError::not_found(format!("approval {id}"));
+    let tenant = &who.tenant;
     if !state.approvals.waits(&tenant.0, &id) {
         return Err(missing());
     }
@@ -82,7 +84,10 @@ pub async fn answer_approval(
             None => return Err(ApiError::invalid("`edit` needs the `code` to run")),
         },
     };
-    if !state.approvals.answer(&tenant.0, &id, verdict) {
+    if !state
+        .approvals
+        .answer(&tenant.0, &id, verdict, who.decided_by())
+    {
         return Err(missing());
     }
     Ok(Json(ApprovalAnswered { id, decision: word }))

@@ -88,6 +88,28 @@ pub async fn public_key(
     }))
 }
 
+/// The CA certificate of this server's C2PA signing chain, PEM: the trust anchor a C2PA
+/// validator needs to call runcell's embedded manifests trusted (docs/operations.md, "C2PA
+/// manifests in images").
+#[utoipa::path(get, path = "/v1/audit/c2pa-ca", tag = "executions",
+    responses((status = 200, content_type = "application/x-pem-file", body = String, description = "the runcell CA certificate (PEM) that issued this server's C2PA signing certificate"),
+        (status = 404, body = ErrorBody, description = "this server signs no images")))]
+pub async fn c2pa_ca(
+    State(state): State<AppState>,
+    _tenant: Tenant,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let signer =
+        state.engine.config().image_signer.clone().ok_or_else(|| {
+            ApiError::not_found("a C2PA certificate (this server signs no images)")
+        })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-pem-file")],
+        signer.trust_anchor_pem().to_owned(),
+    )
+        .into_response())
+}
+
 /// A checkpoint of the caller's tenant when API keys are in use; of every tenant on an open
 /// (keyless, loopback) server, whose one tenant-less user sees everything anyway.
 #[utoipa::path(get, path = "/v1/audit/checkpoint", tag = "executions",

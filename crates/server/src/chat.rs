@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::sessions::blocking;
-use crate::state::{AppState, ChatConfig, Tenant};
+use crate::state::{AppState, ChatConfig, Principal, Tenant};
 
 /// What the page needs to know before offering the chat.
 #[derive(Debug, Serialize, ToSchema)]
@@ -64,10 +64,11 @@ pub async fn chat_info(State(state): State<AppState>, _tenant: Tenant) -> Json<C
     })
 }
 
-/// The question, the files and whether each cell waits for approval, from the multipart body.
-async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>, bool)> {
+/// The question, the files and the `approval` part (`never` or `always`, checked later with
+/// the key's default), from the multipart body.
+async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>, Option<String>)> {
     let mut question = None;
-    let mut approve = false;
+    let mut approve = None;
     let mut files = Vec::new();
     loop {
         let Some(field) = form.next_field().await.map_err(ApiError::multipart)? else {
@@ -88,11 +89,7 @@ async fn read_form(mut form: Multipart) -> ApiResult<(String, Vec<InputFile>, bo
                 )
             }
             (_, Some("approval")) => {
-                approve = match &data[..] {
-                    b"never" => false,
-                    b"always" => true,
-                    _ => return Err(ApiError::invalid("`approval` is `never` or `always`")),
-                }
+                approve = Some(String::from_utf8_lossy(&data).into_owned());
             }
             (_, other) => {
                 return Err(ApiError::invalid(format!(
@@ -133,19 +130,22 @@ fn call_source(name: &str, input: &serde_json::Value, raw: &str) -> String {
 }
 
 #[utoipa::path(post, path = "/v1/chat", tag = "chat",
-    request_body(content_type = "multipart/form-data", description = "a `question` text part, an optional `approval` part (`never`, the default, or `always`: each cell waits for `POST /v1/approvals/{id}`) and any number of file parts, uploaded into /workspace under their file names"),
+    request_body(content_type = "multipart/form-data", description = "a `question` text part, an optional `approval` part (`never` or `always`: each cell waits for `POST /v1/approvals/{id}`; also accepted as the `runcell-approval` header; when neither says, the key's default, else `never`) and any number of file parts, uploaded into /workspace under their file names"),
     responses(
         (status = 200, content_type = "application/x-ndjson", description = "events as the loop runs: `session`, then per step `model`, `tool_call`, (with an `approval` part `always`) `approval` with the pending cell to answer at `POST /v1/approvals/{id}`, `tool_result`; last `end` with the answer and the files produced, or with `status` and `error`"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, or an unexpected part"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: not a multipart body, an empty question, an unexpected part, or an `approval` other than `never` / `always`"),
+        (status = 403, body = ErrorBody, description = "`forbidden`: `approval: never` with a key whose default is `always` (a floor a request cannot lower)"),
         (status = 404, body = ErrorBody, description = "no model provider is configured"),
         (status = 409, body = ErrorBody, description = "the session the loop ran in ended under it"),
         (status = 413, body = ErrorBody, description = "`payload_too_large`: a file over the size limit"),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed; see `Retry-After`")))]
 pub async fn chat(
     State(state): State<AppState>,
-    tenant: Tenant,
+    who: Principal,
+    headers: axum::http::HeaderMap,
     form: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> ApiResult<Response> {
+    let tenant = who.tenant;
     let Some(config) = state.chat.clone() else {
         return Err(ApiError::new(
             crate::error::ErrorCode::NotFound,
@@ -154,7 +154,10 @@ pub async fn chat(
     };
     let form = form.map_err(|e| ApiError::invalid(e.body_text()))?;
     let (question, files, approve) = read_form(form).await?;
-    let approvals = approve.then(|| state.approvals.clone());
+    // The part, or the runcell-approval header, or the key's default (a floor), as on the
+    // vendor endpoints.
+    let mode = crate::vendor::approval::mode(approve.as_deref(), &headers, who.key.as_ref())?;
+    let approvals = (mode == runcell_store::ApprovalMode::Always).then(|| state.approvals.clone());
 
     // The session is the caller's, like any other: listed, audited, openable as a notebook.
     let engine = state.engine.clone();
@@ -229,8 +232,11 @@ fn run(job: Job, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
         let tx = tx.clone();
         crate::pending::gate_for(
             a,
-            tenant.0.clone(),
-            session.clone(),
+            crate::pending::Place {
+                tenant: tenant.0.clone(),
+                session: session.clone(),
+                source: "chat",
+            },
             stop.clone(),
             move |p| {
                 let _ = tx.send(line(json!({"type": "approval", "approval": p})));

@@ -127,6 +127,10 @@ pub struct GetFileQuery {
     /// Present (with any value, usually none: `?provenance`): instead of the bytes, a signed
     /// statement of the execution that left the file as it is now.
     pub provenance: Option<String>,
+    /// Present (`?c2pa`): a PNG or JPEG with a signed C2PA manifest embedded that names the
+    /// execution which left the file as it is now (the workspace file is not changed; the
+    /// copy's bytes differ from `files[].sha256`, which the manifest records).
+    pub c2pa: Option<String>,
 }
 
 /// A signed provenance statement (the shape of runcell_store's `Provenance`, which is what
@@ -161,8 +165,8 @@ pub struct ProvenanceDoc {
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files/{path}", tag = "files",
     params(("id" = String, Path), ("path" = String, Path), GetFileQuery),
-    responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
+    responses((status = 200, content((Vec<u8> = "*/*"), (ProvenanceDoc = "application/json")), description = "the file's bytes, typed by its name's extension (`application/octet-stream` when unknown); with `?provenance`, the signed statement of its origin; with `?c2pa`, a copy of the PNG or JPEG with a signed C2PA manifest embedded"),
+        (status = 400, body = ErrorBody, description = "`invalid_request`: a path that is absolute, has `..`, a NUL byte or an over-long name, or goes through a symbolic link; with `?c2pa`, a file that is not a PNG or JPEG (by its name), or one the C2PA SDK cannot parse"), (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such file; with `?provenance` or `?c2pa`, also: no recorded execution left the file as it is now, or this server has no signing key"), (status = 413, body = ErrorBody, description = "with `?c2pa`: a file over 100 MiB"), (status = 409, body = ErrorBody, description = "the session is dead: its kernel ended with a previous server process")))]
 pub async fn get_file(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -172,6 +176,9 @@ pub async fn get_file(
     owned(&state, &tenant, &id).await?;
     if q.provenance.is_some() {
         return provenance(&state, tenant, id, path).await;
+    }
+    if q.c2pa.is_some() {
+        return c2pa_copy(&state, tenant, id, path).await;
     }
     let engine = state.engine.clone();
     let p = path.clone();
@@ -207,6 +214,64 @@ async fn provenance(
     let origin =
         blocking(move || engine.file_origin(&tenant.0, &id, &path).map(|(o, _)| o)).await?;
     Ok(Json(signer.sign_provenance(origin)).into_response())
+}
+
+/// `?c2pa`: a signed copy of a PNG or JPEG the session's executions produced. The bytes
+/// are read like a download; the host parses them only to embed the manifest (in the C2PA
+/// SDK, Rust, bounded by the file size cap below), and the workspace file is never written.
+async fn c2pa_copy(
+    state: &AppState,
+    tenant: Tenant,
+    id: String,
+    path: String,
+) -> ApiResult<Response> {
+    let signer = state
+        .engine
+        .config()
+        .image_signer
+        .clone()
+        .ok_or_else(|| ApiError::not_found("C2PA copies (this server signs no images)"))?;
+    let mime = runcell_engine::mime_of(&path);
+    if !runcell_engine::SIGNED_IMAGE_TYPES.contains(&mime.as_str()) {
+        return Err(ApiError::invalid(format!(
+            "?c2pa signs PNG and JPEG files (image/png, image/jpeg); {path} is {mime}"
+        )));
+    }
+    let engine = state.engine.clone();
+    let name = path.rsplit('/').next().unwrap_or("file").to_owned();
+    let format = mime.clone();
+    let signed = blocking(move || {
+        let (o, data) = engine.file_origin(&tenant.0, &id, &path)?;
+        if data.len() > runcell_engine::MAX_FILE_BYTES as usize {
+            return Ok(Err(ApiError::too_large(format!(
+                "?c2pa signs files up to {} bytes; {path} has {}",
+                runcell_engine::MAX_FILE_BYTES,
+                data.len()
+            ))));
+        }
+        let origin = runcell_engine::ImageOrigin {
+            execution_id: o.execution_id,
+            session_id: o.session_id,
+            tenant: o.tenant,
+            code_sha256: o.code_sha256,
+            time: o.time,
+            file: Some((o.path, o.sha256)),
+        };
+        Ok(signer.sign(&format, &data, &origin).map_err(|why| {
+            ApiError::invalid(format!("{path} cannot be signed as {format}: {why}"))
+        }))
+    })
+    .await??;
+    Ok((
+        [
+            (header::CONTENT_TYPE, mime),
+            (header::CONTENT_DISPOSITION, content_disposition(&name)),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+            (header::CONTENT_SECURITY_POLICY, "sandbox".to_owned()),
+        ],
+        signed,
+    )
+        .into_response())
 }
 
 /// `attachment` with the file's name for any name code can create (RFC 6266): a quoted ASCII

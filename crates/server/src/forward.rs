@@ -209,8 +209,8 @@ pub(crate) async fn to_owner(
             };
             // The client is authenticated here, as it would be at the owner: the owner
             // takes this node's word for the tenant, never the client's.
-            let tenant = match crate::state::Tenant::of_headers(req.headers(), &state).await {
-                Ok(t) => t.0,
+            let tenant = match crate::state::Principal::of_headers(req.headers(), &state).await {
+                Ok(p) => p.tenant.0,
                 Err(e) => return e.into_response(),
             };
             forward(&o.node, &me, &tenant, &secret, req)

@@ -6,6 +6,7 @@ mod approvals;
 pub mod audit;
 pub mod batch;
 mod batches;
+mod caller;
 mod chat;
 mod connections;
 mod e2b;
@@ -16,6 +17,7 @@ mod files;
 mod forward;
 mod hosts;
 pub mod mcp;
+pub mod mcp_servers;
 mod metrics;
 mod misc;
 mod oneshot;
@@ -25,6 +27,7 @@ mod pending;
 mod replay;
 mod sessions;
 mod state;
+mod tool_calls;
 mod vendor;
 mod web;
 
@@ -91,6 +94,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(pause::fork_session))
         .routes(routes!(sessions::execute))
         .routes(routes!(sessions::run_command))
+        .routes(routes!(tool_calls::tool_results))
+        .routes(routes!(tool_calls::continue_execution))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
         .routes(routes!(batch::batch))
@@ -99,6 +104,7 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(executions::verify))
         .routes(routes!(audit::checkpoint))
         .routes(routes!(audit::public_key))
+        .routes(routes!(audit::c2pa_ca))
         .routes(routes!(chat::chat_info, chat::chat))
         .routes(routes!(approvals::list_approvals))
         .routes(routes!(approvals::answer_approval))
@@ -285,6 +291,8 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         approvals: Arc::default(),
         batches: Arc::default(),
         e2b: Arc::default(),
+        mcp_servers: Arc::default(),
+        tool_calls: Arc::default(),
         cluster_secret: None,
     }
 }

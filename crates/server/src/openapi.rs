@@ -307,6 +307,13 @@ fn document_ranges(api: &mut OpenApi, limits: &LimitPolicy) {
             p.maximum = Some(number(max_timeout));
         }
     }
+    if let Some(p) = property(components, "ExecuteRequest", "tool_timeout_s") {
+        p.minimum = None;
+        p.exclusive_minimum = Some(Number::UInt(0));
+        p.maximum = Some(number(
+            runcell_engine::bridge::MAX_CALL_TIMEOUT.as_secs_f64(),
+        ));
+    }
 }
 
 /// This server's batch bounds: runs a batch, tests a run.

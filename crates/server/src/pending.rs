@@ -1,6 +1,7 @@
-//! The registry of agent loops' cells waiting for a person (`approval: "always"`): the loop's
-//! thread registers its cell and waits for the answer, at most [`WAIT`]; no answer by then, or
-//! a client gone, declines the cell (the model is told). `approvals.rs` serves it over HTTP.
+//! The registry of agent loops' cells waiting for a person (`approval: "always"`: the chat and
+//! the vendor endpoints): the loop's thread registers its cell and waits for the answer, at
+//! most [`WAIT`]; no answer by then, or a client gone, declines the cell (the model is told,
+//! and the audit log says `runcell` decided). `approvals.rs` serves it over HTTP.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use runcell_agent::{Proposal, Verdict};
+use runcell_agent::{Answer, Proposal, Verdict};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -21,7 +22,11 @@ pub const WAIT: Duration = Duration::from_secs(600);
 pub struct PendingApproval {
     pub id: String,
     pub session_id: String,
-    /// `python`, `bash` or `text_editor`.
+    /// Where the loop runs: `chat`, `anthropic`, `openai`, `gemini` or `mistral`.
+    pub source: String,
+    /// The tool as the model called it: `python`, `bash` or `text_editor` (the chat);
+    /// `code_execution`, `bash_code_execution` or `text_editor_code_execution` (`/anthropic`);
+    /// `python` (`/openai`, `/gemini`, `/mistral`).
     pub tool: String,
     /// The code (the command, or the text editor's arguments as JSON) the model proposed.
     pub code: String,
@@ -31,7 +36,7 @@ pub struct PendingApproval {
 struct Waiting {
     tenant: String,
     pending: PendingApproval,
-    answer: mpsc::Sender<Verdict>,
+    answer: mpsc::Sender<Answer>,
 }
 
 /// Every tenant's waiting cells.
@@ -52,18 +57,19 @@ impl Approvals {
     }
 
     /// Shows `p` as pending for `tenant`, calls `announce` with it, and blocks until it is
-    /// answered, [`WAIT`] passes, or `stop` is set (both decline).
-    pub fn wait(
+    /// answered, [`WAIT`] passes, or `stop` is set (both decline, decided by `runcell`).
+    pub(crate) fn wait(
         &self,
-        tenant: &str,
-        session: &str,
+        place: &Place,
         p: &Proposal<'_>,
         stop: &AtomicBool,
         announce: &mut dyn FnMut(&PendingApproval),
-    ) -> Verdict {
+    ) -> Answer {
+        let tenant = place.tenant.as_str();
         let pending = PendingApproval {
             id: runcell_engine::new_id("apv"),
-            session_id: session.to_owned(),
+            session_id: place.session.clone(),
+            source: place.source.to_owned(),
             tool: p.call.name.clone(),
             code: p.code.clone(),
             created_at: Utc::now(),
@@ -79,24 +85,29 @@ impl Approvals {
         );
         announce(&pending);
         let until = Instant::now() + WAIT;
-        let verdict = loop {
+        // Declined by no one who answered: the audit log names runcell itself.
+        let by_runcell = |why: String| Answer {
+            verdict: Verdict::Decline(Some(why)),
+            by: Some(DECIDED_BY_RUNCELL.to_owned()),
+        };
+        let answer = loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break Verdict::Decline(Some(format!("no decision within {} s", WAIT.as_secs())));
+                break by_runcell(format!("no decision within {} s", WAIT.as_secs()));
             }
             match rx.recv_timeout(left.min(Duration::from_millis(500))) {
-                Ok(v) => break v,
+                Ok(a) => break a,
                 Err(mpsc::RecvTimeoutError::Timeout) if stop.load(Ordering::SeqCst) => {
-                    break Verdict::Decline(Some("the client went away".into()))
+                    break by_runcell("the client went away".into())
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    break Verdict::Decline(Some("the approval was withdrawn".into()))
+                    break by_runcell("the approval was withdrawn".into())
                 }
             }
         };
         self.lock().remove(&pending.id);
-        verdict
+        answer
     }
 
     pub(crate) fn of(&self, tenant: &str) -> Vec<PendingApproval> {
@@ -115,26 +126,42 @@ impl Approvals {
         self.lock().get(id).is_some_and(|w| w.tenant == tenant)
     }
 
-    /// Hands `verdict` to the waiting cell `id` of `tenant`; `false` if there is none.
-    pub(crate) fn answer(&self, tenant: &str, id: &str, verdict: Verdict) -> bool {
+    /// Hands `verdict`, given `by` (the audit log's `decided_by`), to the waiting cell `id`
+    /// of `tenant`; `false` if there is none.
+    pub(crate) fn answer(&self, tenant: &str, id: &str, verdict: Verdict, by: String) -> bool {
         let mut waiting = self.lock();
         if waiting.get(id).is_none_or(|w| w.tenant != tenant) {
             // Another tenant's is left untouched, and nothing is said of it.
             return false;
         }
-        waiting
-            .remove(id)
-            .is_some_and(|w| w.answer.send(verdict).is_ok())
+        waiting.remove(id).is_some_and(|w| {
+            w.answer
+                .send(Answer {
+                    verdict,
+                    by: Some(by),
+                })
+                .is_ok()
+        })
     }
+}
+
+/// `decided_by` of a cell declined because nobody answered in time, or the client went away.
+pub const DECIDED_BY_RUNCELL: &str = "runcell";
+
+/// Where a waiting cell is: whose, which session, which endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    pub tenant: String,
+    pub session: String,
+    pub source: &'static str,
 }
 
 /// The gate an agent endpoint's loop asks when its request said `approval: "always"`.
 pub(crate) fn gate_for(
     approvals: Arc<Approvals>,
-    tenant: String,
-    session: String,
+    place: Place,
     stop: Arc<AtomicBool>,
     mut announce: impl FnMut(&PendingApproval),
-) -> impl FnMut(&Proposal<'_>) -> Verdict {
-    move |p| approvals.wait(&tenant, &session, p, &stop, &mut announce)
+) -> impl FnMut(&Proposal<'_>) -> Answer {
+    move |p| approvals.wait(&place, p, &stop, &mut announce)
 }

@@ -63,8 +63,65 @@ pub struct SessionList {
 #[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     pub code: String,
-    /// Per-execution time limit (seconds); defaults to the session's `exec_timeout_s`.
+    /// Per-execution time limit (seconds); defaults to the session's `exec_timeout_s`. Time
+    /// the code spends waiting for tool answers does not count (up to an hour in all).
     pub timeout_s: Option<f64>,
+    /// Client tools the code may call (docs/tools.md): `from runcell_tools import NAME` in
+    /// Python, `await tools.NAME({...})` in JavaScript. At most 128, names Python
+    /// identifiers, each at most 64 KiB as JSON.
+    pub tools: Option<Vec<runcell_engine::bridge::ToolSpec>>,
+    /// How long each tool call waits for its answer (seconds, default 270, at most 3600);
+    /// past it the call raises `runcell_tools.ToolTimeout` in the code.
+    pub tool_timeout_s: Option<f64>,
+}
+
+/// The execute request's tools, checked, for the engine; None without any.
+fn exec_tools(
+    state: &AppState,
+    req: &mut ExecuteRequest,
+    owner: &str,
+    session: &SessionInfo,
+    events: Option<crate::tool_calls::EventTx>,
+) -> ApiResult<
+    Option<(
+        runcell_engine::bridge::ExecTools,
+        std::sync::Arc<crate::tool_calls::Run>,
+    )>,
+> {
+    use runcell_engine::bridge::{ExecTools, ToolSpec, DEFAULT_CALL_TIMEOUT, MAX_CALL_TIMEOUT};
+    let call_timeout = match req.tool_timeout_s {
+        None => DEFAULT_CALL_TIMEOUT,
+        Some(s) if s > 0.0 && s <= MAX_CALL_TIMEOUT.as_secs_f64() => Duration::from_secs_f64(s),
+        Some(s) => {
+            return Err(ApiError::new(
+                crate::error::ErrorCode::LimitExceeded,
+                format!(
+                    "tool_timeout_s must be over 0 and at most {} (got {s})",
+                    MAX_CALL_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+    };
+    let Some(specs) = req.tools.take().filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    ToolSpec::check_all(&specs).map_err(ApiError::invalid)?;
+    let run = crate::tool_calls::Run::new(
+        state.tool_calls.clone(),
+        owner.to_owned(),
+        session.id.clone(),
+        session.language,
+        events,
+    );
+    let tools = ExecTools {
+        specs,
+        client: Some(run.dispatch()),
+        mcp: None,
+        mcp_specs: Vec::new(),
+        call_timeout,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    Ok(Some((tools, run)))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -381,9 +438,9 @@ pub async fn execute(
     tenant: Tenant,
     Path(id): Path<String>,
     headers: HeaderMap,
-    ApiJson(req): ApiJson<ExecuteRequest>,
+    ApiJson(mut req): ApiJson<ExecuteRequest>,
 ) -> ApiResult<Response> {
-    owned(&state, &tenant, &id).await?;
+    let info = owned(&state, &tenant, &id).await?;
     let timeout = timeout(req.timeout_s)?;
     let wants_stream = headers
         .get(header::ACCEPT)
@@ -392,8 +449,18 @@ pub async fn execute(
     if wants_stream {
         // Refused while a status can still say so: once the stream starts it is a 200.
         runcell_engine::check_code(&req.code)?;
-        return Ok(stream_execution(state, id, req.code, timeout));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(bytes::Bytes, bool)>();
+        let tools = exec_tools(&state, &mut req, &tenant.0, &info, Some(tx.clone()))?;
+        return Ok(stream_execution(
+            state,
+            id,
+            req.code,
+            timeout,
+            (tx, rx),
+            tools.map(|(t, _)| t),
+        ));
     }
+    let tools = exec_tools(&state, &mut req, &tenant.0, &info, None)?;
     let token = CancelToken::new();
     let mut guard = CancelOnDrop {
         engine: state.engine.clone(),
@@ -404,10 +471,30 @@ pub async fn execute(
     // This task speaks to the kernel itself (no thread in between), in a task of its own:
     // a client that goes away drops this handler, and the guard interrupts the cell, but the
     // cell must still be seen to its end before the session's next one.
+    let (tools, run_state) = match tools {
+        Some((t, r)) => (Some(t), Some(r)),
+        None => (None, None),
+    };
     let run = state
         .engine
         .sessions()
-        .execute_async(&id, req.code, timeout, token)?;
+        .execute_async_with_tools(&id, req.code, timeout, token, tools)?;
+    if let Some(calls) = run_state {
+        // With client tools: the execution's task reports its end to the run, and this
+        // request answers at the end or once calls wait (`waiting`; `continue` goes on).
+        let attending = calls.first_request();
+        let ended = calls.clone();
+        tokio::spawn(async move { ended.finish(run.await) });
+        let execution = calls.next().await;
+        // Waiting: the execution goes on without this request (the client continues it).
+        guard.armed = false;
+        drop(attending);
+        let execution = execution?;
+        if execution.status != runcell_engine::ExecutionStatus::Waiting {
+            state.metrics.observe_execution(&execution);
+        }
+        return Ok(Json(execution).into_response());
+    }
     let result = tokio::spawn(run).await.map_err(ApiError::internal);
     guard.armed = false;
     let execution = result??;
@@ -421,12 +508,17 @@ fn stream_execution(
     id: String,
     code: String,
     timeout: Option<Duration>,
+    (tx, rx): (
+        crate::tool_calls::EventTx,
+        tokio::sync::mpsc::UnboundedReceiver<(bytes::Bytes, bool)>,
+    ),
+    tools: Option<runcell_engine::bridge::ExecTools>,
 ) -> Response {
     // Unbounded, yet bounded in practice: only the head of each output stream (the capped
     // part) and the results kept within the execution's limits are streamed (the kernel's
     // host side drops the rest as it reads them), and a slow client must not stall the
-    // kernel's deadline checks. The flag marks the last event.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(bytes::Bytes, bool)>();
+    // kernel's deadline checks; tool calls are at most 64 pending and 100 a second. The flag
+    // marks the last event.
     let line = |v: serde_json::Value| {
         let mut s = v.to_string();
         s.push('\n');
@@ -457,12 +549,13 @@ fn stream_execution(
     let token = CancelToken::new();
     let worker_token = token.clone();
     tokio::task::spawn_blocking(move || {
-        let result = engine.sessions().execute_cancellable(
+        let result = engine.sessions().execute_with_tools(
             &session,
             &code,
             timeout,
             Some(sink),
             worker_token,
+            tools,
         );
         let end = match result {
             Ok(execution) => {

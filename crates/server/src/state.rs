@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use runcell_engine::{Engine, OPEN_TENANT};
 use runcell_store::Store;
 
+use crate::caller::KeyRef;
 use crate::error::ApiError;
 use crate::hosts::{AllowedHost, HostPolicy};
 use crate::metrics::Metrics;
@@ -49,6 +50,11 @@ pub struct AppState {
     pub batches: Arc<crate::batches::Batches>,
     /// Which sessions are E2B sandboxes, with their access tokens and contexts (`/e2b`).
     pub(crate) e2b: Arc<crate::e2b::Sandboxes>,
+    /// The operator's MCP servers, for sessions' code (`runcell_tools.mcp`); none unless
+    /// configured (`serve --mcp-server`).
+    pub mcp_servers: Arc<crate::mcp_servers::McpServers>,
+    /// Client tool calls waiting for answers, and plain executions suspended on them.
+    pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
     /// Signs and checks the requests nodes forward to each other; none on a single node.
     pub cluster_secret: Option<Arc<crate::forward::ClusterSecret>>,
 }
@@ -91,6 +97,14 @@ impl AppState {
         self
     }
 
+    /// Lets sessions' code call `servers`' tools (each only for the tenants it allows). Call
+    /// on the tokio runtime the calls are to run on.
+    pub fn with_mcp_servers(mut self, servers: Arc<crate::mcp_servers::McpServers>) -> Self {
+        crate::mcp_servers::install(&servers, &self.engine);
+        self.mcp_servers = servers;
+        self
+    }
+
     /// Serves signed audit checkpoints with this key.
     pub fn with_audit_signer(
         mut self,
@@ -113,7 +127,7 @@ pub struct AuthCache(
     std::sync::Mutex<std::collections::HashMap<Credential, (std::time::Instant, u64, Outcome)>>,
 );
 
-type Outcome = Result<String, &'static str>;
+type Outcome = Result<Principal, &'static str>;
 
 /// What a request's `Authorization` header presents.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -176,27 +190,57 @@ impl FromRequestParts<AppState> for Tenant {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        // Another node authenticated the client and signed for it (crate::forward).
+        Ok(Principal::from_request_parts(parts, state).await?.tenant)
+    }
+}
+
+/// Who is asking: the tenant, and the key that says so (none on an open server, which has
+/// no keys).
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub tenant: Tenant,
+    pub key: Option<KeyRef>,
+}
+
+impl Principal {
+    /// How the audit log names this caller as the one who decided on a cell: the key (id and
+    /// name) on a server with keys, else the tenant.
+    pub fn decided_by(&self) -> String {
+        match &self.key {
+            Some(k) => format!("key:{} ({})", k.id, k.name),
+            None => format!("api:{}", self.tenant.0),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Another node authenticated the client and signed for its tenant (crate::forward);
+        // the key stayed there.
         if let Some(t) = parts.extensions.get::<crate::forward::ForwardedTenant>() {
-            return Ok(Tenant(t.0.clone()));
+            return Ok(Principal {
+                tenant: Tenant(t.0.clone()),
+                key: None,
+            });
         }
         Self::of_headers(&parts.headers, state).await
     }
 }
 
-impl Tenant {
-    /// The tenant the request's own `Authorization` names.
+impl Principal {
+    /// Who the request's own `Authorization` names.
     pub(crate) async fn of_headers(
         headers: &axum::http::HeaderMap,
         state: &AppState,
     ) -> Result<Self, ApiError> {
         let key = Credential::of(headers.get(axum::http::header::AUTHORIZATION));
-        resolve(state, key)
-            .await?
-            .map(Tenant)
-            .map_err(ApiError::unauthorized)
+        resolve(state, key).await?.map_err(ApiError::unauthorized)
     }
+}
 
+impl Tenant {
     /// The tenant of a request to a vendor-compatible prefix, whose SDK sends the key its own
     /// way: in `vendor_header` (Anthropic's `x-api-key`) when present, else as
     /// `Authorization: Bearer` (OpenAI's). `Ok(Err(why))`: refused, for the caller to answer
@@ -206,6 +250,19 @@ impl Tenant {
         vendor_header: Option<&str>,
         state: &AppState,
     ) -> Result<Result<Tenant, &'static str>, ApiError> {
+        Ok(Principal::of_vendor_request(headers, vendor_header, state)
+            .await?
+            .map(|p| p.tenant))
+    }
+}
+
+impl Principal {
+    /// [`Tenant::of_vendor_request`], with the key.
+    pub(crate) async fn of_vendor_request(
+        headers: &axum::http::HeaderMap,
+        vendor_header: Option<&str>,
+        state: &AppState,
+    ) -> Result<Result<Principal, &'static str>, ApiError> {
         let key = match vendor_header.and_then(|h| headers.get(h)) {
             Some(v) => match v.to_str().map(str::trim) {
                 Ok(k) if !k.is_empty() => Credential::Bearer(k.to_owned()),
@@ -213,7 +270,7 @@ impl Tenant {
             },
             None => Credential::of(headers.get(axum::http::header::AUTHORIZATION)),
         };
-        Ok(resolve(state, key).await?.map(Tenant))
+        resolve(state, key).await
     }
 }
 
@@ -235,12 +292,12 @@ async fn resolve(state: &AppState, key: Credential) -> Result<Outcome, ApiError>
     Ok(o)
 }
 
-/// The tenant `key` acts for, or why the request is refused.
+/// Who `key` is (its tenant, and the key itself), or why the request is refused.
 fn authenticate(
     store: &Store,
     loopback: bool,
     key: Credential,
-) -> Result<Result<String, &'static str>, runcell_store::StoreError> {
+) -> Result<Outcome, runcell_store::StoreError> {
     if !store.has_active_keys()? {
         if !loopback {
             // Every key was revoked while serving beyond loopback: serve nobody.
@@ -250,11 +307,21 @@ fn authenticate(
         }
         // Open mode: there is no key to check anything against, so whatever `Authorization`
         // says (a stale key, the placeholder an SDK insists on, Basic) is ignored alike.
-        return Ok(Ok(OPEN_TENANT.to_owned()));
+        return Ok(Ok(Principal {
+            tenant: Tenant(OPEN_TENANT.to_owned()),
+            key: None,
+        }));
     }
     Ok(match key {
         Credential::Bearer(key) => match store.authenticate(&key)? {
-            Some(info) => Ok(info.tenant),
+            Some(info) => Ok(Principal {
+                tenant: Tenant(info.tenant),
+                key: Some(KeyRef {
+                    id: info.id,
+                    name: info.name,
+                    approval: info.approval,
+                }),
+            }),
             None => Err("invalid or revoked API key"),
         },
         Credential::None => Err("an API key is required: Authorization: Bearer KEY"),

@@ -241,3 +241,99 @@ async fn replay_over_http_names_the_unseeded_cell_and_restores_the_upload() {
         json!(["the random module without random.seed()"])
     );
 }
+
+/// The chat under a key whose approval default is `always`: a question that says nothing
+/// waits at its first cell (answered by another key of the tenant, whose id the audit row
+/// names); `approval=never` is refused with 403 before anything starts; a key without the
+/// default (the control) runs `never` unattended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keys_approval_default_holds_on_the_chat() {
+    let stand_in = StandIn::start(|n, _| {
+        let body = match n % 2 {
+            0 => call("call_a", "print('A=' + str(6 * 7))"),
+            _ => json!({"choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "done"}}]}),
+        };
+        (200, vec![], body.to_string())
+    });
+    let srv = common::start_with_chat(Some(runcell_server::ChatConfig {
+        provider: stand_in.config(runcell_agent::ProviderKind::OpenAi),
+        max_steps: 4,
+    }))
+    .await;
+    let (strict, strict_key) = srv.store.create_key("strict", "acme").expect("key");
+    srv.store
+        .set_key_approval(&strict.id, Some(runcell_store::ApprovalMode::Always))
+        .expect("set")
+        .expect("key");
+    let (reviewer, reviewer_key) = srv.store.create_key("reviewer", "acme").expect("key");
+    let (_, plain_key) = srv.store.create_key("plain", "acme").expect("key");
+    let chat = |key: &str, approval: Option<&str>| {
+        let mut form = reqwest::multipart::Form::new().text("question", "Compute");
+        if let Some(a) = approval {
+            form = form.text("approval", a.to_owned());
+        }
+        srv.http
+            .post(format!("{}/v1/chat", srv.base))
+            .bearer_auth(key)
+            .multipart(form)
+            .send()
+    };
+
+    let resp = chat(&strict_key, Some("never")).await.expect("chat");
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "forbidden", "{v}");
+    assert_eq!(stand_in.requests().len(), 0, "no model call");
+
+    // Nothing said: the first cell waits, and is answered by the reviewer's key.
+    let mut resp = chat(&strict_key, None).await.expect("chat");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut buf = String::new();
+    let mut session = String::new();
+    let mut end = Value::Null;
+    while let Some(chunk) = resp.chunk().await.expect("chunk") {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(nl) = buf.find('\n') {
+            let line: String = buf.drain(..=nl).collect();
+            let event: Value = serde_json::from_str(&line).expect("NDJSON");
+            match event["type"].as_str() {
+                Some("session") => session = event["session"]["id"].as_str().expect("id").into(),
+                Some("approval") => {
+                    assert_eq!(event["approval"]["source"], "chat", "{event}");
+                    let id = event["approval"]["id"].as_str().expect("id");
+                    let resp = srv
+                        .http
+                        .post(format!("{}/v1/approvals/{id}", srv.base))
+                        .bearer_auth(&reviewer_key)
+                        .json(&json!({"decision": "approve"}))
+                        .send()
+                        .await
+                        .expect("answer");
+                    assert_eq!(resp.status(), StatusCode::OK);
+                }
+                Some("end") => end = event,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(end["answer"], "done", "{end}");
+    let (rows, _) = srv
+        .store
+        .list_executions("acme", Some(&session), 10, None)
+        .expect("rows");
+    let statuses: Vec<&str> = rows.iter().rev().map(|r| r.status.as_str()).collect();
+    assert_eq!(statuses, ["approved", "ok"]);
+    let decision: Value = serde_json::from_str(&rows[1].execution_json).expect("json");
+    assert_eq!(
+        decision["decided_by"],
+        format!("key:{} (reviewer)", reviewer.id)
+    );
+
+    // The control: no floor, so `never` runs at once.
+    let resp = chat(&plain_key, Some("never")).await.expect("chat");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let text = resp.text().await.expect("body");
+    assert!(!text.contains("\"type\":\"approval\""), "{text}");
+    assert!(text.contains("\"answer\":\"done\""), "{text}");
+}

@@ -651,6 +651,7 @@ async fn e2b_network_options_map_onto_the_egress_allowlist_or_are_refused_in_e2b
         c.network = runcell_engine::NetworkConfig {
             allow_domains: vec!["*.example.com".into()],
             allow_cidrs: Vec::new(),
+            ..Default::default()
         };
     })
     .await;

@@ -65,6 +65,54 @@ pub struct KeyInfo {
     pub revoked_at: Option<DateTime<Utc>>,
     /// The first 7 characters of the key (e.g. `rc_AbCd`), for display.
     pub prefix: String,
+    /// Whether the agent endpoints' cells wait for a person when a request made with this key
+    /// does not say (`None`: they do not). `Always` is a floor: a request cannot lower it.
+    #[serde(default)]
+    pub approval: Option<ApprovalMode>,
+}
+
+/// Whether an agent endpoint's cells wait for a person's decision before they run
+/// (`approval: "never" | "always"` on a request, or a key's default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalMode {
+    /// Cells run as the model proposes them.
+    Never,
+    /// Each cell waits for `POST /v1/approvals/{id}` (or the page's Run / Edit / Decline).
+    Always,
+}
+
+impl ApprovalMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalMode::Never => "never",
+            ApprovalMode::Always => "always",
+        }
+    }
+
+    /// `never` or `always`; anything else is `None`.
+    pub fn parse(s: &str) -> Option<ApprovalMode> {
+        match s {
+            "never" => Some(ApprovalMode::Never),
+            "always" => Some(ApprovalMode::Always),
+            _ => None,
+        }
+    }
+
+    /// A key's `approval` column (whose CHECK allows only the two words, or NULL).
+    pub(crate) fn from_column(word: Option<String>) -> Result<Option<ApprovalMode>> {
+        word.map(|w| {
+            ApprovalMode::parse(&w)
+                .ok_or_else(|| StoreError::Corrupt(format!("key approval {w:?}")))
+        })
+        .transpose()
+    }
+}
+
+impl fmt::Display for ApprovalMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How a new API key's plaintext looks.
@@ -366,6 +414,9 @@ pub trait Backend: DomainStore {
     /// The key with this id (revoked or not), or else the only active key with this name;
     /// `Invalid` when the name matches several active keys.
     fn find_key(&self, id_or_name: &str) -> Result<Option<KeyInfo>>;
+    /// Sets the approval default of the key with id `id` (`None`: cells do not wait unless a
+    /// request asks); the key as it now is, or `None` when there is no such key.
+    fn set_key_approval(&self, id: &str, mode: Option<ApprovalMode>) -> Result<Option<KeyInfo>>;
 
     // ---- tenants' quotas and default start ----
 

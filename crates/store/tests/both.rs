@@ -10,6 +10,7 @@ use runcell_store::{Store, StoreError, VerifyReport};
 both!(
     keys_lifecycle,
     key_names_are_validated,
+    keys_carry_an_approval_default,
     sessions_crud,
     uploads_metadata,
     session_extras_live_and_die_with_their_session,
@@ -131,6 +132,52 @@ fn key_names_are_validated(db: &TestDb) {
     }
     assert!(s.create_key(&"x".repeat(64), "a.b-c_D9").is_ok());
     assert_eq!(s.list_keys().expect("list").len(), 1);
+}
+
+fn keys_carry_an_approval_default(db: &TestDb) {
+    use runcell_store::ApprovalMode;
+    let s = db.open();
+    let (info, key) = s.create_key("agent", "acme").expect("create");
+    assert_eq!(info.approval, None, "no default unless set");
+    let set = s
+        .set_key_approval(&info.id, Some(ApprovalMode::Always))
+        .expect("set")
+        .expect("the key exists");
+    assert_eq!(set.approval, Some(ApprovalMode::Always));
+    assert_eq!(
+        (set.id.as_str(), set.name.as_str()),
+        (info.id.as_str(), "agent")
+    );
+    // What authentication hands the server, and what survives a reopen.
+    drop(s);
+    let s = db.open();
+    let got = s.authenticate(&key).expect("auth").expect("known key");
+    assert_eq!(got.approval, Some(ApprovalMode::Always));
+    assert_eq!(s.find_key("agent").expect("find"), Some(got));
+    // Lowered, then cleared.
+    let lowered = s
+        .set_key_approval(&info.id, Some(ApprovalMode::Never))
+        .expect("set")
+        .expect("the key exists");
+    assert_eq!(lowered.approval, Some(ApprovalMode::Never));
+    let cleared = s
+        .set_key_approval(&info.id, None)
+        .expect("clear")
+        .expect("exists");
+    assert_eq!(cleared.approval, None);
+    // No such key: nothing set, and said so.
+    assert_eq!(
+        s.set_key_approval("key_nope", Some(ApprovalMode::Always))
+            .expect("no error"),
+        None
+    );
+    // The column takes only the two words (a control first: a valid word is accepted).
+    db.try_sql("UPDATE api_keys SET approval = 'always'")
+        .expect("a valid word is accepted");
+    let e = db
+        .try_sql("UPDATE api_keys SET approval = 'sometimes'")
+        .expect_err("refused by the column's CHECK");
+    assert!(e.to_lowercase().contains("check"), "{e}");
 }
 
 fn sessions_crud(db: &TestDb) {

@@ -7,9 +7,105 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A fresh data dir whose runtime is the shared, already-installed test runtime.
-pub fn data_dir(prefix: &str) -> PathBuf {
-    runcell_engine::testing::data_dir_with_runtime(Path::new(env!("CARGO_TARGET_TMPDIR")), prefix)
+/// A fresh data dir whose runtime is the shared, already-installed test runtime; removed
+/// (after unmounting whatever is mounted beneath it) when the returned guard is dropped, on
+/// success and on a failed assertion alike. A test process killed before its guards ran
+/// leaves its dirs to the next test process, which removes them ([`sweep_orphans`]).
+pub fn data_dir(prefix: &str) -> DataDir {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_orphans);
+    let dir = runcell_engine::testing::data_dir_with_runtime(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        prefix,
+    );
+    let _ = std::fs::write(dir.join(OWNER_FILE), owner_stamp(std::process::id()));
+    DataDir(dir)
+}
+
+/// A test's data dir, removed when dropped: what its servers left mounted (the workspaces a
+/// killed or stopped server keeps, its spare images) is unmounted first, so neither the
+/// directory (a 256 MiB workspace image) nor a loop device outlives the test.
+pub struct DataDir(PathBuf);
+
+impl std::ops::Deref for DataDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for DataDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        remove_data_dir(&self.0);
+    }
+}
+
+/// The file in a test's data dir naming the test process that owns it (pid and start time).
+const OWNER_FILE: &str = "runcell-test-owner";
+
+/// `PID START`: the process's start time (clock ticks after boot, /proc/PID/stat field 22)
+/// tells a live owner from a later process that got its pid.
+fn owner_stamp(pid: u32) -> String {
+    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // After the command name's closing parenthesis: field 3 onwards.
+            let rest = s.rsplit_once(") ")?.1.to_owned();
+            rest.split(' ').nth(19).map(str::to_owned)
+        })
+        .unwrap_or_default();
+    format!("{pid} {start}")
+}
+
+/// Removes the data dirs of test processes that are gone (killed: their guards never ran),
+/// unmounting what is mounted beneath them first. Only dirs carrying [`OWNER_FILE`] are
+/// touched: those this module made.
+pub fn sweep_orphans() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(stamp) = std::fs::read_to_string(path.join(OWNER_FILE)) else {
+            continue;
+        };
+        let pid: u32 = match stamp.split(' ').next().and_then(|p| p.parse().ok()) {
+            Some(p) => p,
+            None => continue,
+        };
+        if owner_stamp(pid) != stamp {
+            remove_data_dir(&path);
+        }
+    }
+}
+
+fn remove_data_dir(dir: &Path) {
+    unmount_under(dir);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Unmounts everything mounted under `dir`, deepest first (a workspace bound inside another
+/// mount goes before it). A loop-mounted image's device is freed with its last mount.
+fn unmount_under(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut under: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .collect();
+    under.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    under.dedup();
+    for m in under {
+        let _ = Command::new("umount").arg("-l").arg(m).status();
+    }
 }
 
 /// `runcell` on `data`.
@@ -64,19 +160,7 @@ pub struct UnmountOnDrop(pub PathBuf);
 
 impl Drop for UnmountOnDrop {
     fn drop(&mut self) {
-        let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
-            return;
-        };
-        let mut under: Vec<&str> = mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(1))
-            .filter(|m| Path::new(m).starts_with(&self.0))
-            .collect();
-        // Deepest first: a workspace bound inside another mount goes before it.
-        under.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in under {
-            let _ = Command::new("umount").arg("-l").arg(m).status();
-        }
+        unmount_under(&self.0);
     }
 }
 

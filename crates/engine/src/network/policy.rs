@@ -116,11 +116,18 @@ pub struct NetworkConnection {
     pub bytes_in: u64,
 }
 
-/// The operator's egress settings (`serve --egress-allow`, `--egress-allow-cidr`).
+/// The operator's egress settings (`serve --egress-allow`, `--egress-allow-cidr`,
+/// `--egress-ca-file`, `--pip-index-url`).
 #[derive(Debug, Clone, Default)]
 pub struct NetworkConfig {
     /// Patterns any session's allowlist must stay within; empty: no session gets a network.
     pub allow_domains: Vec<String>,
     /// Address ranges the proxy may reach although they are special or the host's own.
     pub allow_cidrs: Vec<String>,
+    /// PEM files of roots the proxy also trusts when it verifies the real host of a domain
+    /// with a secret header (beside webpki's roots and the system's store).
+    pub ca_files: Vec<std::path::PathBuf>,
+    /// The package index pip in a session with a network uses (`PIP_INDEX_URL`); its domain
+    /// must still be in the session's allowlist.
+    pub pip_index_url: Option<String>,
 }

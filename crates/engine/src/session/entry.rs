@@ -24,6 +24,8 @@ pub(super) enum Job {
         events: Option<EventSink>,
         cancel: CancelToken,
         reply: Reply,
+        /// The tools the cell may call (bridge.rs).
+        tools: Option<Box<crate::bridge::ExecTools>>,
     },
     Restart {
         reply: mpsc::Sender<Result<(), EngineError>>,

@@ -318,7 +318,9 @@ impl SessionManager {
             owner: req.owner,
         };
         let info = self.launch(info, workspace, env, kernel, reservation, egress)?;
-        if let Err(e) = self.record(&info) {
+        let kept = crate::network::keep_policy(&self.core.config.data_dir, &info.id, &info.network)
+            .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::Io(e)));
+        if let Err(e) = kept.and_then(|()| self.record(&info)) {
             // A session the store does not know would be lost at the next start, and the
             // caller, told it failed, would never delete it: end it now (a full disk, say).
             if let Some(entry) = self.take(&info.id) {
@@ -441,13 +443,27 @@ impl SessionManager {
             expires_at,
             limits: req.limits,
             start: req.start,
-            // The policy is not in the store (nor are its secrets): a recovered session comes
-            // back without a network, never with more than it had.
             network: Default::default(),
             metadata: req.metadata,
             owner: req.owner,
         };
-        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some());
+        // The policy was kept beside the egress CA (its secrets are not in the store); it is
+        // checked again against what the server allows now: never more than that.
+        let mut info = info;
+        let mut egress = None;
+        if let Some(policy) = crate::network::kept_policy(&self.core.config.data_dir, &info.id) {
+            match self.core.network.session(&policy) {
+                Ok(e) => {
+                    egress = e;
+                    info.network = policy;
+                }
+                Err(e) => {
+                    tracing::warn!(session = %info.id, error = %crate::chain(&e), "the session's network policy is beyond what the server now allows; it comes back without a network");
+                    crate::network::forget_policy(&self.core.config.data_dir, &info.id);
+                }
+            }
+        }
+        self.add_recovered_paused(info.clone(), lease, req.paused_until.is_some(), egress);
         Ok(info)
     }
 
@@ -609,31 +625,25 @@ impl SessionManager {
         events: Option<EventSink>,
         cancel: CancelToken,
     ) -> Result<Execution, EngineError> {
-        let (reply, wait) = mpsc::channel();
-        self.submit(
-            id,
-            code,
-            timeout,
-            events,
-            cancel,
-            Box::new(move |r| {
-                let _ = reply.send(r);
-            }),
-        )?;
-        wait.recv().map_err(|_| EngineError::ended(id, true))?
+        self.execute_with_tools(id, code, timeout, events, cancel, None)
     }
 
-    /// Queues `code` for the session's worker thread without waiting for it: `reply` gets the
-    /// outcome. (Async callers use [`SessionManager::execute_async`], which needs no thread.)
-    fn submit(
+    /// [`SessionManager::execute_cancellable`] whose code may call `tools` (bridge.rs).
+    pub fn execute_with_tools(
         &self,
         id: &str,
         code: &str,
         timeout: Option<Duration>,
         events: Option<EventSink>,
         cancel: CancelToken,
-        reply: Reply,
-    ) -> Result<(), EngineError> {
+        tools: Option<crate::bridge::ExecTools>,
+    ) -> Result<Execution, EngineError> {
+        // Queued for the session's worker thread (async callers use
+        // [`SessionManager::execute_async`], which needs no thread); `reply` gets the outcome.
+        let (reply, wait) = mpsc::channel();
+        let reply: Reply = Box::new(move |r| {
+            let _ = reply.send(r);
+        });
         crate::bounds::check_code(code)?;
         let entry = self.entry(id)?;
         let timeout = resolve_timeout(&entry, id, timeout, &self.core.config.limits)?;
@@ -643,14 +653,18 @@ impl SessionManager {
             events,
             cancel,
             reply,
+            tools: tools.map(Box::new),
         }) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(EngineError::SessionBusy(Busy::Queue {
-                id: id.to_owned(),
-                waiting: QUEUE_DEPTH,
-            })),
-            Err(TrySendError::Disconnected(_)) => Err(EngineError::ended(id, false)),
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(EngineError::SessionBusy(Busy::Queue {
+                    id: id.to_owned(),
+                    waiting: QUEUE_DEPTH,
+                }))
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(EngineError::ended(id, false)),
         }
+        wait.recv().map_err(|_| EngineError::ended(id, true))?
     }
 
     /// Runs `code` on the calling task once the executions queued before it are done, without
@@ -664,6 +678,21 @@ impl SessionManager {
         code: String,
         timeout: Option<Duration>,
         cancel: CancelToken,
+    ) -> Result<
+        impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
+        EngineError,
+    > {
+        self.execute_async_with_tools(id, code, timeout, cancel, None)
+    }
+
+    /// [`SessionManager::execute_async`] whose code may call `tools` (bridge.rs).
+    pub fn execute_async_with_tools(
+        &self,
+        id: &str,
+        code: String,
+        timeout: Option<Duration>,
+        cancel: CancelToken,
+        tools: Option<crate::bridge::ExecTools>,
     ) -> Result<
         impl std::future::Future<Output = Result<Execution, EngineError>> + Send + 'static,
         EngineError,
@@ -691,7 +720,9 @@ impl SessionManager {
                 return Err(EngineError::ended(&id, true));
             }
             let running = CellRunning::start(&entry, &core, &cancel);
-            let result = runner.execute_async(&entry.shared, &code, timeout).await;
+            let result = runner
+                .execute_async(&entry.shared, &code, timeout, tools)
+                .await;
             drop(running);
             // The next cell may start while this one is recorded.
             drop(runner);

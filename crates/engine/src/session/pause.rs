@@ -60,12 +60,29 @@ impl SessionManager {
     }
 
     /// An idle session's kernel, held so that nothing runs on it meanwhile (a pause, a fork,
-    /// an idle snapshot); a cell running or waiting is [`Busy::Running`].
+    /// an idle snapshot); a cell running or waiting is [`Busy::Running`]. Held by no cell
+    /// (the idle snapshot a few seconds after a cell, another pause or fork), it is waited
+    /// for: a pause right then is not the user's busy session. Not from an async context.
     pub(crate) fn idle(&self, id: &str) -> Result<Idle, EngineError> {
         let entry = self.entry(id)?;
         let busy = || EngineError::SessionBusy(Busy::Running { id: id.to_owned() });
-        let runner = entry.runner.clone().try_lock_owned().map_err(|_| busy())?;
-        if entry.waiting.load(Ordering::Acquire) > 0 || entry.lock().running.is_some() {
+        let cell = |e: &Entry| e.waiting.load(Ordering::Acquire) > 0 || e.lock().running.is_some();
+        let runner = match entry.runner.clone().try_lock_owned() {
+            Ok(r) => r,
+            Err(_) if !cell(&entry) => {
+                // Cells queue behind this wait (the lock is fair), so it never waits for one
+                // that had not started when it began.
+                let r = entry.runner.clone().blocking_lock_owned();
+                // Whoever held it may have paused or ended the session meanwhile.
+                let live = self.map().get(id).is_some_and(|e| Arc::ptr_eq(e, &entry));
+                if !live {
+                    return Err(busy());
+                }
+                r
+            }
+            Err(_) => return Err(busy()),
+        };
+        if cell(&entry) {
             return Err(busy());
         }
         Ok(Idle { entry, runner })

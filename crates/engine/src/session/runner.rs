@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use runcell_kernel::{CellEvent, CellOptions, CellStatus, Kernel};
+use runcell_kernel::{CellEvent, CellOptions, CellStatus, CellTools, Kernel};
 use runcell_sandbox::Workspace;
 
 use super::cell::{
@@ -12,12 +12,14 @@ use super::cell::{
 };
 use super::info::SessionStatus;
 use super::shared::SharedState;
+use crate::bridge::{Broker, ExecTools, ToolCallRecord};
 use crate::core::Core;
 use crate::execution::{Began, Produced};
 use crate::limits::SessionLimits;
 use crate::model::{
     new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language, ResultItem, Start,
 };
+use crate::stamp::Stamper;
 use crate::EngineError;
 
 /// A session's kernel and what running cells on it needs. Whoever runs a cell holds it (see
@@ -31,6 +33,34 @@ pub(super) struct Runner {
     pub(super) start: Start,
     /// The session's proxy state, with a network policy: each kernel's sandbox is served by it.
     pub(super) egress: Option<runcell_egress::SessionEgress>,
+}
+
+/// The signer of a cell's image results, when the server has one (`crate::stamp`).
+fn stamper<'a>(core: &'a Core, start: &CellStart, code: &str) -> Option<Stamper<'a>> {
+    let signer = core.config.image_signer.as_deref()?;
+    Some(Stamper::new(
+        signer,
+        &start.began.id,
+        start.began.session_id(),
+        &start.owner,
+        code,
+    ))
+}
+
+/// Signs the image results of a finished cell (those streamed already get the same bytes).
+fn stamp_results(
+    stamper: Option<&mut Stamper<'_>>,
+    done: Result<(Execution, String), EngineError>,
+) -> Result<(Execution, String), EngineError> {
+    let Some(stamper) = stamper else {
+        return done;
+    };
+    done.map(|(mut execution, owner)| {
+        for item in &mut execution.results {
+            stamper.stamp(item);
+        }
+        (execution, owner)
+    })
 }
 
 /// What a cell's start noted, for its Execution.
@@ -106,6 +136,25 @@ impl Runner {
         }
     }
 
+    /// The broker of the cell's tool calls, given to its kernel (bridge.rs).
+    fn tool_broker(start: &CellStart, tools: Option<ExecTools>) -> Option<Arc<Broker>> {
+        tools.map(|t| {
+            Broker::new(
+                t,
+                start.began.session_id.clone(),
+                start.began.id.clone(),
+                start.owner.clone(),
+            )
+        })
+    }
+
+    fn arm_tools(kernel: &mut Kernel, broker: &Option<Arc<Broker>>) {
+        kernel.set_tools(broker.as_ref().map(|b| CellTools {
+            specs: b.kernel_specs(),
+            sink: b.clone(),
+        }));
+    }
+
     /// Runs one cell on this thread; returns its execution, not yet recorded, and the
     /// session's owner.
     pub(super) fn execute(
@@ -114,13 +163,18 @@ impl Runner {
         code: &str,
         timeout: Duration,
         mut events: Option<EventSink>,
+        tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
         let opts = CellOptions {
             ack: events.is_some(),
             ..self.cell_options(timeout)
         };
+        let core = self.core.clone();
+        let mut stamper = stamper(&core, &start, code);
         let kernel = self.ensure_kernel(shared)?;
+        Self::arm_tools(kernel, &broker);
         let mut on_event = |e: CellEvent<'_>| {
             let Some(sink) = events.as_mut() else { return };
             match e {
@@ -129,10 +183,13 @@ impl Runner {
                 CellEvent::Result {
                     is_main_result,
                     data,
-                } => sink(ExecEvent::Result(&ResultItem::new(
-                    is_main_result,
-                    data.clone(),
-                ))),
+                } => {
+                    let mut item = ResultItem::new(is_main_result, data.clone());
+                    if let Some(s) = stamper.as_mut() {
+                        s.stamp(&mut item);
+                    }
+                    sink(ExecEvent::Result(&item))
+                }
                 CellEvent::Error(err) => sink(ExecEvent::Error(&ErrorInfo {
                     name: err.name.clone(),
                     value: err.value.clone(),
@@ -141,7 +198,9 @@ impl Runner {
             }
         };
         let outcome = kernel.execute(&start.began.id, code, &opts, &mut on_event);
-        self.finish_cell(shared, start, outcome, timeout)
+        let calls = broker.map(|b| b.finish()).unwrap_or_default();
+        let done = self.finish_cell(shared, start, outcome, timeout, calls);
+        stamp_results(stamper.as_mut(), done)
     }
 
     /// [`Runner::execute`] on the calling task, waiting for the kernel on the tokio reactor
@@ -151,22 +210,35 @@ impl Runner {
         shared: &SharedState,
         code: &str,
         timeout: Duration,
+        tools: Option<ExecTools>,
     ) -> Result<(Execution, String), EngineError> {
         let start = self.start_cell(shared);
+        let broker = Self::tool_broker(&start, self.core.mcp_tools.complete(tools));
+        let core = self.core.clone();
+        let mut stamper = stamper(&core, &start, code);
         let opts = self.cell_options(timeout);
         if !self.kernel.as_ref().is_some_and(Kernel::is_alive) {
             runcell_kernel::blocking(|| self.ensure_kernel(shared).map(|_| ()))?;
         }
         let kernel = self.kernel.as_mut().ok_or(EngineError::NoKernel)?;
+        Self::arm_tools(kernel, &broker);
         let outcome = kernel.execute_async(&start.began.id, code, &opts).await;
+        let calls = broker.map(|b| b.finish()).unwrap_or_default();
         let restarts = !matches!(
             &outcome,
             Ok(o) if !matches!(o.status, CellStatus::KernelDied { .. })
         );
-        if restarts {
-            runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout))
+        let done = if restarts {
+            runcell_kernel::blocking(|| self.finish_cell(shared, start, outcome, timeout, calls))
         } else {
-            self.finish_cell(shared, start, outcome, timeout)
+            self.finish_cell(shared, start, outcome, timeout, calls)
+        };
+        // Signing takes milliseconds of CPU per image: off the reactor, when there is any.
+        let images = matches!(&done, Ok((e, _)) if e.results.iter().any(Stamper::wants));
+        if images && stamper.is_some() {
+            runcell_kernel::blocking(|| stamp_results(stamper.as_mut(), done))
+        } else {
+            done
         }
     }
 
@@ -178,6 +250,7 @@ impl Runner {
         start: CellStart,
         outcome: Result<runcell_kernel::CellOutcome, runcell_kernel::KernelError>,
         timeout: Duration,
+        tool_calls: Vec<ToolCallRecord>,
     ) -> Result<(Execution, String), EngineError> {
         let limits = start.limits;
         // The connections since the last cell's end: this cell's (before any restart below).
@@ -273,6 +346,7 @@ impl Runner {
         });
         execution.restored = restored;
         execution.network = network;
+        execution.tool_calls = tool_calls;
         Ok((execution, start.owner))
     }
 }

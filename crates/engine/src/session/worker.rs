@@ -27,6 +27,7 @@ impl Worker {
                     events,
                     cancel,
                     reply,
+                    tools,
                 } => {
                     if cancel.is_cancelled() {
                         reply(Err(EngineError::Cancelled));
@@ -37,7 +38,13 @@ impl Worker {
                         break;
                     }
                     let running = CellRunning::start(&self.entry, &self.core, &cancel);
-                    let result = runner.execute(&self.entry.shared, &code, timeout, events);
+                    let result = runner.execute(
+                        &self.entry.shared,
+                        &code,
+                        timeout,
+                        events,
+                        tools.map(|t| *t),
+                    );
                     drop(running);
                     drop(runner);
                     match result {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runcell_agent::{
-    AgentError, Client, ModelReply, ProviderConfig, ToolReply, ToolSpec, ToolUse, Turn,
+    AgentError, Client, ModelReply, ProviderConfig, Ruling, ToolReply, ToolSpec, ToolUse, Turn,
 };
 use runcell_engine::tools::execution_output;
 use runcell_engine::{CancelToken, Engine, EngineError, Execution, ExecutionStatus};
@@ -101,6 +101,8 @@ pub(crate) struct CodeLoop {
     pub retries: usize,
     pub stop: Arc<AtomicBool>,
     pub cancel: CancelToken,
+    /// With approval `always`: who decides on each cell.
+    pub approver: Option<super::approval::Approver>,
 }
 
 pub(crate) fn python_tool() -> ToolSpec {
@@ -234,7 +236,7 @@ impl CodeLoop {
         }
         let mut end = End::default();
         let mut failures = 0;
-        for _ in 0..self.max_steps.max(1) {
+        for step in 1..=self.max_steps.max(1) {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(LoopError::Stopped);
             }
@@ -256,8 +258,9 @@ impl CodeLoop {
             }
             let mut replies = Vec::new();
             for c in &reply.calls {
-                let r = self.python(c, sink)?;
-                if r.is_error {
+                let (r, declined) = self.python(step, c, sink)?;
+                // A declined cell is the person's choice, not the model's failure.
+                if r.is_error && !declined {
                     failures += 1;
                 } else {
                     failures = 0;
@@ -278,8 +281,15 @@ impl CodeLoop {
         Ok(end)
     }
 
-    /// One call: run when it is a python call with code, else the model is told why not.
-    fn python(&self, c: &ToolUse, sink: &mut dyn FnMut(Event)) -> Result<ToolReply, LoopError> {
+    /// One call: run when it is a python call with code (and, with an approver, a person
+    /// let it: the events then show the code that ran), else the model is told why not. The
+    /// bool says the call was declined.
+    fn python(
+        &self,
+        step: usize,
+        c: &ToolUse,
+        sink: &mut dyn FnMut(Event),
+    ) -> Result<(ToolReply, bool), LoopError> {
         let mut reply = ToolReply {
             id: c.id.clone(),
             name: c.name.clone(),
@@ -295,7 +305,38 @@ impl CodeLoop {
                 (None, true) => "error: the python tool needs a `code` string".into(),
                 (None, false) => format!("error: there is no tool named {:?}", c.name),
             };
-            return Ok(reply);
+            return Ok((reply, false));
+        };
+        let mut note = None;
+        let edited;
+        let code = match &self.approver {
+            None => code,
+            Some(a) => match a
+                .rule(step, c, code.to_owned())
+                .map_err(LoopError::Engine)?
+            {
+                Ruling::Run => code,
+                Ruling::Edited(e) => {
+                    note = Some(runcell_agent::approval::edited_note(&e));
+                    edited = e;
+                    edited.as_str()
+                }
+                Ruling::Declined(reason) => {
+                    reply.text = runcell_agent::approval::declined_text(reason.as_deref());
+                    sink(Event::Code {
+                        id: c.id.clone(),
+                        code: code.to_owned(),
+                    });
+                    sink(Event::Result {
+                        id: c.id.clone(),
+                        outcome: Outcome::Failed,
+                        output: reply.text.clone(),
+                        model_text: reply.text.clone(),
+                        images: Vec::new(),
+                    });
+                    return Ok((reply, true));
+                }
+            },
         };
         sink(Event::Code {
             id: c.id.clone(),
@@ -343,6 +384,9 @@ impl CodeLoop {
         if reply.text.trim().is_empty() {
             reply.text = "(no output)".into();
         }
+        if let Some(note) = note {
+            reply.text = format!("{note}{}", reply.text);
+        }
         sink(Event::Result {
             id: c.id.clone(),
             outcome,
@@ -350,7 +394,7 @@ impl CodeLoop {
             model_text: reply.text.clone(),
             images,
         });
-        Ok(reply)
+        Ok((reply, false))
     }
 }
 

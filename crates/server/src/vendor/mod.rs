@@ -8,6 +8,7 @@
 //! shapes and error envelopes.
 
 pub(crate) mod anthropic;
+pub(crate) mod approval;
 mod code_loop;
 mod file_store;
 pub(crate) mod gemini;

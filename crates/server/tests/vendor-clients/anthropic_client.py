@@ -364,10 +364,72 @@ def wrong_key(c):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key]}
+def approval(c, how="body"):
+    """Each cell waits until the test's reviewer answers it at /v1/approvals. `how` says how
+    the request asks: `body` (extra_body), `header` (extra_headers), `key` (nothing: the key's
+    default), each optionally `-stream` (the SDK's stream helper)."""
+    kwargs = {}
+    if how.startswith("body"):
+        kwargs["extra_body"] = {"approval": "always"}
+    elif how.startswith("header"):
+        kwargs["extra_headers"] = {"runcell-approval": "always"}
+    args = dict(
+        model=MODEL,
+        max_tokens=1024,
+        tools=V2026,
+        messages=[{"role": "user", "content": "Review each cell"}],
+        **kwargs,
+    )
+    events = []
+    if how.endswith("-stream"):
+        with c.messages.stream(**args) as stream:
+            events = [e.type for e in stream]
+            msg = stream.get_final_message()
+    else:
+        msg = c.messages.create(**args)
+    uses = of_type(msg, ServerToolUseBlock)
+    results = of_type(msg, CodeExecutionToolResultBlock)
+    assert len(uses) == len(results), msg
+    for u, r in zip(uses, results):
+        assert r.tool_use_id == u.id, msg
+        assert isinstance(r.content, CodeExecutionResultBlock), r
+    return {
+        "answer": text_of(msg),
+        "codes": [u.input.get("code") for u in uses],
+        "stdout": [r.content.stdout for r in results],
+        "stderr": [r.content.stderr for r in results],
+        "return_codes": [r.content.return_code for r in results],
+        "events": sorted(set(events)),
+        "stop_reason": msg.stop_reason,
+        "container": msg.container.id if msg.container else None,
+    }
+
+
+def approval_refused(c, *_):
+    """What the SDK raises when a request's `approval` is refused: a word it does not know,
+    and `never` on a key whose default is `always` (a floor)."""
+    out = {}
+    for name, extra in [
+        ("bad_word", {"extra_body": {"approval": "sometimes"}}),
+        ("bad_header", {"extra_headers": {"runcell-approval": "yes"}}),
+        ("lowered", {"extra_body": {"approval": "never"}}),
+        ("lowered_header", {"extra_headers": {"runcell-approval": "never"}}),
+    ]:
+        try:
+            c.messages.create(
+                model=MODEL, max_tokens=64, tools=V2026,
+                messages=[{"role": "user", "content": "Review each cell"}], **extra,
+            )
+            out[name] = "no error"
+        except anthropic.APIStatusError as e:
+            out[name] = [e.status_code, e.body["error"]["type"], e.body["error"]["message"]]
+    return out
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]
-    report = SCENARIOS[scenario](client(base, key))
+    report = SCENARIOS[scenario](client(base, key), *sys.argv[4:])
     report["sdk"] = anthropic.__version__
     print(json.dumps(report))

@@ -253,7 +253,31 @@ def started(c, _):
     return {"id": i.id}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, sales_file, chart, palindrome, linear, outcomes, errors, wrong_key, started]}
+def approval(c, how):
+    """Each cell waits until the test's reviewer answers it at /v1/approvals; the request asks
+    through the SDK's per-request http_options: a header (`header`) or a body field (`body`)."""
+    if how == "header":
+        opts = types.HttpOptions(headers={"runcell-approval": "always"})
+    else:
+        opts = types.HttpOptions(extra_body={"approval": "always"})
+    resp = c.models.generate_content(
+        model=MODEL,
+        contents="Review each cell",
+        config=types.GenerateContentConfig(tools=CODE, http_options=opts),
+    )
+    parts = parts_of(resp)
+    return {
+        "codes": [p.executable_code.code for p in parts if p.executable_code is not None],
+        "results": [
+            [p.code_execution_result.outcome.value, p.code_execution_result.output]
+            for p in parts
+            if p.code_execution_result is not None
+        ],
+        "answer": "".join(p.text for p in parts if p.text is not None),
+    }
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, sales_file, chart, palindrome, linear, outcomes, errors, wrong_key, started, approval]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

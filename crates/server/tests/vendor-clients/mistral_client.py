@@ -145,7 +145,24 @@ def started(c, _):
     return {"id": resp.conversation_id}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, linear, chart, errors, started]}
+def approval(c, _):
+    """Each cell waits until the test's reviewer answers it at /v1/approvals; the request asks
+    with the SDK's per-call http_headers."""
+    resp = c.beta.conversations.start(
+        model=MODEL,
+        tools=TOOLS,
+        inputs="Review each cell",
+        http_headers={"runcell-approval": "always"},
+    )
+    runs = executions(resp)
+    return {
+        "codes": [r.info["code"] for r in runs],
+        "outputs": [r.info["code_output"] for r in runs],
+        "answer": text_of(messages(resp)[-1]),
+    }
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, linear, chart, errors, started, approval]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

@@ -213,10 +213,57 @@ def wrong_key(c):
         return {"status": e.status_code, "code": e.body.get("code") if isinstance(e.body, dict) else None}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, chart, containers, palindrome, linear, function_tool, errors, wrong_key]}
+def approval(c, how="body"):
+    """Each cell waits until the test's reviewer answers it at /v1/approvals. `how` says how
+    the request asks: `body` (extra_body), `header` (extra_headers), `key` (nothing: the key's
+    default), each optionally `-stream` (the SDK's stream helper)."""
+    kwargs = {}
+    if how.startswith("body"):
+        kwargs["extra_body"] = {"approval": "always"}
+    elif how.startswith("header"):
+        kwargs["extra_headers"] = {"runcell-approval": "always"}
+    events = []
+    if how.endswith("-stream"):
+        with c.responses.stream(model=MODEL, tools=AUTO, input="Review each cell", **kwargs) as stream:
+            events = [e.type for e in stream]
+            resp = stream.get_final_response()
+    else:
+        resp = c.responses.create(model=MODEL, tools=AUTO, input="Review each cell", **kwargs)
+    cs = calls(resp)
+    return {
+        "answer": resp.output_text,
+        "status": resp.status,
+        "codes": [x.code for x in cs],
+        "logs": [logs(x) for x in cs],
+        "statuses": [x.status for x in cs],
+        "container": cs[0].container_id,
+        "events": sorted(set(events)),
+        "id": resp.id,
+    }
+
+
+def approval_refused(c, *_):
+    """What the SDK raises when a request's `approval` is refused: a word it does not know,
+    and `never` on a key whose default is `always` (a floor)."""
+    out = {}
+    for name, extra in [
+        ("bad_word", {"extra_body": {"approval": "sometimes"}}),
+        ("bad_header", {"extra_headers": {"runcell-approval": "yes"}}),
+        ("lowered", {"extra_body": {"approval": "never"}}),
+        ("lowered_header", {"extra_headers": {"runcell-approval": "never"}}),
+    ]:
+        try:
+            c.responses.create(model=MODEL, tools=AUTO, input="Review each cell", **extra)
+            out[name] = "no error"
+        except openai.APIStatusError as e:
+            out[name] = [e.status_code, e.body.get("type"), e.body.get("param"), e.body.get("message")]
+    return out
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, chart, containers, palindrome, linear, function_tool, errors, wrong_key, approval, approval_refused]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]
-    report = SCENARIOS[scenario](client(base, key))
+    report = SCENARIOS[scenario](client(base, key), *sys.argv[4:])
     report["sdk"] = openai.__version__
     print(json.dumps(report))

@@ -154,6 +154,19 @@ impl AuditSigner {
         &self.key
     }
 
+    /// A secret derived from this key for another `purpose` (SHA-256 over a domain tag, the
+    /// purpose and the seed): the C2PA certificate keys (`runcell-c2pa`) come from here, so
+    /// the audit key stays the one secret a data dir holds for signing. Different purposes
+    /// give unrelated secrets, and none reveals the seed.
+    pub fn derive_secret(&self, purpose: &str) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(b"runcell-derived-secret-v1\0");
+        h.update((purpose.len() as u64).to_be_bytes());
+        h.update(purpose.as_bytes());
+        h.update(self.key.to_bytes());
+        h.finalize().into()
+    }
+
     /// The public half, to publish.
     pub fn public_key(&self) -> AuditPublicKey {
         AuditPublicKey(self.key.verifying_key())

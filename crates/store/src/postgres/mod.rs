@@ -376,6 +376,19 @@ impl Backend for PgStore {
         )
     }
 
+    fn set_key_approval(
+        &self,
+        id: &str,
+        mode: Option<crate::ApprovalMode>,
+    ) -> Result<Option<KeyInfo>> {
+        let id = own(id);
+        let r = self.pg.run(|pool| async move {
+            records::set_key_approval(&mut *pool.get().await?, &id, mode).await
+        });
+        self.keys_generation.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+
     fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
         self.pg
             .run(|pool| async move { records::list_tenants(&mut *pool.get().await?).await })

@@ -22,7 +22,8 @@ fn unsigned(v: i64, what: &str) -> Result<u64> {
 
 // ---- API keys ----
 
-const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix";
+/// Also spelled out in `authenticate`'s prepared statement.
+const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval";
 
 fn key_from(r: &Row) -> Result<KeyInfo> {
     Ok(KeyInfo {
@@ -35,6 +36,7 @@ fn key_from(r: &Row) -> Result<KeyInfo> {
             None => None,
         },
         prefix: r.try_get(5)?,
+        approval: crate::ApprovalMode::from_column(r.try_get(6)?)?,
     })
 }
 
@@ -54,6 +56,7 @@ pub(super) async fn create_key(
         created_at: Utc::now(),
         revoked_at: None,
         prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
+        approval: None,
     };
     let (client, mut st) = c.split();
     let insert = st
@@ -134,7 +137,7 @@ pub(super) async fn authenticate(c: &mut PgConn, key: &str) -> Result<Option<Key
     let q = st
         .get(
             client,
-            "SELECT id, name, tenant, created_at, revoked_at, prefix FROM api_keys
+            "SELECT id, name, tenant, created_at, revoked_at, prefix, approval FROM api_keys
              WHERE key_hash = $1 AND revoked_at IS NULL",
         )
         .await?;
@@ -174,6 +177,19 @@ pub(super) async fn find_key(c: &mut PgConn, id_or_name: &str) -> Result<Option<
         n => Err(StoreError::Invalid(format!(
             "{n} active keys are named {id_or_name:?}; name one by id"
         ))),
+    }
+}
+
+pub(super) async fn set_key_approval(
+    c: &mut PgConn,
+    id: &str,
+    mode: Option<crate::ApprovalMode>,
+) -> Result<Option<KeyInfo>> {
+    let sql = format!("UPDATE api_keys SET approval = $2 WHERE id = $1 RETURNING {KEY_COLS}");
+    let word = mode.map(crate::ApprovalMode::as_str);
+    match c.client.query_opt(&sql, &[&id, &word]).await? {
+        Some(r) => key_from(&r).map(Some),
+        None => Ok(None),
     }
 }
 

@@ -21,6 +21,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../migrations/postgres/0003_session_extras.sql"),
     ),
+    (
+        4,
+        include_str!("../../migrations/postgres/0004_key_approval.sql"),
+    ),
 ];
 
 /// `pg_advisory_xact_lock` keys: "runcell" in ASCII, then 1 for migrating, 2 for keying.

@@ -19,7 +19,7 @@ impl Drop for BumpOnDrop<'_> {
     }
 }
 
-const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix";
+const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval";
 
 fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
     Ok(KeyInfo {
@@ -32,6 +32,7 @@ fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
             None => None,
         },
         prefix: r.get(5)?,
+        approval: crate::ApprovalMode::from_column(r.get(6)?)?,
     })
 }
 
@@ -56,6 +57,7 @@ pub(super) fn create_key(
         created_at: Utc::now(),
         revoked_at: None,
         prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
+        approval: None,
     };
     store.write().execute(
         "INSERT INTO api_keys (id, name, tenant, key_hash, prefix, created_at)
@@ -127,6 +129,27 @@ pub(super) fn authenticate(store: &SqliteStore, key: &str) -> Result<Option<KeyI
         &store.read(),
         &format!("SELECT {KEY_COLS} FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL"),
         [validate::sha256(key.as_bytes())],
+        key_from,
+    )
+}
+
+pub(super) fn set_key_approval(
+    store: &SqliteStore,
+    id: &str,
+    mode: Option<crate::ApprovalMode>,
+) -> Result<Option<KeyInfo>> {
+    let _bump = BumpOnDrop(&store.keys_generation);
+    let changed = store.write().execute(
+        "UPDATE api_keys SET approval = ?2 WHERE id = ?1",
+        params![id, mode.map(crate::ApprovalMode::as_str)],
+    )?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    first(
+        &store.read(),
+        &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
+        [id],
         key_from,
     )
 }

@@ -157,6 +157,14 @@ impl Backend for SqliteStore {
         api_keys::find_key(self, id_or_name)
     }
 
+    fn set_key_approval(
+        &self,
+        id: &str,
+        mode: Option<crate::ApprovalMode>,
+    ) -> Result<Option<KeyInfo>> {
+        api_keys::set_key_approval(self, id, mode)
+    }
+
     fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
         tenants::list_tenants(self)
     }

@@ -17,6 +17,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../migrations/0002_audit_keyed.sql")),
     (3, include_str!("../../migrations/0003_limits.sql")),
     (4, include_str!("../../migrations/0004_session_extras.sql")),
+    (5, include_str!("../../migrations/0005_key_approval.sql")),
 ];
 
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

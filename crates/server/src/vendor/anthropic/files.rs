@@ -46,7 +46,7 @@ async fn blocking<T: Send + 'static>(
 
 pub(super) async fn upload(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     form: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Json<Value>, Error> {
     let too_large = || {
@@ -116,7 +116,7 @@ fn query_values(raw: Option<&str>) -> Vec<(String, String)> {
 
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, Error> {
     let mut limit = 20usize;
@@ -180,7 +180,7 @@ pub(super) async fn list(
 
 pub(super) async fn metadata(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let store = file_store(&state);
@@ -193,7 +193,7 @@ pub(super) async fn metadata(
 
 pub(super) async fn download(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let store = file_store(&state);
@@ -214,7 +214,7 @@ pub(super) async fn download(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let store = file_store(&state);

@@ -19,7 +19,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::SecondsFormat;
-use runcell_agent::{AgentError, Client, ModelReply, ToolReply, ToolSpec, ToolUse, Turn};
+use runcell_agent::{AgentError, Client, ModelReply, Ruling, ToolReply, ToolSpec, ToolUse, Turn};
 use runcell_engine::tools::{command_output, execution_output, ToolImage};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, ExecutionStatus, KilledBy};
 use serde::Deserialize;
@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use super::context::{container_id, file_store, session_of, Caller};
 use super::error::{request_id, Error};
 use crate::state::AppState;
+use crate::vendor::approval::{self, Approver};
 use crate::vendor::sandbox::{Edit, EditRequest, Sandbox, Saved};
 use crate::vendor::{sse, Abort, FileStore};
 
@@ -56,6 +57,10 @@ struct CreateMessage {
     container: Option<ContainerParam>,
     #[serde(default)]
     stream: Option<bool>,
+    /// runcell's own: `never` or `always` (each cell waits for `POST /v1/approvals/{id}`);
+    /// the SDK sends it with `extra_body`.
+    #[serde(default)]
+    approval: Option<String>,
     // temperature, tool_choice, metadata, thinking, stop_sequences...: accepted, and left to
     // the model's defaults.
 }
@@ -554,6 +559,8 @@ struct Job {
     turns: Vec<Turn>,
     stop: Arc<AtomicBool>,
     cancel: CancelToken,
+    /// With approval `always`: who decides on each cell.
+    approver: Option<Approver>,
 }
 
 /// How a run ended.
@@ -660,7 +667,7 @@ impl Job {
             input_tokens: 0,
             output_tokens: 0,
         };
-        for _ in 0..self.max_steps.max(1) {
+        for step in 1..=self.max_steps.max(1) {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(Error::invalid("the client went away"));
             }
@@ -689,7 +696,7 @@ impl Job {
                     client_calls = true;
                     continue;
                 }
-                let reply = self.server_call(sandbox.as_ref(), call, sink)?;
+                let reply = self.server_call(sandbox.as_ref(), step, call, sink)?;
                 replies.push(reply);
             }
             turns.push(Turn::Assistant(reply));
@@ -705,9 +712,12 @@ impl Job {
     }
 
     /// Runs one call of a sub-tool, reporting its `server_tool_use` block and its result.
+    /// With an approver, a person decides first: the block then names what runs (the edited
+    /// input, if edited), and a declined call's result says so.
     fn server_call(
         &self,
         sandbox: Option<&Sandbox<'_>>,
+        step: usize,
         call: &ToolUse,
         sink: &mut dyn FnMut(Value),
     ) -> Result<ToolReply, Error> {
@@ -723,6 +733,49 @@ impl Job {
             });
         };
         let id = server_id(&call.id);
+        let kind = match call.name.as_str() {
+            BASH => "bash_code_execution",
+            EDITOR => "text_editor_code_execution",
+            _ => "code_execution",
+        };
+        let mut note = None;
+        let ruled;
+        let call = match (&self.approver, review_form(call)) {
+            (Some(a), Some((field, code))) if call.bad_arguments.is_none() => {
+                match a.rule(step, call, code)? {
+                    Ruling::Run => call,
+                    Ruling::Edited(c) => {
+                        ruled = match approval::edited(call, field, &c) {
+                            Ok(e) => {
+                                note = Some(runcell_agent::approval::edited_note(&c));
+                                e
+                            }
+                            // Nothing runs; the model is told why, as for its own bad input.
+                            Err(why) => ToolUse {
+                                bad_arguments: Some(why),
+                                ..call.clone()
+                            },
+                        };
+                        &ruled
+                    }
+                    Ruling::Declined(reason) => {
+                        sink(
+                            json!({"type": "server_tool_use", "id": id, "name": call.name, "input": call.input}),
+                        );
+                        let text = runcell_agent::approval::declined_text(reason.as_deref());
+                        sink(declined_block(kind, &id, &text));
+                        return Ok(ToolReply {
+                            id: call.id.clone(),
+                            name: call.name.clone(),
+                            text,
+                            images: Vec::new(),
+                            is_error: true,
+                        });
+                    }
+                }
+            }
+            _ => call,
+        };
         sink(json!({"type": "server_tool_use", "id": id, "name": call.name, "input": call.input}));
         let mut tool = ToolReply {
             id: call.id.clone(),
@@ -730,11 +783,6 @@ impl Job {
             text: String::new(),
             images: Vec::new(),
             is_error: false,
-        };
-        let kind = match call.name.as_str() {
-            BASH => "bash_code_execution",
-            EDITOR => "text_editor_code_execution",
-            _ => "code_execution",
         };
         let invalid = |tool: &mut ToolReply, why: String| {
             tool.text = format!("error: {why}");
@@ -836,6 +884,9 @@ impl Job {
             }
         };
         sink(block);
+        if let Some(note) = note {
+            tool.text = format!("{note}{}", tool.text);
+        }
         Ok(tool)
     }
 
@@ -860,6 +911,40 @@ impl Job {
         tool.is_error = true;
         Ok(error_block(kind, id, code, Some(&why)))
     }
+}
+
+/// What a person reviews of a sub-tool call, and the input field an edit replaces (none: the
+/// whole input, as JSON). `None`: nothing would run (no command or code to run).
+fn review_form(call: &ToolUse) -> Option<(Option<&'static str>, String)> {
+    let field = |f: &'static str| {
+        call.input
+            .get(f)
+            .and_then(Value::as_str)
+            .map(|c| (Some(f), c.to_owned()))
+    };
+    match call.name.as_str() {
+        BASH => field("command"),
+        PYTHON => field("code"),
+        EDITOR => Some((
+            None,
+            serde_json::to_string_pretty(&call.input).unwrap_or_else(|_| call.arguments.clone()),
+        )),
+        _ => None,
+    }
+}
+
+/// The result block of a call the user declined, in the shapes the SDK knows: a failed run
+/// whose stderr says why (bash, Python), or the editor's error with the reason as its message.
+fn declined_block(kind: &str, tool_use_id: &str, text: &str) -> Value {
+    if kind == "text_editor_code_execution" {
+        return json!({"type": "text_editor_code_execution_tool_result", "tool_use_id": tool_use_id,
+            "content": {"type": "text_editor_code_execution_tool_result_error",
+                "error_code": "unavailable", "error_message": text}});
+    }
+    json!({"type": format!("{kind}_tool_result"), "tool_use_id": tool_use_id, "content": {
+        "type": format!("{kind}_result"), "stdout": "", "stderr": text, "return_code": 1,
+        "content": [],
+    }})
 }
 
 /// A cell's stdout as a REPL shows it: the printed output, then the last expression's value.
@@ -1029,7 +1114,8 @@ const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(super) async fn create(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     let body = body.map_err(|e| {
@@ -1064,6 +1150,7 @@ pub(super) async fn create(
         return Err(Error::invalid("max_tokens: must be at least 1"));
     }
     let offer = parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    let approval = approval::mode(req.approval.as_deref(), &headers, key.as_ref())?;
     let Some(config) = state.vendor.clone() else {
         return Err(Error::not_found(
             "this server has no model configured: its operator starts it with `runcell serve --agent-provider openai|anthropic|gemini`",
@@ -1144,6 +1231,14 @@ pub(super) async fn create(
         session: session.clone(),
         armed: true,
     };
+    let approver = approval::approver_for(
+        (&state.approvals, &state.engine),
+        approval,
+        &tenant.0,
+        session.as_ref(),
+        "anthropic",
+        &stop,
+    );
     let job = Job {
         engine: state.engine.clone(),
         files: store,
@@ -1158,6 +1253,7 @@ pub(super) async fn create(
         turns,
         stop,
         cancel,
+        approver,
     };
     let message_id = runcell_engine::new_id("msg");
     let model = req.model.clone();

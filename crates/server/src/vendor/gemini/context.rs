@@ -8,7 +8,8 @@ use serde_json::Value;
 use sha2::Digest;
 
 use super::error::Error;
-use crate::state::{AppState, Tenant};
+use crate::caller::KeyRef;
+use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
 
 /// The API versions the SDKs use.
@@ -72,10 +73,10 @@ pub(super) fn history_key(contents: &[Value]) -> String {
     format!("chat_{hex}")
 }
 
-/// The caller's tenant, from `x-goog-api-key` (what the SDKs send), `?key=`, or
+/// The caller's tenant (and key: its approval default), from `x-goog-api-key` (what the SDKs send), `?key=`, or
 /// `Authorization: Bearer`.
 #[derive(Debug)]
-pub(crate) struct Caller(pub Tenant);
+pub(crate) struct Caller(pub Tenant, pub Option<KeyRef>);
 
 /// `key=` of a query string.
 fn query_key(query: Option<&str>) -> Option<String> {
@@ -104,8 +105,8 @@ impl FromRequestParts<AppState> for Caller {
         let header = headers
             .contains_key("x-goog-api-key")
             .then_some("x-goog-api-key");
-        match Tenant::of_vendor_request(&headers, header, state).await? {
-            Ok(t) => Ok(Caller(t)),
+        match Principal::of_vendor_request(&headers, header, state).await? {
+            Ok(p) => Ok(Caller(p.tenant, p.key)),
             Err(why) => Err(Error::new(
                 StatusCode::UNAUTHORIZED,
                 format!("API key not valid: {why}"),

@@ -346,9 +346,10 @@ fn remember(
 
 pub(super) async fn call(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
     Path((version, call)): Path<(String, String)>,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     check_version(&version)?;
@@ -386,6 +387,7 @@ pub(super) async fn call(
         .filter(|c| !c.is_empty())
         .ok_or_else(|| Error::invalid("contents is not specified"))?;
     let code = wants_code(req.get("tools"))?;
+    let approval = crate::vendor::approval::mode_of_json(&req, &headers, key.as_ref())?;
     let turns = transcript(&contents, code)?;
     let files = if code {
         attachments(&contents)?
@@ -442,6 +444,14 @@ pub(super) async fn call(
         max_steps: config.max_steps,
         timeout: RUN_TIMEOUT,
         retries: RETRIES,
+        approver: crate::vendor::approval::approver_for(
+            (&state.approvals, &state.engine),
+            approval,
+            &tenant.0,
+            session.as_ref(),
+            "gemini",
+            &stop,
+        ),
         stop,
         cancel,
     };

@@ -236,8 +236,9 @@ fn user_step(t: &StoredTurn) -> Value {
 
 pub(super) async fn create(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
     Path(version): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     check_version(&version)?;
@@ -253,6 +254,7 @@ pub(super) async fn create(
     })?;
     let req: Value = serde_json::from_slice(&body)
         .map_err(|e| Error::invalid(format!("Invalid JSON payload received: {e}")))?;
+    let approval = crate::vendor::approval::mode_of_json(&req, &headers, key.as_ref())?;
     if req.get("agent").is_some() {
         return Err(Error::invalid(
             "agents are not served here: name a model, which runs on this server's configured provider",
@@ -343,6 +345,14 @@ pub(super) async fn create(
         max_steps: config.max_steps,
         timeout: RUN_TIMEOUT,
         retries: RETRIES,
+        approver: crate::vendor::approval::approver_for(
+            (&state.approvals, &state.engine),
+            approval,
+            &tenant.0,
+            session.as_ref(),
+            "gemini",
+            &stop,
+        ),
         stop,
         cancel,
     };
@@ -483,7 +493,7 @@ pub(super) async fn create(
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path((version, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, Error> {
     check_version(&version)?;
@@ -498,7 +508,7 @@ pub(super) async fn retrieve(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path((version, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, Error> {
     check_version(&version)?;

@@ -70,7 +70,7 @@ pub(super) fn required<'a>(v: &'a Value, field: &str) -> Result<&'a str, Error> 
 
 pub(super) async fn create(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, Error> {
     let req = parse_body(body)?;
@@ -108,7 +108,7 @@ pub(super) async fn find(state: &AppState, tenant: &str, id: &str) -> Result<Val
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     find(&state, &tenant.0, &id).await.map(Json)
@@ -116,7 +116,7 @@ pub(super) async fn retrieve(
 
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
 ) -> Result<Json<Value>, Error> {
     let store = agent_store(&state);
     let t = tenant.0.clone();
@@ -138,7 +138,7 @@ pub(super) async fn list(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
     let store = agent_store(&state);

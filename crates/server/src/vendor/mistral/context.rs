@@ -6,7 +6,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 
 use super::error::Error;
-use crate::state::{AppState, Tenant};
+use crate::caller::KeyRef;
+use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
 
 pub(super) fn agent_store(state: &AppState) -> FileStore {
@@ -26,16 +27,16 @@ pub(super) fn file_store(state: &AppState) -> FileStore {
     FileStore::new(&state.engine.config().data_dir, "mistral", "file")
 }
 
-/// The caller's tenant, from `Authorization: Bearer` (what the SDK sends).
+/// The caller's tenant (and key: its approval default), from `Authorization: Bearer` (what the SDK sends).
 #[derive(Debug)]
-pub(crate) struct Caller(pub Tenant);
+pub(crate) struct Caller(pub Tenant, pub Option<KeyRef>);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        match Tenant::of_vendor_request(&parts.headers, None, state).await? {
-            Ok(t) => Ok(Caller(t)),
+        match Principal::of_vendor_request(&parts.headers, None, state).await? {
+            Ok(p) => Ok(Caller(p.tenant, p.key)),
             Err(why) => Err(Error::new(
                 StatusCode::UNAUTHORIZED,
                 format!("Unauthorized: {why}"),

@@ -280,10 +280,12 @@ fn usage(end: &End) -> Value {
 
 pub(super) async fn start(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     let req = parse_body(body)?;
+    let approval = crate::vendor::approval::mode_of_json(&req, &headers, key.as_ref())?;
     let (pieces, entries) = read_inputs(req.get("inputs"))?;
     let now = time(chrono::Utc::now());
     let store = conversation_store(&state);
@@ -350,16 +352,23 @@ pub(super) async fn start(
     }
     let keep = req.get("store").and_then(Value::as_bool) != Some(false);
     let stream = req.get("stream").and_then(Value::as_bool) == Some(true);
-    turn(state, tenant, id, record, pieces, entries, keep, stream).await
+    let how = How {
+        keep,
+        stream,
+        approval,
+    };
+    turn(state, tenant, id, record, pieces, entries, how).await
 }
 
 pub(super) async fn append(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
     Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     let req = parse_body(body)?;
+    let approval = crate::vendor::approval::mode_of_json(&req, &headers, key.as_ref())?;
     let mut record = load(&state, &tenant, &id).await?;
     let (pieces, entries) = read_inputs(req.get("inputs"))?;
     // A session that ended (idle, deleted) is replaced: the model still has the history.
@@ -370,7 +379,12 @@ pub(super) async fn append(
     }
     let keep = req.get("store").and_then(Value::as_bool) != Some(false);
     let stream = req.get("stream").and_then(Value::as_bool) == Some(true);
-    turn(state, tenant, id, record, pieces, entries, keep, stream).await
+    let how = How {
+        keep,
+        stream,
+        approval,
+    };
+    turn(state, tenant, id, record, pieces, entries, how).await
 }
 
 async fn load(state: &AppState, tenant: &Tenant, id: &str) -> Result<Record, Error> {
@@ -380,8 +394,14 @@ async fn load(state: &AppState, tenant: &Tenant, id: &str) -> Result<Record, Err
         .ok_or_else(|| Error::not_found(format!("Conversation {id} not found")))
 }
 
+/// How a turn is asked for: kept or not, streamed or not, each cell approved or not.
+struct How {
+    keep: bool,
+    stream: bool,
+    approval: runcell_store::ApprovalMode,
+}
+
 /// Runs the model's turn after `pieces`, keeps the conversation, and answers.
-#[allow(clippy::too_many_arguments, reason = "one turn's parts, each named")]
 async fn turn(
     state: AppState,
     tenant: Tenant,
@@ -389,9 +409,13 @@ async fn turn(
     mut record: Record,
     pieces: Vec<Piece>,
     entries: Vec<Value>,
-    keep: bool,
-    stream: bool,
+    how: How,
 ) -> Result<Response, Error> {
+    let How {
+        keep,
+        stream,
+        approval,
+    } = how;
     let Some(config) = state.vendor.clone() else {
         return Err(Error::not_found(
             "this server has no model configured: its operator starts it with `runcell serve --agent-provider`",
@@ -423,6 +447,14 @@ async fn turn(
         max_steps: config.max_steps,
         timeout: RUN_TIMEOUT,
         retries: RETRIES,
+        approver: crate::vendor::approval::approver_for(
+            (&state.approvals, &state.engine),
+            approval,
+            &tenant.0,
+            record.session.as_ref(),
+            "mistral",
+            &stop,
+        ),
         stop,
         cancel,
     };
@@ -527,7 +559,7 @@ async fn turn(
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     Ok(Json(load(&state, &tenant, &id).await?.conversation))
@@ -535,7 +567,7 @@ pub(super) async fn retrieve(
 
 pub(super) async fn history(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let r = load(&state, &tenant, &id).await?;
@@ -546,7 +578,7 @@ pub(super) async fn history(
 
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
 ) -> Result<Json<Value>, Error> {
     let store = conversation_store(&state);
     let t = tenant.0.clone();
@@ -565,7 +597,7 @@ pub(super) async fn list(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
     let record = load(&state, &tenant, &id).await?;

@@ -12,7 +12,7 @@ use crate::state::AppState;
 /// `GET /v1/files/{id}/content`: a figure a run showed.
 pub(super) async fn content(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let store = file_store(&state);

@@ -244,7 +244,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
 
 pub(super) async fn create(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, Error> {
     let body = body.map_err(|e| Error::invalid(None, e.body_text()))?;
@@ -335,7 +335,7 @@ fn list_page(mut items: Vec<(String, Value)>, p: &Page) -> Value {
 
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, Error> {
     let p = page(query.as_deref())?;
@@ -359,7 +359,7 @@ pub(super) async fn list(
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     Ok(Json(container_json(&owned(&state, &tenant, &id).await?)))
@@ -367,7 +367,7 @@ pub(super) async fn retrieve(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let info = owned(&state, &tenant, &id).await?;
@@ -398,7 +398,7 @@ async fn find_file(state: &AppState, session: &str, file: &str) -> Result<FileEn
 
 pub(super) async fn create_file(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Json<Value>, Error> {
@@ -442,7 +442,7 @@ pub(super) async fn create_file(
 
 pub(super) async fn list_files(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, Error> {
@@ -459,7 +459,7 @@ pub(super) async fn list_files(
 
 pub(super) async fn retrieve_file(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path((id, file)): Path<(String, String)>,
 ) -> Result<Json<Value>, Error> {
     let info = owned(&state, &tenant, &id).await?;
@@ -469,7 +469,7 @@ pub(super) async fn retrieve_file(
 
 pub(super) async fn file_content(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path((id, file)): Path<(String, String)>,
 ) -> Result<Response, Error> {
     let info = owned(&state, &tenant, &id).await?;
@@ -485,7 +485,7 @@ pub(super) async fn file_content(
 
 pub(super) async fn delete_file(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path((id, file)): Path<(String, String)>,
 ) -> Result<Json<Value>, Error> {
     let info = owned(&state, &tenant, &id).await?;

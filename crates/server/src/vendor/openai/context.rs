@@ -6,7 +6,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 
 use super::error::Error;
-use crate::state::{AppState, Tenant};
+use crate::caller::KeyRef;
+use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
 
 /// Where OpenAI's files of every tenant are kept.
@@ -32,16 +33,16 @@ pub(super) fn session_of(container: &str) -> Option<String> {
     ok.then(|| format!("ses_{rest}"))
 }
 
-/// The caller's tenant, from `Authorization: Bearer` (what the SDK sends).
+/// The caller's tenant (and key: its approval default), from `Authorization: Bearer` (what the SDK sends).
 #[derive(Debug)]
-pub(crate) struct Caller(pub Tenant);
+pub(crate) struct Caller(pub Tenant, pub Option<KeyRef>);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        match Tenant::of_vendor_request(&parts.headers, None, state).await? {
-            Ok(t) => Ok(Caller(t)),
+        match Principal::of_vendor_request(&parts.headers, None, state).await? {
+            Ok(p) => Ok(Caller(p.tenant, p.key)),
             Err(why) => Err(Error {
                 code: Some("invalid_api_key"),
                 ..Error::new(StatusCode::UNAUTHORIZED, "invalid_request_error", why)

@@ -92,7 +92,7 @@ pub(super) async fn read_upload(
 
 pub(super) async fn upload(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     form: Result<Multipart, axum::extract::multipart::MultipartRejection>,
 ) -> Result<Json<Value>, Error> {
     let (file, fields) = read_upload(form).await?;
@@ -120,7 +120,7 @@ pub(super) async fn upload(
 
 pub(super) async fn list(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     RawQuery(_query): RawQuery,
 ) -> Result<Json<Value>, Error> {
     let store = file_store(&state);
@@ -136,7 +136,7 @@ pub(super) async fn list(
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let store = file_store(&state);
@@ -149,7 +149,7 @@ pub(super) async fn retrieve(
 
 pub(super) async fn content(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     let store = file_store(&state);
@@ -165,7 +165,7 @@ pub(super) async fn content(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     let store = file_store(&state);

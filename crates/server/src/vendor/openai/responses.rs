@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use runcell_agent::{AgentError, Client, ModelReply, ToolReply, ToolSpec, ToolUse, Turn};
+use runcell_agent::{AgentError, Client, ModelReply, Ruling, ToolReply, ToolSpec, ToolUse, Turn};
 use runcell_engine::tools::execution_output;
 use runcell_engine::{CancelToken, Engine, EngineError, ExecutionStatus, FileChangeKind};
 use serde::Deserialize;
@@ -24,6 +24,7 @@ use super::containers::{self, ContainerSpec};
 use super::context::{container_id, response_store, Caller};
 use super::error::Error;
 use crate::state::AppState;
+use crate::vendor::approval::{self, Approver};
 use crate::vendor::{sse, Abort, FileStore};
 
 /// The tool the model runs code with, as ChatGPT's models know it.
@@ -48,6 +49,10 @@ struct CreateResponse {
     max_output_tokens: Option<u64>,
     #[serde(default)]
     metadata: Option<Value>,
+    /// runcell's own: `never` or `always` (each cell waits for `POST /v1/approvals/{id}`);
+    /// the SDK sends it with `extra_body`.
+    #[serde(default)]
+    approval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -306,6 +311,8 @@ struct Job {
     turns: Vec<Turn>,
     stop: Arc<AtomicBool>,
     cancel: CancelToken,
+    /// With approval `always`: who decides on each cell.
+    approver: Option<Approver>,
 }
 
 #[derive(Debug, Default)]
@@ -389,7 +396,7 @@ impl Job {
         let mut end = End::default();
         // Files the code wrote in this response: (path in /mnt/data, container file id).
         let mut produced: Vec<(String, String)> = Vec::new();
-        for _ in 0..self.max_steps.max(1) {
+        for step in 1..=self.max_steps.max(1) {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(Error::invalid(None, "the client went away"));
             }
@@ -426,7 +433,7 @@ impl Job {
                     client_calls = true;
                     continue;
                 }
-                let (item, reply) = self.python(call, &mut produced, sink)?;
+                let (item, reply) = self.python(step, call, &mut produced, sink)?;
                 if let Some(item) = item {
                     end.tool_texts.insert(item, reply.text.clone());
                 }
@@ -444,8 +451,11 @@ impl Job {
         Ok(end)
     }
 
+    /// Runs one code interpreter call; with an approver, a person decides first (the item
+    /// then shows the code that ran, and a declined call fails with the reason in its logs).
     fn python(
         &self,
+        step: usize,
         call: &ToolUse,
         produced: &mut Vec<(String, String)>,
         sink: &mut dyn FnMut(Emit),
@@ -470,6 +480,30 @@ impl Job {
         };
         let id = runcell_engine::new_id("ci");
         let container = container_id(session);
+        let mut note = None;
+        let edited;
+        let code = match &self.approver {
+            None => code,
+            Some(a) => match a.rule(step, call, code.to_owned())? {
+                Ruling::Run => code,
+                Ruling::Edited(c) => {
+                    note = Some(runcell_agent::approval::edited_note(&c));
+                    edited = c;
+                    edited.as_str()
+                }
+                Ruling::Declined(reason) => {
+                    tool.text = runcell_agent::approval::declined_text(reason.as_deref());
+                    let item = json!({"type": "code_interpreter_call", "id": id, "code": code,
+                        "container_id": container, "outputs": null, "status": "in_progress"});
+                    sink(Emit::Started(item.clone()));
+                    let mut done = item;
+                    done["outputs"] = json!([{"type": "logs", "logs": tool.text}]);
+                    done["status"] = json!("failed");
+                    sink(Emit::Done(done));
+                    return Ok((Some(id), tool));
+                }
+            },
+        };
         sink(Emit::Started(json!({
             "type": "code_interpreter_call", "id": id, "code": code, "container_id": container,
             "outputs": null, "status": "in_progress",
@@ -537,6 +571,9 @@ impl Job {
             "type": "code_interpreter_call", "id": id, "code": code, "container_id": container,
             "outputs": outputs, "status": status,
         })));
+        if let Some(note) = note {
+            tool.text = format!("{note}{}", tool.text);
+        }
         Ok((Some(id), tool))
     }
 }
@@ -615,7 +652,7 @@ async fn load(store: &FileStore, tenant: &str, id: &str) -> Result<Option<Record
 
 pub(super) async fn retrieve(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, ..): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, Error> {
     match load(&response_store(&state), &tenant.0, &id).await? {
@@ -628,7 +665,8 @@ pub(super) async fn retrieve(
 
 pub(super) async fn create(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    Caller(tenant, key): Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Error> {
     let body = body.map_err(|e| {
@@ -640,6 +678,11 @@ pub(super) async fn create(
     })?;
     let req = parse_request(&body)?;
     let offer = parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    let approval =
+        approval::mode(req.approval.as_deref(), &headers, key.as_ref()).map_err(|e| Error {
+            param: Some("approval".into()),
+            ..Error::from(e)
+        })?;
     let Some(config) = state.vendor.clone() else {
         return Err(Error::not_found(
             "this server has no model configured: its operator starts it with `runcell serve --agent-provider openai|anthropic|gemini`",
@@ -728,6 +771,14 @@ pub(super) async fn create(
         session: session.clone(),
         armed: true,
     };
+    let approver = approval::approver_for(
+        (&state.approvals, &state.engine),
+        approval,
+        &tenant.0,
+        session.as_ref(),
+        "openai",
+        &stop,
+    );
     let job = Job {
         engine: state.engine.clone(),
         session: session.clone(),
@@ -739,6 +790,7 @@ pub(super) async fn create(
         turns,
         stop,
         cancel,
+        approver,
     };
     let echo = ResponseEcho {
         created_at: chrono::Utc::now().timestamp(),
