@@ -8,6 +8,7 @@ pub mod batch;
 mod batches;
 mod caller;
 mod chat;
+mod cluster;
 mod connections;
 mod e2b;
 mod error;
@@ -43,9 +44,9 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use cluster::{ClusterSecret, MIN_CLUSTER_SECRET_BYTES};
 pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
-pub use forward::{ClusterSecret, MIN_CLUSTER_SECRET_BYTES};
 pub use hosts::{AllowedHost, HostPolicy};
 pub use metrics::Metrics;
 pub use runcell_engine::OPEN_TENANT;

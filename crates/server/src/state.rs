@@ -56,7 +56,7 @@ pub struct AppState {
     /// Client tool calls waiting for answers, and plain executions suspended on them.
     pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
     /// Signs and checks the requests nodes forward to each other; none on a single node.
-    pub cluster_secret: Option<Arc<crate::forward::ClusterSecret>>,
+    pub cluster_secret: Option<Arc<crate::cluster::ClusterSecret>>,
 }
 
 impl AppState {
@@ -92,7 +92,7 @@ impl AppState {
     }
 
     /// Forwards to, and takes forwarded requests from, the other nodes holding `secret`.
-    pub fn with_cluster_secret(mut self, secret: crate::forward::ClusterSecret) -> Self {
+    pub fn with_cluster_secret(mut self, secret: crate::cluster::ClusterSecret) -> Self {
         self.cluster_secret = Some(Arc::new(secret));
         self
     }
@@ -219,7 +219,7 @@ impl FromRequestParts<AppState> for Principal {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         // Another node authenticated the client and signed for its tenant (crate::forward);
         // the key stayed there.
-        if let Some(t) = parts.extensions.get::<crate::forward::ForwardedTenant>() {
+        if let Some(t) = parts.extensions.get::<crate::cluster::ForwardedTenant>() {
             return Ok(Principal {
                 tenant: Tenant(t.0.clone()),
                 key: None,
