@@ -199,7 +199,6 @@ fn a_network_policy_survives_pause_resume_and_a_restart() {
     use serde_json::{json, Value};
     let port = secret_destination();
     let data = common::serve::data_dir("runcell-egress-kept-");
-    let _unmount = common::serve::UnmountOnDrop(data.clone());
     let flags = [
         "--egress-allow",
         "127.0.0.2,127.0.0.3",

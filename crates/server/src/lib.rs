@@ -23,12 +23,14 @@ mod metrics;
 mod misc;
 mod oneshot;
 mod openapi;
+mod owned;
 mod pause;
 mod pending;
 mod replay;
 mod sessions;
 mod state;
 mod tool_calls;
+mod tool_routes;
 mod vendor;
 mod web;
 
@@ -95,8 +97,8 @@ pub fn app_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(pause::fork_session))
         .routes(routes!(sessions::execute))
         .routes(routes!(sessions::run_command))
-        .routes(routes!(tool_calls::tool_results))
-        .routes(routes!(tool_calls::continue_execution))
+        .routes(routes!(tool_routes::tool_results))
+        .routes(routes!(tool_routes::continue_execution))
         .routes(routes!(files::list_files, files::upload_multipart))
         .routes(routes!(oneshot::execute_once))
         .routes(routes!(batch::batch))

@@ -20,8 +20,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::Json;
 use runcell_engine::bridge::{
     PendingToolCall, ToolCall, ToolDispatch, ToolError, ToolErrorKind, ToolFuture, MAX_OUTPUT_BYTES,
 };
@@ -31,9 +29,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use utoipa::ToSchema;
 
-use crate::error::{ApiError, ApiResult, ErrorBody, ErrorCode};
-use crate::extract::{ApiJson, Path};
-use crate::state::{AppState, Tenant};
+use crate::error::{ApiError, ApiResult};
 
 /// How long a plain execute waits, after a call arrives, for more calls made with it (an
 /// `asyncio.gather`) before it answers `waiting`: one round trip for them all, not one each.
@@ -103,12 +99,18 @@ impl ToolCalls {
         self.calls.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn runs(&self) -> MutexGuard<'_, HashMap<String, Arc<Run>>> {
+    pub(crate) fn runs(&self) -> MutexGuard<'_, HashMap<String, Arc<Run>>> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `id` is a pending call of `owner`'s `session` (and `execution`, if given).
-    fn is_pending(&self, owner: &str, session: &str, execution: Option<&str>, id: &str) -> bool {
+    pub(crate) fn is_pending(
+        &self,
+        owner: &str,
+        session: &str,
+        execution: Option<&str>,
+        id: &str,
+    ) -> bool {
         self.calls().get(id).is_some_and(|p| {
             p.owner == owner
                 && p.session_id == session
@@ -118,7 +120,7 @@ impl ToolCalls {
 
     /// Answers pending call `r.id` if it is `owner`'s, of `session` (and of `execution`, if
     /// given); Err (404) otherwise, and nothing changes.
-    fn answer(
+    pub(crate) fn answer(
         &self,
         owner: &str,
         session: &str,
@@ -150,14 +152,14 @@ impl ToolCalls {
     }
 }
 
-fn not_pending(id: &str) -> ApiError {
+pub(crate) fn not_pending(id: &str) -> ApiError {
     ApiError::not_found(format!(
         "tool call {id:?} (no such call of this session is waiting for an answer)"
     ))
 }
 
 /// What a [`ToolResult`] tells the code, or why it is not an answer.
-fn check_answer(r: &ToolResult) -> ApiResult<Result<Value, ToolError>> {
+pub(crate) fn check_answer(r: &ToolResult) -> ApiResult<Result<Value, ToolError>> {
     match (&r.output, &r.error) {
         (Some(output), None) => {
             let bytes = serde_json::to_vec(output).map_or(usize::MAX, |v| v.len());
@@ -196,8 +198,8 @@ type Ended = (Instant, Option<Result<Execution, EngineError>>);
 /// One execute request's execution with client tools: its calls as they come, and its end.
 pub(crate) struct Run {
     calls: Arc<ToolCalls>,
-    owner: String,
-    session_id: String,
+    pub(crate) owner: String,
+    pub(crate) session_id: String,
     language: Language,
     execution_id: OnceLock<String>,
     seq: AtomicU64,
@@ -347,7 +349,7 @@ impl Run {
 
     /// Marks a request as waiting on this run until the guard goes (answered, or the client
     /// went away); None if one already is.
-    fn attend(self: &Arc<Self>) -> Option<Attending> {
+    pub(crate) fn attend(self: &Arc<Self>) -> Option<Attending> {
         self.attended
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .ok()
@@ -451,88 +453,4 @@ impl ToolDispatch for RunDispatch {
             }
         })
     }
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/tool_results", tag = "sessions",
-    params(("id" = String, Path)),
-    request_body = ToolResult,
-    responses(
-        (status = 200, body = ToolResultAccepted, description = "the call is answered: its code goes on with the output, or raises the error"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: not exactly one of `output` and `error`"),
-        (status = 404, body = ErrorBody, description = "no such session of this tenant, or no such call of this session waiting for an answer (answered, timed out, ended, another session's, or never made)"),
-        (status = 413, body = ErrorBody, description = "`payload_too_large`: an output or error over 1 MiB as JSON")))]
-pub async fn tool_results(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(req): ApiJson<ToolResult>,
-) -> ApiResult<Json<ToolResultAccepted>> {
-    crate::sessions::owned(&state, &tenant, &id).await?;
-    state.tool_calls.answer(&tenant.0, &id, None, &req)?;
-    Ok(Json(ToolResultAccepted {
-        id: req.id,
-        status: "answered",
-    }))
-}
-
-#[utoipa::path(post, path = "/v1/executions/{id}/continue", tag = "executions",
-    params(("id" = String, Path)),
-    request_body = ContinueRequest,
-    responses(
-        (status = 200, body = Execution, description = "the execution once the answers are in: finished, or `waiting` again with the calls it made since"),
-        (status = 400, body = ErrorBody, description = "`invalid_request`: a result without exactly one of `output` and `error`, or an id given twice"),
-        (status = 404, body = ErrorBody, description = "no execution of this tenant waits for tool results under that id, or a result's id is not a pending call of it (nothing is answered then)"),
-        (status = 409, body = ErrorBody, description = "`conflict`: another `continue` is waiting on this execution"),
-        (status = 413, body = ErrorBody, description = "`payload_too_large`: an output or error over 1 MiB as JSON")))]
-pub async fn continue_execution(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(req): ApiJson<ContinueRequest>,
-) -> ApiResult<Json<Execution>> {
-    let run = state
-        .tool_calls
-        .runs()
-        .get(&id)
-        .filter(|r| r.owner == tenant.0)
-        .cloned()
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "execution {id} (no execution of this tenant is waiting for tool results under that id)"
-            ))
-        })?;
-    // Every answer is checked before any is given: a bad one changes nothing.
-    let mut seen = HashSet::new();
-    for r in &req.results {
-        let _answer = check_answer(r)?;
-        if !seen.insert(r.id.as_str()) {
-            return Err(ApiError::invalid(format!(
-                "tool call {} is answered twice",
-                r.id
-            )));
-        }
-        if !state
-            .tool_calls
-            .is_pending(&tenant.0, &run.session_id, Some(&id), &r.id)
-        {
-            return Err(not_pending(&r.id));
-        }
-    }
-    let Some(_attending) = run.attend() else {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("another continue is waiting on execution {id}"),
-        ));
-    };
-    for r in &req.results {
-        // One that timed out since it was checked is moot: its code has its exception.
-        let _ = state
-            .tool_calls
-            .answer(&tenant.0, &run.session_id, Some(&id), r);
-    }
-    let execution = run.next().await?;
-    if execution.status != ExecutionStatus::Waiting {
-        state.metrics.observe_execution(&execution);
-    }
-    Ok(Json(execution))
 }
