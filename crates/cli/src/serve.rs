@@ -130,6 +130,12 @@ pub struct ServeArgs {
     /// [default: the host name and data dir].
     #[arg(long, value_name = "URL", env = "RUNCELL_NODE_URL")]
     node_url: Option<String>,
+    /// A file holding the secret all nodes on the same `--database` share (32 bytes or more,
+    /// e.g. `openssl rand -hex 32`): it signs the requests they forward to each other, in
+    /// place of the client's key. Required on PostgreSQL; `RUNCELL_CLUSTER_SECRET` may hold
+    /// the secret itself instead.
+    #[arg(long, value_name = "FILE", env = "RUNCELL_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
     /// An MCP server whose tools sessions' code may call (`from runcell_tools.mcp import
     /// NAME`), repeatable: `NAME=COMMAND ARGS...` (stdio: a program runcell starts on this host,
     /// the line split into words as a shell would, never run by one) or `NAME=URL` (streamable
@@ -551,6 +557,14 @@ pub fn serve(
         );
     }
     let signer = std::sync::Arc::new(crate::audit::signer(data_dir)?);
+    let cluster_secret = cluster_secret(args.cluster_secret_file.as_deref())?;
+    if store.node_id().is_some() && cluster_secret.is_none() {
+        bail!(
+            "nodes on a shared --database forward requests to each other signed with a secret \
+             they share: --cluster-secret-file FILE (or RUNCELL_CLUSTER_SECRET), e.g. from \
+             `openssl rand -hex 32`"
+        );
+    }
     let checkpoint_interval_s = args
         .audit_checkpoint_interval_s
         .or(file.audit_checkpoint_interval_s)
@@ -689,6 +703,9 @@ pub fn serve(
         if let Some((chat, vendor)) = chat {
             state = state.with_chat(chat).with_vendor(vendor);
         }
+        if let Some(secret) = cluster_secret {
+            state = state.with_cluster_secret(secret);
+        }
         let metrics = match metrics_listener {
             Some(l) => {
                 let app = runcell_server::metrics_app(&state, l.local_addr()?);
@@ -735,4 +752,24 @@ async fn shutdown_signal() {
     }
     // Open MCP event streams would keep graceful shutdown waiting forever.
     runcell_server::mcp::end_streams();
+}
+
+/// The cluster secret from `--cluster-secret-file`, else `RUNCELL_CLUSTER_SECRET`, if either.
+fn cluster_secret(
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<runcell_server::ClusterSecret>> {
+    let (bytes, from) = match file {
+        Some(f) => (
+            std::fs::read(f)
+                .map_err(|e| invalid(format!("--cluster-secret-file {}: {e}", f.display())))?,
+            format!("--cluster-secret-file {}", f.display()),
+        ),
+        None => match std::env::var_os("RUNCELL_CLUSTER_SECRET") {
+            Some(v) => (v.into_encoded_bytes(), "RUNCELL_CLUSTER_SECRET".to_owned()),
+            None => return Ok(None),
+        },
+    };
+    runcell_server::ClusterSecret::new(&bytes)
+        .map(Some)
+        .map_err(|e| invalid(format!("{from}: {e}")))
 }

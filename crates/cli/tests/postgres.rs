@@ -29,6 +29,15 @@ fn shared(url: &str, keys: &Path) -> Vec<String> {
     ]
 }
 
+/// A cluster secret for the nodes of one test, in `dir`; its `--cluster-secret-file` flag.
+fn cluster_secret(dir: &Path, secret: &str) -> [String; 2] {
+    let file = dir.join("cluster.secret");
+    std::fs::write(&file, format!("{secret}\n")).expect("write the cluster secret");
+    ["--cluster-secret-file".into(), file.display().to_string()]
+}
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
+
 fn cli(data: &Path, flags: &[String]) -> Command {
     let mut c = runcell(data);
     c.args(flags);
@@ -86,8 +95,10 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
         "the key is in PostgreSQL"
     );
 
+    let secret = cluster_secret(keys.path(), SECRET);
     let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    node_flags.extend(secret.iter().map(String::as_str));
     let node = |url: &'static str| {
         let mut f = node_flags.clone();
         f.extend(["--node-url", url]);
@@ -219,6 +230,17 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("keyed with key"), "{err}");
+    // Nor one without the cluster secret: it could neither forward nor be forwarded to.
+    let out = cli(&data_b, &flags)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cluster-secret-file FILE (or RUNCELL_CLUSTER_SECRET)"),
+        "{err}"
+    );
 }
 
 /// `runcell serve` on `port`, as node `http://127.0.0.1:PORT`.
@@ -272,8 +294,10 @@ fn three_nodes_route_session_requests_to_their_owner() {
         .last()
         .expect("key")
         .to_owned();
+    let secret = cluster_secret(keys.path(), SECRET);
     let mut node_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     node_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    node_flags.extend(secret.iter().map(String::as_str));
     let data_a = data_dir("runcell-pg-a-");
     let _unmount_a = UnmountOnDrop(data_a.to_path_buf());
     let mut a = node_on(&data_a, common::serve::free_port(), &node_flags);
@@ -345,6 +369,154 @@ fn three_nodes_route_session_requests_to_their_owner() {
         get(&b.base, &format!("/v1/sessions/{sid}"), &key)["status"],
         "ready"
     );
+
+    // The node credential. Through B, a client is authenticated by B: no key, no request.
+    let session_url = |base: &str| format!("{base}/v1/sessions/{sid}");
+    let r = c.get(session_url(&b.base)).send().expect("get");
+    assert_eq!(r.status(), 401, "no key through B");
+    // Another tenant's key through B: the owner serves B's word for that tenant, for whom
+    // the session does not exist.
+    let out = cli(&data_dir("runcell-pg-k2-"), &flags)
+        .args(["keys", "create", "--name", "other", "--tenant", "team-b"])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let other_key = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("key")
+        .to_owned();
+    let r = c
+        .get(session_url(&b.base))
+        .bearer_auth(&other_key)
+        .send()
+        .expect("get");
+    assert_eq!(r.status(), 404, "team-b through B");
+    // A client forging the forwarded headers at the owner, to act as the session's tenant
+    // with team-b's key (or none): refused whatever it signs, and the session's tenant
+    // never named.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let forged_signature = format!("t={now},s={}", "ab".repeat(32));
+    for (signature, key) in [
+        (Some(forged_signature.as_str()), Some(other_key.as_str())),
+        (Some(forged_signature.as_str()), None),
+        (None, Some(other_key.as_str())),
+    ] {
+        let mut r = c
+            .get(session_url(&a.base))
+            .header("x-runcell-forwarded-by", b.base.as_str())
+            .header("x-runcell-forwarded-tenant", "default");
+        if let Some(s) = signature {
+            r = r.header("x-runcell-node-signature", s);
+        }
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().expect("forged get");
+        assert_eq!(r.status(), 401, "forged: {signature:?} {key:?}");
+        let body: Value = r.json().expect("json");
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(
+            message.starts_with(
+                "a forwarded request (x-runcell-forwarded-by) must carry a valid node credential"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains(&sid), "{message}");
+    }
+    // A node with another cluster's secret forwards, and the owner refuses its word.
+    let stranger_dir = tempfile::tempdir().expect("tempdir");
+    let stranger_secret = cluster_secret(stranger_dir.path(), &"x".repeat(40));
+    let mut stranger_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    stranger_flags.extend(["--no-zygote", "--warm-sessions", "0"]);
+    stranger_flags.extend(stranger_secret.iter().map(String::as_str));
+    let stranger = node_on(
+        &data_dir("runcell-pg-d-"),
+        common::serve::free_port(),
+        &stranger_flags,
+    );
+    let r = c
+        .get(session_url(&stranger.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("get through the stranger");
+    assert_eq!(r.status(), 401, "another cluster's node");
+    let body: Value = r.json().expect("json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the signature is not this cluster's")),
+        "{body}"
+    );
+    drop(stranger);
+
+    // Listing reads the shared store: a session made on B and paused there, and A's, are
+    // listed alike through every node, with their status.
+    let on_b: Value = c
+        .post(format!("{}/v1/sessions", b.base))
+        .bearer_auth(&key)
+        .json(&json!({"metadata": {"node": "b"}}))
+        .send()
+        .and_then(|r| r.json())
+        .expect("session on B");
+    let sid_b = on_b["id"].as_str().expect("session id").to_owned();
+    let paused = c
+        .post(format!("{}/v1/sessions/{sid_b}/pause", c_node.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("pause through C");
+    assert!(paused.status().is_success(), "{}", paused.status());
+    let listing = |base: &str| -> Vec<(String, String, String)> {
+        let mut l: Vec<_> = get(base, "/v1/sessions", &key)["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_str().expect("id").to_owned(),
+                    s["status"].as_str().expect("status").to_owned(),
+                    s["metadata"].to_string(),
+                )
+            })
+            .collect();
+        l.sort();
+        l
+    };
+    let mut expected = vec![
+        (sid.clone(), "ready".to_owned(), json!({}).to_string()),
+        (
+            sid_b.clone(),
+            "paused".to_owned(),
+            json!({"node": "b"}).to_string(),
+        ),
+    ];
+    expected.sort();
+    for base in [&a.base, &b.base, &c_node.base] {
+        assert_eq!(listing(base), expected, "listed through {base}");
+        // And one session's GET agrees, wherever it is asked.
+        assert_eq!(
+            get(base, &format!("/v1/sessions/{sid_b}"), &key)["status"],
+            "paused",
+            "through {base}"
+        );
+    }
+    // Another tenant lists none of them, through any node.
+    for base in [&a.base, &b.base, &c_node.base] {
+        assert_eq!(
+            get(base, "/v1/sessions", &other_key)["sessions"],
+            json!([]),
+            "team-b through {base}"
+        );
+    }
+
     // What forwarding costs (printed, not asserted: the machine is shared): a session's GET
     // at its owner and through another node, p50 of 50 each.
     let p50 = |base: &str| {
@@ -379,6 +551,16 @@ fn three_nodes_route_session_requests_to_their_owner() {
         if r.status() == 200 {
             let s: Value = r.json().expect("json");
             if s["status"] == "dead" {
+                // Listed dead through the nodes left, B's paused session still paused.
+                for base in [&b.base, &c_node.base] {
+                    let mut after = expected.clone();
+                    after.iter_mut().for_each(|e| {
+                        if e.0 == sid {
+                            e.1 = "dead".to_owned();
+                        }
+                    });
+                    assert_eq!(listing(base), after, "after A died, through {base}");
+                }
                 break;
             }
         }

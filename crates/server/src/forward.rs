@@ -1,8 +1,12 @@
 //! Requests for a session another node holds, forwarded to that node. With several nodes on
 //! one PostgreSQL database (docs/scale.md) each session lives on the node that made it; any
 //! node takes a request for it (`/v1/sessions/{id}/...`) and, when the store names another
-//! live node as the owner, passes the request on as it is (the client's own key
-//! authenticates it there; keys are shared) and streams the answer back, over connections
+//! live node as the owner, authenticates the client itself, and passes the request on with
+//! the tenant it found and a node credential instead of the client's key: an HMAC-SHA256,
+//! under the secret every node of the cluster shares (`serve --cluster-secret-file`), of the
+//! forwarding node, the tenant, the method, the path and the time. The owner checks that
+//! credential and serves the asserted tenant; a client that sends those headers itself
+//! cannot sign them, and is refused with 401. It streams the answer back, over connections
 //! kept open between requests. Neither body is buffered: an upload or an NDJSON stream goes
 //! through as it comes (a client that goes away drops the answer, and so the connection to
 //! the owner, which then sees its client gone). A session whose owner is
@@ -18,12 +22,21 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
+use crate::cluster::{ClusterSecret, ForwardedTenant};
 use crate::error::{store_error, ApiError};
 use crate::state::AppState;
 
 /// Marks a request one node forwarded to another (its value: the forwarding node), so it is
 /// never forwarded again.
 const FORWARDED_BY: HeaderName = HeaderName::from_static("x-runcell-forwarded-by");
+/// The tenant the forwarding node authenticated the client as.
+const FORWARDED_TENANT: HeaderName = HeaderName::from_static("x-runcell-forwarded-tenant");
+/// The node credential: `t=UNIX_SECONDS,s=HEX_HMAC` (see [`ClusterSecret::sign`]).
+const NODE_SIGNATURE: HeaderName = HeaderName::from_static("x-runcell-node-signature");
+fn unix_now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
 /// How long the owner may take to accept a connection before the request fails.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -56,17 +69,33 @@ fn session_of(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-/// The middleware: forwards when the session is another live node's, else serves here.
-pub(crate) async fn to_owner(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// The middleware: a request another node forwarded is served here as its tenant once its
+/// node credential checks out; one for a session another live node holds is forwarded
+/// there; the rest is served here.
+pub(crate) async fn to_owner(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let h = req.headers();
+    if h.contains_key(&FORWARDED_BY)
+        || h.contains_key(&FORWARDED_TENANT)
+        || h.contains_key(&NODE_SIGNATURE)
+    {
+        return match forwarded_tenant(&state, &req) {
+            Ok(tenant) => {
+                req.extensions_mut().insert(ForwardedTenant(tenant));
+                next.run(req).await
+            }
+            Err(e) => e.into_response(),
+        };
+    }
     let Some(me) = state.store.node_id().map(str::to_owned) else {
         return next.run(req).await;
     };
     let Some(id) = session_of(req.uri().path()).map(str::to_owned) else {
         return next.run(req).await;
     };
-    if req.headers().contains_key(&FORWARDED_BY) {
-        return next.run(req).await;
-    }
     let store = state.store.clone();
     let owner = match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
         Ok(Ok(owner)) => owner,
@@ -74,15 +103,71 @@ pub(crate) async fn to_owner(State(state): State<AppState>, req: Request, next: 
         Err(e) => return ApiError::internal(e).into_response(),
     };
     match owner {
-        Some(o) if o.alive && o.node != me => forward(&o.node, &me, req)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Some(o) if o.alive && o.node != me => {
+            let Some(secret) = state.cluster_secret.clone() else {
+                return ApiError::unavailable(
+                    "this session is held by another node, and this node has no cluster \
+                     secret to forward with (serve --cluster-secret-file)",
+                )
+                .into_response();
+            };
+            // The client is authenticated here, as it would be at the owner: the owner
+            // takes this node's word for the tenant, never the client's.
+            let tenant = match crate::state::Principal::of_headers(req.headers(), &state).await {
+                Ok(p) => p.tenant.0,
+                Err(e) => return e.into_response(),
+            };
+            forward(&o.node, &me, &tenant, &secret, req)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
         _ => next.run(req).await,
     }
 }
 
+/// The tenant a forwarded request asserts, if its node credential is this cluster's.
+fn forwarded_tenant(state: &AppState, req: &Request) -> Result<String, ApiError> {
+    let refused = |why: &str| {
+        ApiError::unauthorized(format!(
+            "a forwarded request (x-runcell-forwarded-by) must carry a valid node credential: {why}"
+        ))
+    };
+    let Some(secret) = state.cluster_secret.as_deref() else {
+        return Err(refused("this node has no cluster secret"));
+    };
+    let header = |name: &HeaderName| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| refused(&format!("{name} is missing")))
+    };
+    let node = header(&FORWARDED_BY)?;
+    let tenant = header(&FORWARDED_TENANT)?;
+    let signature = header(&NODE_SIGNATURE)?;
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    if !secret.verify(
+        signature,
+        node,
+        tenant,
+        req.method().as_str(),
+        path,
+        unix_now(),
+    ) {
+        return Err(refused(
+            "the signature is not this cluster's, or too old (nodes' clocks must agree within 30 s)",
+        ));
+    }
+    Ok(tenant.to_owned())
+}
+
 /// Sends `req` to the node at `node` (`http://host:port`) and streams its answer back.
-async fn forward(node: &str, me: &str, req: Request) -> Result<Response, ApiError> {
+async fn forward(
+    node: &str,
+    me: &str,
+    tenant: &str,
+    secret: &ClusterSecret,
+    req: Request,
+) -> Result<Response, ApiError> {
     let unreachable = |why: &str| {
         ApiError::unavailable(format!(
             "the node holding this session ({node}) cannot be reached: {why}"
@@ -111,13 +196,23 @@ async fn forward(node: &str, me: &str, req: Request) -> Result<Response, ApiErro
         header::UPGRADE,
         header::PROXY_AUTHORIZATION,
         HeaderName::from_static("keep-alive"),
+        // The client's key stays here: the node credential stands for it.
+        header::AUTHORIZATION,
     ] {
         parts.headers.remove(hop);
     }
-    parts.headers.insert(
-        FORWARDED_BY,
-        HeaderValue::from_str(me).map_err(ApiError::internal)?,
-    );
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let signature = secret.sign(me, tenant, parts.method.as_str(), path, unix_now());
+    for (name, value) in [
+        (FORWARDED_BY, me),
+        (FORWARDED_TENANT, tenant),
+        (NODE_SIGNATURE, signature.as_str()),
+    ] {
+        parts.headers.insert(
+            name,
+            HeaderValue::from_str(value).map_err(ApiError::internal)?,
+        );
+    }
     parts.uri = Uri::builder()
         .scheme("http")
         .authority(authority.clone())

@@ -8,6 +8,7 @@ pub mod batch;
 mod batches;
 mod caller;
 mod chat;
+mod cluster;
 mod connections;
 mod e2b;
 mod error;
@@ -45,6 +46,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub use cluster::{ClusterSecret, MIN_CLUSTER_SECRET_BYTES};
 pub use connections::{Capacity, ServeOptions, FDS_PER_SESSION, RESERVED_FDS};
 pub use error::{ApiError, ErrorCode};
 pub use hosts::{AllowedHost, HostPolicy};
@@ -294,5 +296,6 @@ pub fn state(engine: runcell_engine::Engine, store: Store, listen: SocketAddr) -
         e2b: Arc::default(),
         mcp_servers: Arc::default(),
         tool_calls: Arc::default(),
+        cluster_secret: None,
     }
 }

@@ -226,15 +226,64 @@ pub async fn list_sessions(
         }
     }
     let engine = state.engine.clone();
+    let store = state.store.clone();
     let owner = tenant.0.clone();
-    let all = tokio::task::spawn_blocking(move || engine.sessions().list_owned(&owner))
-        .await
-        .map_err(ApiError::internal)?;
+    let all = tokio::task::spawn_blocking(move || {
+        let mut all = engine.sessions().list_owned(&owner);
+        if store.node_id().is_some() {
+            // Several nodes on one database: the other nodes' sessions are read from it, so
+            // every node lists the same sessions.
+            let here: std::collections::HashSet<String> =
+                all.iter().map(|s| s.id.clone()).collect();
+            let records = store
+                .list_sessions(&owner)
+                .map_err(crate::error::store_error)?;
+            all.extend(
+                records
+                    .iter()
+                    .filter(|r| !here.contains(&r.id))
+                    .filter_map(elsewhere),
+            );
+            all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        }
+        Ok::<_, ApiError>(all)
+    })
+    .await
+    .map_err(ApiError::internal)??;
     let sessions = all
         .into_iter()
         .filter(|s| filters.iter().all(|(k, v)| s.metadata.get(k) == Some(v)))
         .collect();
     Ok(Json(SessionList { sessions }))
+}
+
+/// What the shared store says of a session another node holds: its status there (`dead` once
+/// that node stopped beating), its settings; its network policy is the owner's alone (a
+/// session's own GET, forwarded to it, has it).
+fn elsewhere(rec: &runcell_store::SessionRecord) -> Option<SessionInfo> {
+    use runcell_engine::SessionStatus as S;
+    let status = match rec.status.as_str() {
+        "starting" => S::Starting,
+        "ready" => S::Ready,
+        "busy" => S::Busy,
+        "paused" => S::Paused,
+        "dead" => S::Dead,
+        // Gone (expired, deleted): not listed, as on its own node.
+        _ => return None,
+    };
+    Some(SessionInfo {
+        id: rec.id.clone(),
+        language: rec.language.parse().ok()?,
+        status,
+        created_at: rec.created_at,
+        last_active_at: rec.last_active_at,
+        expires_at: rec.expires_at,
+        limits: serde_json::from_str(&rec.limits_json).ok()?,
+        start: rec.start.parse().unwrap_or_default(),
+        network: Default::default(),
+        metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
+        owner: rec.tenant.clone(),
+    })
 }
 
 /// `a=1&b=x%20y` -> pairs, percent- and plus-decoded.

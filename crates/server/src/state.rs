@@ -55,6 +55,8 @@ pub struct AppState {
     pub mcp_servers: Arc<crate::mcp_servers::McpServers>,
     /// Client tool calls waiting for answers, and plain executions suspended on them.
     pub(crate) tool_calls: Arc<crate::tool_calls::ToolCalls>,
+    /// Signs and checks the requests nodes forward to each other; none on a single node.
+    pub cluster_secret: Option<Arc<crate::cluster::ClusterSecret>>,
 }
 
 impl AppState {
@@ -86,6 +88,12 @@ impl AppState {
     /// --metrics-listen`): this one answers it with 404.
     pub fn without_metrics(mut self) -> Self {
         self.metrics_elsewhere = true;
+        self
+    }
+
+    /// Forwards to, and takes forwarded requests from, the other nodes holding `secret`.
+    pub fn with_cluster_secret(mut self, secret: crate::cluster::ClusterSecret) -> Self {
+        self.cluster_secret = Some(Arc::new(secret));
         self
     }
 
@@ -209,7 +217,25 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = Credential::of(parts.headers.get(axum::http::header::AUTHORIZATION));
+        // Another node authenticated the client and signed for its tenant (crate::forward);
+        // the key stayed there.
+        if let Some(t) = parts.extensions.get::<crate::cluster::ForwardedTenant>() {
+            return Ok(Principal {
+                tenant: Tenant(t.0.clone()),
+                key: None,
+            });
+        }
+        Self::of_headers(&parts.headers, state).await
+    }
+}
+
+impl Principal {
+    /// Who the request's own `Authorization` names.
+    pub(crate) async fn of_headers(
+        headers: &axum::http::HeaderMap,
+        state: &AppState,
+    ) -> Result<Self, ApiError> {
+        let key = Credential::of(headers.get(axum::http::header::AUTHORIZATION));
         resolve(state, key).await?.map_err(ApiError::unauthorized)
     }
 }
