@@ -93,7 +93,7 @@ impl ClusterSecret {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn signatures() {
-        let s = ClusterSecret::new(&[b'k'; 32]).unwrap();
+        let s = ClusterSecret::new(&[b'k'; 32]).expect("secret");
         let sig = s.sign("http://a:1", "t1", "GET", "/v1/sessions/x", 1000);
         assert!(s.verify(&sig, "http://a:1", "t1", "GET", "/v1/sessions/x", 1010));
         // Any other tenant, path, method, node, or a stale time: refused.
@@ -123,7 +123,7 @@ mod tests {
         assert!(!s.verify(&sig, "http://b:1", "t1", "GET", "/v1/sessions/x", 1010));
         assert!(!s.verify(&sig, "http://a:1", "t1", "GET", "/v1/sessions/x", 1031));
         // Another cluster's secret, and malformed values.
-        let other = ClusterSecret::new(&[b'o'; 32]).unwrap();
+        let other = ClusterSecret::new(&[b'o'; 32]).expect("secret");
         assert!(!other.verify(&sig, "http://a:1", "t1", "GET", "/v1/sessions/x", 1010));
         for bad in ["", "t=1000", "t=x,s=00", "t=1000,s=zz", "t=1000,s=0"] {
             assert!(!s.verify(bad, "http://a:1", "t1", "GET", "/v1/sessions/x", 1000));
