@@ -105,6 +105,19 @@ fn exec_tools(
     let Some(specs) = req.tools.take().filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
+    // Two declarations of one name conflict with each other (409, as a path the workspace's
+    // state refuses): a schema can say "no two items alike" but not "no two names alike", so
+    // this is not a malformed request in the document's terms.
+    let mut names = std::collections::HashSet::new();
+    if let Some(twice) = specs.iter().find(|s| !names.insert(s.name.as_str())) {
+        return Err(ApiError::new(
+            crate::error::ErrorCode::Conflict,
+            format!(
+                "tool {:?} is declared twice (tool names must differ)",
+                twice.name
+            ),
+        ));
+    }
     ToolSpec::check_all(&specs).map_err(ApiError::invalid)?;
     let run = crate::tool_calls::Run::new(
         state.tool_calls.clone(),

@@ -522,7 +522,6 @@ print("\n".join(out))
     // Declarations that are not tools are refused before anything runs.
     for (tools, why) in [
         (json!([{"name": "a b"}]), "is not a Python identifier"),
-        (json!([{"name": "x"}, {"name": "x"}]), "is declared twice"),
         (
             json!([{"name": "x", "input_schema": 3}]),
             "input_schema must be a JSON object",
@@ -543,6 +542,22 @@ print("\n".join(out))
             "{v}"
         );
     }
+    // Two tools of one name conflict (409: the document cannot say "names differ").
+    let (s, v) = c
+        .post(
+            &format!("/v1/sessions/{id}/execute"),
+            json!({"code": "1", "tools": [{"name": "x"}, {"name": "x", "description": "again"}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"]["code"], "conflict", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("is declared twice"),
+        "{v}"
+    );
     let (s, v) = c
         .post(
             &format!("/v1/sessions/{id}/execute"),
