@@ -69,6 +69,11 @@ pub struct KeyInfo {
     /// does not say (`None`: they do not). `Always` is a floor: a request cannot lower it.
     #[serde(default)]
     pub approval: Option<ApprovalMode>,
+    /// The key's own egress bound: the domain patterns any network a request made with this
+    /// key asks for must stay within, on top of the server's `--egress-allow` (a key only
+    /// narrows it). `None`: the server's bound alone; empty: no network at all.
+    #[serde(default)]
+    pub egress_allow: Option<Vec<String>>,
 }
 
 /// Whether an agent endpoint's cells wait for a person's decision before they run
@@ -417,6 +422,11 @@ pub trait Backend: DomainStore {
     /// Sets the approval default of the key with id `id` (`None`: cells do not wait unless a
     /// request asks); the key as it now is, or `None` when there is no such key.
     fn set_key_approval(&self, id: &str, mode: Option<ApprovalMode>) -> Result<Option<KeyInfo>>;
+    /// Sets the egress bound of the key with id `id` (`None`: the server's bound alone; an
+    /// empty list: no network). The patterns are stored as given (the caller checks their
+    /// form; the store only bounds their number and size); the key as it now is, or `None`
+    /// when there is no such key.
+    fn set_key_egress(&self, id: &str, bound: Option<&[String]>) -> Result<Option<KeyInfo>>;
 
     // ---- tenants' quotas and default start ----
 

@@ -25,6 +25,28 @@ pub(crate) fn name(what: &str, s: &str) -> Result<()> {
     Ok(())
 }
 
+/// At most this many patterns in a key's egress bound (as in a session's allowlist).
+pub(crate) const MAX_EGRESS_PATTERNS: usize = 256;
+
+/// A key's egress bound: at most 256 patterns of 1 to 255 printable ASCII characters each
+/// (the form of a domain pattern is the egress crate's to check, before the store sees it).
+pub(crate) fn egress_bound(bound: &[String]) -> Result<()> {
+    if bound.len() > MAX_EGRESS_PATTERNS {
+        return Err(StoreError::Invalid(format!(
+            "a key's egress bound holds at most {MAX_EGRESS_PATTERNS} patterns (got {})",
+            bound.len()
+        )));
+    }
+    for p in bound {
+        if p.is_empty() || p.len() > 255 || !p.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(StoreError::Invalid(format!(
+                "egress pattern {p:?}: 1 to 255 printable ASCII characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Record ids (sessions, executions): 1..=128 chars of `[A-Za-z0-9_.-]`.
 pub(crate) fn id(what: &str, s: &str) -> Result<()> {
     if s.is_empty() || s.len() > 128 || !s.chars().all(allowed) {

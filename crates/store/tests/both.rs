@@ -11,6 +11,7 @@ both!(
     keys_lifecycle,
     key_names_are_validated,
     keys_carry_an_approval_default,
+    keys_carry_an_egress_bound,
     sessions_crud,
     uploads_metadata,
     session_extras_live_and_die_with_their_session,
@@ -178,6 +179,76 @@ fn keys_carry_an_approval_default(db: &TestDb) {
         .try_sql("UPDATE api_keys SET approval = 'sometimes'")
         .expect_err("refused by the column's CHECK");
     assert!(e.to_lowercase().contains("check"), "{e}");
+}
+
+fn keys_carry_an_egress_bound(db: &TestDb) {
+    let s = db.open();
+    let (info, key) = s.create_key("agent", "acme").expect("create");
+    let (other, _) = s.create_key("other", "acme").expect("create");
+    assert_eq!(info.egress_allow, None, "the server's bound unless set");
+    let bound = vec!["pypi.org".to_owned(), "*.example.com".to_owned()];
+    let set = s
+        .set_key_egress(&info.id, Some(&bound))
+        .expect("set")
+        .expect("the key exists");
+    assert_eq!(set.egress_allow.as_deref(), Some(bound.as_slice()));
+    assert_eq!(set.approval, None, "the approval default untouched");
+    // What authentication hands the server, in the order given, and what survives a reopen;
+    // the other key is untouched.
+    drop(s);
+    let s = db.open();
+    let got = s.authenticate(&key).expect("auth").expect("known key");
+    assert_eq!(got.egress_allow, Some(bound.clone()));
+    assert_eq!(s.find_key("agent").expect("find"), Some(got));
+    let listed = s.list_keys().expect("list");
+    let other_now = listed.iter().find(|k| k.id == other.id).expect("listed");
+    assert_eq!(other_now.egress_allow, None);
+    // An empty bound (no network at all) is not the same as none (the server's).
+    let nothing = s
+        .set_key_egress(&info.id, Some(&[]))
+        .expect("set")
+        .expect("exists");
+    assert_eq!(nothing.egress_allow, Some(Vec::new()));
+    let cleared = s
+        .set_key_egress(&info.id, None)
+        .expect("clear")
+        .expect("exists");
+    assert_eq!(cleared.egress_allow, None);
+    assert_eq!(
+        s.find_key(&info.id)
+            .expect("find")
+            .expect("exists")
+            .egress_allow,
+        None
+    );
+    // No such key: nothing set, and said so.
+    assert_eq!(
+        s.set_key_egress("key_nope", Some(&bound))
+            .expect("no error"),
+        None
+    );
+    // Over the store's bounds: refused, nothing changed (a control first: 256 patterns pass).
+    let many: Vec<String> = (0..256).map(|i| format!("h{i}.example.com")).collect();
+    assert_eq!(
+        s.set_key_egress(&info.id, Some(&many))
+            .expect("256 patterns")
+            .expect("exists")
+            .egress_allow
+            .map(|b| b.len()),
+        Some(256)
+    );
+    let too_many: Vec<String> = (0..257).map(|i| format!("h{i}.example.com")).collect();
+    for bad in [too_many, vec![String::new()], vec!["a b.com".to_owned()]] {
+        let e = s.set_key_egress(&info.id, Some(&bad)).expect_err("refused");
+        assert!(matches!(e, StoreError::Invalid(_)), "{e}");
+    }
+    assert_eq!(
+        s.find_key(&info.id)
+            .expect("find")
+            .expect("exists")
+            .egress_allow,
+        Some(many)
+    );
 }
 
 fn sessions_crud(db: &TestDb) {

@@ -389,6 +389,18 @@ impl Backend for PgStore {
         r
     }
 
+    fn set_key_egress(&self, id: &str, bound: Option<&[String]>) -> Result<Option<KeyInfo>> {
+        if let Some(b) = bound {
+            validate::egress_bound(b)?;
+        }
+        let (id, bound) = (own(id), bound.map(<[String]>::to_vec));
+        let r = self.pg.run(|pool| async move {
+            records::set_key_egress(&mut *pool.get().await?, &id, bound).await
+        });
+        self.keys_generation.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+
     fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
         self.pg
             .run(|pool| async move { records::list_tenants(&mut *pool.get().await?).await })

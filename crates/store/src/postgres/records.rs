@@ -23,7 +23,7 @@ fn unsigned(v: i64, what: &str) -> Result<u64> {
 // ---- API keys ----
 
 /// Also spelled out in `authenticate`'s prepared statement.
-const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval";
+const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval, egress_allow";
 
 fn key_from(r: &Row) -> Result<KeyInfo> {
     Ok(KeyInfo {
@@ -37,6 +37,7 @@ fn key_from(r: &Row) -> Result<KeyInfo> {
         },
         prefix: r.try_get(5)?,
         approval: crate::ApprovalMode::from_column(r.try_get(6)?)?,
+        egress_allow: r.try_get(7)?,
     })
 }
 
@@ -57,6 +58,7 @@ pub(super) async fn create_key(
         revoked_at: None,
         prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
         approval: None,
+        egress_allow: None,
     };
     let (client, mut st) = c.split();
     let insert = st
@@ -137,7 +139,7 @@ pub(super) async fn authenticate(c: &mut PgConn, key: &str) -> Result<Option<Key
     let q = st
         .get(
             client,
-            "SELECT id, name, tenant, created_at, revoked_at, prefix, approval FROM api_keys
+            "SELECT id, name, tenant, created_at, revoked_at, prefix, approval, egress_allow FROM api_keys
              WHERE key_hash = $1 AND revoked_at IS NULL",
         )
         .await?;
@@ -188,6 +190,18 @@ pub(super) async fn set_key_approval(
     let sql = format!("UPDATE api_keys SET approval = $2 WHERE id = $1 RETURNING {KEY_COLS}");
     let word = mode.map(crate::ApprovalMode::as_str);
     match c.client.query_opt(&sql, &[&id, &word]).await? {
+        Some(r) => key_from(&r).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub(super) async fn set_key_egress(
+    c: &mut PgConn,
+    id: &str,
+    bound: Option<Vec<String>>,
+) -> Result<Option<KeyInfo>> {
+    let sql = format!("UPDATE api_keys SET egress_allow = $2 WHERE id = $1 RETURNING {KEY_COLS}");
+    match c.client.query_opt(&sql, &[&id, &bound]).await? {
         Some(r) => key_from(&r).map(Some),
         None => Ok(None),
     }

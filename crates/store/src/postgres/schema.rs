@@ -25,6 +25,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../migrations/postgres/0004_key_approval.sql"),
     ),
+    (
+        5,
+        include_str!("../../migrations/postgres/0005_key_egress.sql"),
+    ),
 ];
 
 /// `pg_advisory_xact_lock` keys: "runcell" in ASCII, then 1 for migrating, 2 for keying.

@@ -19,7 +19,7 @@ impl Drop for BumpOnDrop<'_> {
     }
 }
 
-const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval";
+const KEY_COLS: &str = "id, name, tenant, created_at, revoked_at, prefix, approval, egress_allow";
 
 fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
     Ok(KeyInfo {
@@ -33,6 +33,13 @@ fn key_from(r: &Row<'_>) -> Result<KeyInfo> {
         },
         prefix: r.get(5)?,
         approval: crate::ApprovalMode::from_column(r.get(6)?)?,
+        egress_allow: match r.get::<_, Option<String>>(7)? {
+            Some(json) => Some(
+                serde_json::from_str(&json)
+                    .map_err(|e| StoreError::Corrupt(format!("key egress_allow {json:?}: {e}")))?,
+            ),
+            None => None,
+        },
     })
 }
 
@@ -58,6 +65,7 @@ pub(super) fn create_key(
         revoked_at: None,
         prefix: key.chars().take(KEY_PREFIX_LEN).collect(),
         approval: None,
+        egress_allow: None,
     };
     store.write().execute(
         "INSERT INTO api_keys (id, name, tenant, key_hash, prefix, created_at)
@@ -142,6 +150,34 @@ pub(super) fn set_key_approval(
     let changed = store.write().execute(
         "UPDATE api_keys SET approval = ?2 WHERE id = ?1",
         params![id, mode.map(crate::ApprovalMode::as_str)],
+    )?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    first(
+        &store.read(),
+        &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
+        [id],
+        key_from,
+    )
+}
+
+pub(super) fn set_key_egress(
+    store: &SqliteStore,
+    id: &str,
+    bound: Option<&[String]>,
+) -> Result<Option<KeyInfo>> {
+    if let Some(b) = bound {
+        validate::egress_bound(b)?;
+    }
+    let _bump = BumpOnDrop(&store.keys_generation);
+    let json = bound
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let changed = store.write().execute(
+        "UPDATE api_keys SET egress_allow = ?2 WHERE id = ?1",
+        params![id, json],
     )?;
     if changed == 0 {
         return Ok(None);

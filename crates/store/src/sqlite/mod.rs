@@ -165,6 +165,10 @@ impl Backend for SqliteStore {
         api_keys::set_key_approval(self, id, mode)
     }
 
+    fn set_key_egress(&self, id: &str, bound: Option<&[String]>) -> Result<Option<KeyInfo>> {
+        api_keys::set_key_egress(self, id, bound)
+    }
+
     fn list_tenants(&self) -> Result<Vec<TenantSettings>> {
         tenants::list_tenants(self)
     }

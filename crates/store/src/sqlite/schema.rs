@@ -18,6 +18,7 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/0003_limits.sql")),
     (4, include_str!("../../migrations/0004_session_extras.sql")),
     (5, include_str!("../../migrations/0005_key_approval.sql")),
+    (6, include_str!("../../migrations/0006_key_egress.sql")),
 ];
 
 pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
