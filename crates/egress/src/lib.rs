@@ -22,6 +22,8 @@ mod tls;
 pub use addr::{Cidr, CidrError};
 pub use ca::{Authority, CaError};
 pub use intercept::{Interception, TrustError};
-pub use policy::{DomainPattern, DomainSecret, PatternError, Policy, PolicyBounds, PolicyError};
+pub use policy::{
+    parse_all, DomainPattern, DomainSecret, PatternError, Policy, PolicyBounds, PolicyError,
+};
 pub use proxy::{ConnectionRecord, Egress, Serving, SessionEgress, MAX_RECORDS};
 pub use state::EgressLimits;

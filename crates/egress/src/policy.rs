@@ -205,6 +205,28 @@ pub struct PolicyBounds {
 }
 
 impl PolicyBounds {
+    /// The bound `patterns` spell (a server's `--egress-allow`, or an API key's own), each
+    /// checked for its form, duplicates dropped, in the order given.
+    pub fn parse(patterns: &[String]) -> Result<PolicyBounds, PatternError> {
+        Ok(PolicyBounds {
+            domains: parse_all(patterns)?,
+        })
+    }
+
+    /// The first of `requested` no single pattern of this bound covers ([`DomainPattern::covers`]).
+    ///
+    /// Covering one pattern at a time is the same as covering with the bound's union: a name
+    /// pattern is covered by a union exactly when one member matches the name, and a
+    /// `*.suffix` pattern, which allows names at any depth below `suffix`, is covered only by
+    /// `*`, `*.suffix` itself or `*.` of a parent of `suffix` (finitely many names and other
+    /// subtrees never exhaust it). So two bounds checked one after the other (a server's, then
+    /// a key's) admit exactly what their intersection admits.
+    pub fn first_uncovered<'a>(&self, requested: &'a [DomainPattern]) -> Option<&'a DomainPattern> {
+        requested
+            .iter()
+            .find(|p| !self.domains.iter().any(|b| b.covers(p)))
+    }
+
     /// Validates a session's request: every pattern well-formed and covered by a bound, every
     /// secret for an allowed exact name, with a header name and value that are valid HTTP.
     pub fn check(
@@ -215,19 +237,9 @@ impl PolicyBounds {
         if allowed.len() > MAX_PATTERNS || secrets.len() > MAX_PATTERNS {
             return Err(PolicyError::TooMany);
         }
-        let mut patterns = Vec::with_capacity(allowed.len());
-        for text in allowed {
-            let p = DomainPattern::parse(text)?;
-            if !patterns.contains(&p) {
-                patterns.push(p);
-            }
-        }
-        // Every pattern is checked for its form before any against the bound: a malformed one
-        // is the caller's mistake (400) whatever the server allows.
-        for p in &patterns {
-            if !self.domains.iter().any(|b| b.covers(p)) {
-                return Err(PolicyError::BeyondBound(p.to_string()));
-            }
+        let patterns = parse_all(allowed)?;
+        if let Some(p) = self.first_uncovered(&patterns) {
+            return Err(PolicyError::BeyondBound(p.to_string()));
         }
         let mut checked = Vec::with_capacity(secrets.len());
         for s in secrets {
@@ -272,6 +284,20 @@ impl PolicyBounds {
             secrets: checked,
         })
     }
+}
+
+/// Every pattern of `texts` parsed, duplicates dropped. Every pattern is checked for its form
+/// before any is checked against a bound: a malformed one is the caller's mistake (400) whatever
+/// a bound allows.
+pub fn parse_all(texts: &[String]) -> Result<Vec<DomainPattern>, PatternError> {
+    let mut patterns = Vec::with_capacity(texts.len());
+    for text in texts {
+        let p = DomainPattern::parse(text)?;
+        if !patterns.contains(&p) {
+            patterns.push(p);
+        }
+    }
+    Ok(patterns)
 }
 
 impl Policy {
@@ -366,6 +392,79 @@ mod tests {
         }
         .check(&["*".into()], &[])
         .is_ok());
+    }
+
+    /// Containment, as a key's bound inside the server's and a request inside both use it.
+    #[test]
+    fn containment_of_patterns_is_exact() {
+        let covers = |outer: &str, inner: &str| p(outer).covers(&p(inner));
+        // `*.example.com` is every name below example.com, at any depth, not example.com.
+        assert!(covers("*.example.com", "*.example.com"));
+        assert!(covers("*.example.com", "*.api.example.com"));
+        assert!(covers("*.example.com", "a.example.com"));
+        assert!(covers("*.example.com", "a.b.example.com"));
+        assert!(!covers("*.example.com", "example.com"));
+        assert!(!covers("*.example.com", "*.badexample.com"));
+        // `example.com` is that one name: it covers neither its subdomains nor a wildcard.
+        assert!(covers("example.com", "example.com"));
+        assert!(!covers("example.com", "*.example.com"));
+        assert!(!covers("example.com", "a.example.com"));
+        // A narrower wildcard never covers a wider one, `*` only by `*`.
+        assert!(!covers("*.api.example.com", "*.example.com"));
+        assert!(covers("*", "*"));
+        assert!(covers("*", "*.example.com"));
+        assert!(!covers("*.example.com", "*"));
+        // IP literals are exact names: only themselves (or `*`).
+        assert!(covers("127.0.0.1", "127.0.0.1"));
+        assert!(!covers("127.0.0.1", "127.0.0.2"));
+        assert!(covers("*", "::1"));
+    }
+
+    /// A request passes a server's bound and then a key's exactly when each of its patterns
+    /// lies in both: the intersection, whichever is wider where.
+    #[test]
+    fn two_bounds_admit_their_intersection() {
+        let bound = |ps: &[&str]| {
+            PolicyBounds::parse(&ps.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("bound")
+        };
+        let server = bound(&["*.example.com", "pypi.org", "files.pythonhosted.org"]);
+        let key = bound(&[
+            "*.api.example.com",
+            "www.example.com",
+            "pypi.org",
+            "other.org",
+        ]);
+        let admitted = |r: &str| {
+            let req = [p(r)];
+            server.first_uncovered(&req).is_none() && key.first_uncovered(&req).is_none()
+        };
+        for inside in [
+            "pypi.org",
+            "www.example.com",
+            "x.api.example.com",
+            "*.api.example.com",
+        ] {
+            assert!(admitted(inside), "{inside}");
+        }
+        for outside in [
+            "files.pythonhosted.org", // the server's, not the key's
+            "other.org",              // the key's, not the server's
+            "*.example.com",          // wider than the key's
+            "api.example.com",        // *.api.example.com is below it, not it
+            "mail.example.com",
+        ] {
+            assert!(!admitted(outside), "{outside}");
+        }
+        let req = [p("pypi.org"), p("other.org"), p("mail.example.com")];
+        assert_eq!(key.first_uncovered(&req), Some(&p("mail.example.com")));
+        assert_eq!(server.first_uncovered(&req), Some(&p("other.org")));
+        assert_eq!(bound(&[]).first_uncovered(&req), Some(&p("pypi.org")));
+        assert!(PolicyBounds::parse(&["a..b".to_owned()]).is_err());
+        assert_eq!(
+            bound(&["PyPI.org", "pypi.org."]).domains,
+            vec![p("pypi.org")]
+        );
     }
 
     #[test]

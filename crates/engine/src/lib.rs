@@ -65,8 +65,8 @@ pub use model::{
     KilledBy, Language, ResultItem, Start, Truncated, UsageInfo,
 };
 pub use network::{
-    DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy, BUNDLE_FILE, CA_FILE,
-    EGRESS_PORT, PACKAGES_DIR, TRUST_DIR,
+    DomainSecretSpec, KeyEgressBound, NetworkConfig, NetworkConnection, NetworkPolicy, BUNDLE_FILE,
+    CA_FILE, EGRESS_PORT, PACKAGES_DIR, TRUST_DIR,
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome, MAX_ARGS, MAX_ARG_CHARS};
 pub use provenance::producer;

@@ -10,7 +10,9 @@ use runcell_egress::{
 
 use crate::error::{EngineError, Invalid, Limit};
 
+mod key_bound;
 pub(crate) mod policy;
+pub use key_bound::KeyEgressBound;
 pub use policy::{DomainSecretSpec, NetworkConfig, NetworkConnection, NetworkPolicy};
 
 /// The loopback port of every sandbox's egress socket (each sandbox has a loopback of its own).
