@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use crate::error::{ApiError, ApiResult, ErrorBody, ErrorDetail};
 use crate::extract::ApiJson;
 use crate::oneshot::{ExecuteOnceReply, ExecuteOnceRequest};
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -60,9 +60,10 @@ pub enum BatchLine {
         (status = 413, body = ErrorBody, description = "`payload_too_large`: a run's code over 1 MiB or a file over the file size limit. Nothing ran")))]
 pub async fn batch(
     State(state): State<AppState>,
-    tenant: Tenant,
+    principal: Principal,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> ApiResult<Response> {
+    let (tenant, key) = (principal.tenant, principal.key);
     let concurrency = match req.concurrency {
         None => crate::batches::cpus().min(MAX_BATCH_CONCURRENCY),
         Some(n) if (1..=MAX_BATCH_CONCURRENCY as u64).contains(&n) => n as usize,
@@ -75,7 +76,7 @@ pub async fn batch(
     let mut runs = Vec::with_capacity(req.runs.len());
     for (i, r) in req.runs.into_iter().enumerate() {
         runs.push(
-            crate::oneshot::batch_run(&state.engine, &tenant.0, r)
+            crate::oneshot::batch_run(&state.engine, &tenant.0, key.as_ref(), r)
                 .map_err(|e| e.with_prefix(&format!("runs[{i}]: ")))?,
         );
     }
@@ -126,7 +127,7 @@ pub fn line(index: usize, result: Result<Judged, EngineError>) -> Vec<u8> {
 pub fn parse_run(engine: &Engine, owner: &str, json: &str) -> Result<BatchRun, String> {
     let req: ExecuteOnceRequest = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let refusal = |e: ApiError| e.parts().1.error.message;
-    crate::oneshot::batch_run(engine, owner, req).map_err(refusal)
+    crate::oneshot::batch_run(engine, owner, None, req).map_err(refusal)
 }
 
 /// What [`Engine::check_batch`] says of a batch, in the API's words.

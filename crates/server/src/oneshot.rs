@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::ApiJson;
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -102,6 +102,7 @@ impl From<Judged> for ExecuteOnceReply {
 pub(crate) fn batch_run(
     engine: &runcell_engine::Engine,
     owner: &str,
+    key: Option<&crate::caller::KeyRef>,
     req: ExecuteOnceRequest,
 ) -> ApiResult<BatchRun> {
     let language = req.language.unwrap_or(Language::Python);
@@ -117,6 +118,7 @@ pub(crate) fn batch_run(
         .unwrap_or_else(|| engine.config().limits.one_shot_timeout());
     one.limits = req.limits.unwrap_or_default();
     one.network = req.network.unwrap_or_default();
+    crate::caller::within_key(key, &one.network)?;
     one.stdin = req.stdin.unwrap_or_default().into_bytes();
     one.args = req
         .args
@@ -179,10 +181,15 @@ pub struct InputFileBody {
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sandboxes as its descriptors allow; see `Retry-After`")))]
 pub async fn execute_once(
     State(state): State<AppState>,
-    tenant: Tenant,
+    principal: Principal,
     ApiJson(req): ApiJson<ExecuteOnceRequest>,
 ) -> ApiResult<Json<ExecuteOnceReply>> {
-    let run = batch_run(&state.engine, &tenant.0, req)?;
+    let run = batch_run(
+        &state.engine,
+        &principal.tenant.0,
+        principal.key.as_ref(),
+        req,
+    )?;
     state.batches.check_tests(run.tests.len())?;
     state.engine.check_tests(&run.tests, &run.check)?;
     // A one-shot sandbox holds as many descriptors as a session: it takes a place under the

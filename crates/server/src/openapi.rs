@@ -407,7 +407,7 @@ pub(crate) fn document_network(api: &mut OpenApi, bound: &[String]) {
     });
     let schema = serde_json::json!({
         "description": format!(
-            "No network (`disabled`, the default) or HTTP(S) through runcell's proxy to the allowed domains only. This server allows: {}.",
+            "No network (`disabled`, the default) or HTTP(S) through runcell's proxy to the allowed domains only, within the server's bound and the API key's own when it has one (`runcell keys create|update --egress-allow` narrows, never widens: beyond it, 400 `limit_exceeded` naming the key). This server allows: {}.",
             if bound.is_empty() { "no domain (serve --egress-allow)".to_owned() } else { bound.join(", ") }
         ),
         "oneOf": [

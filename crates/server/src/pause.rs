@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use crate::error::{ApiResult, ErrorBody};
 use crate::extract::Path;
 use crate::sessions::{blocking, owned};
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal, Tenant};
 
 /// A Session, and what came back of its variables.
 #[derive(Debug, Serialize, ToSchema)]
@@ -65,10 +65,12 @@ pub async fn resume_session(
         (status = 507, body = ErrorBody, description = "`insufficient_storage`: no room for the snapshot")))]
 pub async fn fork_session(
     State(state): State<AppState>,
-    tenant: Tenant,
+    principal: Principal,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<RestoredSession>)> {
-    owned(&state, &tenant, &id).await?;
+    let source = owned(&state, &principal.tenant, &id).await?;
+    // The fork gets the source's network: a new session asking for that policy, with this key.
+    crate::caller::within_key(principal.key.as_ref(), &source.network)?;
     let engine = state.engine.clone();
     let (session, restored) = blocking(move || engine.sessions().fork(&id)).await?;
     Ok((

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::extract::{ApiJson, Path};
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal, Tenant};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -199,9 +199,12 @@ pub(crate) async fn blocking<T: Send + 'static>(
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sessions as its descriptors allow; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,
-    tenant: Tenant,
+    principal: Principal,
     ApiJson(req): ApiJson<CreateSessionRequest>,
 ) -> ApiResult<(StatusCode, Json<SessionInfo>)> {
+    let network = req.network.unwrap_or_default();
+    crate::caller::within_key(principal.key.as_ref(), &network)?;
+    let tenant = principal.tenant;
     let engine = state.engine.clone();
     let started = Instant::now();
     let info = blocking(move || {
@@ -212,7 +215,7 @@ pub async fn create_session(
             env: req.env.unwrap_or_default(),
             metadata: req.metadata.unwrap_or_default(),
             start: req.start,
-            network: req.network.unwrap_or_default(),
+            network,
         })
     })
     .await?;

@@ -240,24 +240,11 @@ impl Principal {
     }
 }
 
-impl Tenant {
-    /// The tenant of a request to a vendor-compatible prefix, whose SDK sends the key its own
-    /// way: in `vendor_header` (Anthropic's `x-api-key`) when present, else as
+impl Principal {
+    /// Who a request to a vendor-compatible prefix is from, whose SDK sends the key its own
+    /// way: in `vendor_header` (Anthropic's and E2B's `x-api-key`) when present, else as
     /// `Authorization: Bearer` (OpenAI's). `Ok(Err(why))`: refused, for the caller to answer
     /// in its vendor's envelope.
-    pub(crate) async fn of_vendor_request(
-        headers: &axum::http::HeaderMap,
-        vendor_header: Option<&str>,
-        state: &AppState,
-    ) -> Result<Result<Tenant, &'static str>, ApiError> {
-        Ok(Principal::of_vendor_request(headers, vendor_header, state)
-            .await?
-            .map(|p| p.tenant))
-    }
-}
-
-impl Principal {
-    /// [`Tenant::of_vendor_request`], with the key.
     pub(crate) async fn of_vendor_request(
         headers: &axum::http::HeaderMap,
         vendor_header: Option<&str>,
@@ -315,12 +302,8 @@ fn authenticate(
     Ok(match key {
         Credential::Bearer(key) => match store.authenticate(&key)? {
             Some(info) => Ok(Principal {
-                tenant: Tenant(info.tenant),
-                key: Some(KeyRef {
-                    id: info.id,
-                    name: info.name,
-                    approval: info.approval,
-                }),
+                tenant: Tenant(info.tenant.clone()),
+                key: Some(KeyRef::of(info)),
             }),
             None => Err("invalid or revoked API key"),
         },

@@ -25,15 +25,20 @@ use serde_json::{json, Value};
 
 use super::error::Error;
 use super::sandboxes::{self, Sandbox, CONTEXT_OF, DEFAULT_TIMEOUT_S, ENVD_VERSION};
-use crate::state::{AppState, Tenant};
+use crate::state::{AppState, Principal, Tenant};
 
 /// Sandboxes per page when the client names no limit, and at most (E2B's).
 const PAGE: usize = 100;
 
 /// The tenant behind the request's `X-API-KEY` (E2B's header).
 async fn tenant(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Error> {
-    match Tenant::of_vendor_request(headers, Some("x-api-key"), state).await? {
-        Ok(t) => Ok(t),
+    Ok(principal(state, headers).await?.tenant)
+}
+
+/// [`tenant`], with the key (for what is bounded per key: the network).
+async fn principal(state: &AppState, headers: &HeaderMap) -> Result<Principal, Error> {
+    match Principal::of_vendor_request(headers, Some("x-api-key"), state).await? {
+        Ok(p) => Ok(p),
         Err(why) => Err(Error::new(StatusCode::UNAUTHORIZED, why)),
     }
 }
@@ -275,7 +280,8 @@ pub(crate) async fn create(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Result<Response, Error> {
-    let tenant = tenant(&state, &headers).await?;
+    let principal = principal(&state, &headers).await?;
+    let tenant = principal.tenant;
     let req = body(&bytes)?;
     let template = req
         .get("templateID")
@@ -295,6 +301,7 @@ pub(crate) async fn create(
         Some(_) => return Err(Error::invalid("autoPause must be a boolean")),
     };
     let network = network_of(&req)?;
+    crate::caller::within_key(principal.key.as_ref(), &network)?;
     if req.get("mcp").is_some_and(|m| !m.is_null()) {
         return Err(Error::invalid(
             "MCP gateways are not supported by runcell's E2B API",

@@ -208,6 +208,7 @@ mod tests {
             id: "key_1".into(),
             name: "agent".into(),
             approval,
+            egress: None,
         }
     }
 
