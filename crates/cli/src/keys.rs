@@ -27,7 +27,7 @@ pub enum KeysCommand {
     },
     /// List keys (never their secret), with their tenant's quota and default start.
     List,
-    /// Change a key's approval default, or the quota or default start of its tenant (every
+    /// Change a key's approval default or egress bound, or the quota or default start of its tenant (every
     /// key of the tenant shares those).
     Update {
         /// The key's id, or the name of the only active key so named.
@@ -50,6 +50,14 @@ pub struct KeyArgs {
     /// (requests may still ask for `always`), or `none` (no default: as `never`).
     #[arg(long, value_name = "always|never|none", value_parser = ["always", "never", "none"])]
     approval: Option<String>,
+    /// The domains any network asked for with this key may name (comma-separated,
+    /// repeatable; `pypi.org`, `*.example.com`, an IP literal), within the server's own
+    /// `serve --egress-allow`: a key only narrows the server's bound (a pattern beyond it
+    /// allows nothing more), so a request passes when every domain it names is in both.
+    /// `none`: no network with this key; `server`: no bound of the key's own (the server's,
+    /// as for a key made without this flag).
+    #[arg(long, value_delimiter = ',', value_name = "DOMAIN,...|none|server")]
+    egress_allow: Option<Vec<String>>,
 }
 
 impl KeyArgs {
@@ -59,6 +67,53 @@ impl KeyArgs {
             .as_deref()
             .map(runcell_store::ApprovalMode::parse)
     }
+}
+
+/// The change of egress bound asked for: `Some(None)` clears the key's own bound (the
+/// server's applies), `Some(Some([]))` allows no network; the patterns checked and normalized.
+fn egress_change(args: &KeyArgs) -> anyhow::Result<Option<Option<Vec<String>>>> {
+    let Some(list) = &args.egress_allow else {
+        return Ok(None);
+    };
+    match list.as_slice() {
+        [word] if word == "server" => return Ok(Some(None)),
+        [word] if word == "none" => return Ok(Some(Some(Vec::new()))),
+        _ => {}
+    }
+    if let Some(word) = list.iter().find(|p| *p == "server" || *p == "none") {
+        bail!("--egress-allow {word} stands alone: it cannot be listed with domains");
+    }
+    runcell_engine::KeyEgressBound::normalize(list)
+        .map(|b| Some(Some(b)))
+        .map_err(|e| anyhow::anyhow!("--egress-allow: {e}"))
+}
+
+/// A key's egress bound, as `keys list` shows it: `server` (none of its own), `none` (no
+/// network), or its patterns.
+fn show_egress(k: &runcell_store::KeyInfo) -> String {
+    match &k.egress_allow {
+        None => "server".to_owned(),
+        Some(b) if b.is_empty() => "none".to_owned(),
+        Some(b) => b.join(","),
+    }
+}
+
+/// Sets key `id`'s egress bound as `change` says and tells the operator what it now is.
+fn set_egress(
+    store: &Store,
+    id: &str,
+    change: Option<Vec<String>>,
+) -> anyhow::Result<runcell_store::KeyInfo> {
+    let k = store
+        .set_key_egress(id, change.as_deref())?
+        .with_context(|| format!("the key {id} vanished"))?;
+    let what = match &k.egress_allow {
+        None => "the server's bound (serve --egress-allow)".to_owned(),
+        Some(b) if b.is_empty() => "no network".to_owned(),
+        Some(b) => format!("{} (within the server's --egress-allow)", b.join(", ")),
+    };
+    eprintln!("key {} ({}): egress {what}", k.id, k.name);
+    Ok(k)
 }
 
 /// A key's approval default, as `keys list` shows it.
@@ -191,7 +246,12 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
                 "e2b" => runcell_store::KeyFormat::E2b,
                 _ => runcell_store::KeyFormat::Runcell,
             };
+            // Checked before the key exists: a bad pattern makes no key.
+            let egress = egress_change(&key_args)?;
             let (mut info, key) = store.create_key_in_format(&name, &tenant, format)?;
+            if let Some(change) = egress {
+                info = set_egress(&store, &info.id, change)?;
+            }
             // Set before the key is shown: nobody can use it without its default meanwhile.
             if let Some(mode) = key_args.approval() {
                 info = store
@@ -216,14 +276,19 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
             key: key_args,
             settings,
         } => {
-            if settings.is_empty() && key_args.approval.is_none() {
+            if settings.is_empty() && key_args.approval.is_none() && key_args.egress_allow.is_none()
+            {
                 bail!(
-                    "nothing to update: give --approval (always, never or none), --max-sessions, --max-memory-mb (a number, or none) or --start"
+                    "nothing to update: give --approval (always, never or none), --egress-allow (domains, none or server), --max-sessions, --max-memory-mb (a number, or none) or --start"
                 );
             }
+            let egress = egress_change(&key_args)?;
             let key = store
                 .find_key(&key_id_or_name)?
                 .with_context(|| format!("no key matches {key_id_or_name:?}"))?;
+            if let Some(change) = egress {
+                set_egress(&store, &key.id, change)?;
+            }
             if let Some(mode) = key_args.approval() {
                 let k = store
                     .set_key_approval(&key.id, mode)?
@@ -252,7 +317,7 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
                     None => "active".into(),
                 };
                 println!(
-                    "{}  {:20}  tenant={:12}  {}…  created {}  {}  approval={}  {}",
+                    "{}  {:20}  tenant={:12}  {}…  created {}  {}  approval={}  egress={}  {}",
                     k.id,
                     k.name,
                     k.tenant,
@@ -260,6 +325,7 @@ pub fn keys(data_dir: &Path, cmd: KeysCommand) -> anyhow::Result<ExitCode> {
                     k.created_at.to_rfc3339(),
                     state,
                     show_approval(&k),
+                    show_egress(&k),
                     show_tenant(&quota)
                 );
             }
