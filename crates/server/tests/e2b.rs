@@ -717,3 +717,49 @@ async fn e2b_network_options_map_onto_the_egress_allowlist_or_are_refused_in_e2b
         );
     }
 }
+
+/// A key bounded to one destination (`runcell keys create --egress-allow 127.0.0.2`) through
+/// the E2B SDK: its sandbox reaches that destination from inside, and one asking for another
+/// the server allows is refused in E2B's shape, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_egress_bound_narrows_e2b_networks_too() {
+    let srv = common::start_engine_with(None, |c| {
+        c.network = runcell_engine::NetworkConfig {
+            allow_domains: vec!["127.0.0.2".into(), "127.0.0.3".into()],
+            allow_cidrs: vec!["127.0.0.0/8".into()],
+            ..Default::default()
+        };
+    })
+    .await;
+    let listener = std::net::TcpListener::bind("127.0.0.2:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = vec![0u8; 8192];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    let (info, key) = srv.store.create_key("e2b", "acme").expect("key");
+    srv.store
+        .set_key_egress(&info.id, Some(&["127.0.0.2".to_owned()]))
+        .expect("set")
+        .expect("key");
+    let url = format!("http://127.0.0.2:{port}/");
+    let r = scenario(&srv, &key, &["network_key", &url, "127.0.0.3"]).await;
+    assert_eq!(r["fetched"], "'hello'", "from inside the sandbox: {r}");
+    assert_eq!(r["other"][0], "SandboxException", "{r}");
+    let msg = r["other"][1].as_str().expect("a message");
+    assert!(
+        msg.starts_with("400: ")
+            && msg.contains(&format!(
+                "domain \"127.0.0.3\" is beyond what API key {} (e2b) allows",
+                info.id
+            )),
+        "{msg}"
+    );
+}

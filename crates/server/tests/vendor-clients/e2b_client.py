@@ -438,6 +438,23 @@ def network():
     return r
 
 
+def network_key(url, other):
+    """As a key bounded to one destination: a sandbox allowing it reaches it from inside;
+    one allowing `other` (which the server allows) is refused by the key's bound."""
+    r = {}
+    sbx = Sandbox.create(network={"allow_out": ["127.0.0.2"], "deny_out": [ALL_TRAFFIC]})
+    r["fetched"] = sbx.run_code(
+        f"import urllib.request; urllib.request.urlopen({url!r}, timeout=20).read().decode()"
+    ).text
+    sbx.kill()
+    try:
+        Sandbox.create(network={"allow_out": [other], "deny_out": [ALL_TRAFFIC]}).kill()
+        r["other"] = ["created"]
+    except SandboxException as e:
+        r["other"] = [type(e).__name__, str(e)]
+    return r
+
+
 def restart():
     """Half before a server restart, half after: the same Sandbox object, then connect."""
     sbx = Sandbox.create("my-template", timeout=600, envs={"GREETING": "hello"}, metadata={"suite": "restart"})
@@ -519,6 +536,7 @@ SCENARIOS = {
     "pause": pause_resume,
     "auto_pause": auto_pause,
     "network": network,
+    "network_key": network_key,
     "restart": restart,
 }
 
