@@ -150,8 +150,10 @@ fn snapshot_options() -> SnapshotOptions {
 /// storage's fault (507) and the session keeps running either way.
 fn snapshot_failed(id: &str, e: SnapshotError) -> EngineError {
     match &e {
-        // Python's OSError for ENOSPC, as the kernel reports it.
-        SnapshotError::Failed { value, .. } if value.contains("[Errno 28]") => {
+        // ENOSPC as the kernels report it: Python's OSError, Node's system error.
+        SnapshotError::Failed { value, .. }
+            if value.contains("[Errno 28]") || value.contains("ENOSPC") =>
+        {
             EngineError::InsufficientStorage(NoSpace::Snapshot {
                 id: id.to_owned(),
                 place: "workspace",
@@ -165,18 +167,13 @@ fn snapshot_failed(id: &str, e: SnapshotError) -> EngineError {
 }
 
 impl SessionManager {
-    /// Takes the snapshot of an idle session's kernel into the data dir. `Ok(None)`: the
-    /// language cannot save its state (JavaScript) or the kernel is not running; the reason.
+    /// Takes the snapshot of an idle session's kernel into the data dir. `Ok(Err(why))`: the
+    /// kernel is not running.
     fn take_snapshot(
         &self,
         idle: &mut crate::session::pause::Idle,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
-        if info.language == Language::Javascript {
-            return Ok(Err(
-                "JavaScript sessions cannot save their variables yet".into()
-            ));
-        }
         let data_dir = self.core().config.data_dir.clone();
         let last_execution = self.last_execution(&info);
         let Some(kernel) = idle.kernel() else {
@@ -490,11 +487,7 @@ impl SessionManager {
         taken.retain(|id, _| live.iter().any(|s| &s.id == id));
         for s in live {
             let changed = taken.get(&s.id).is_none_or(|at| *at < s.last_active_at);
-            if s.status != SessionStatus::Ready
-                || s.language == Language::Javascript
-                || !changed
-                || s.last_active_at + idle_for > now
-            {
+            if s.status != SessionStatus::Ready || !changed || s.last_active_at + idle_for > now {
                 continue;
             }
             let Ok(mut idle) = self.idle(&s.id) else {
