@@ -3,7 +3,8 @@
 //!
 //! A paused session has no sandbox, no kernel and no memory reserved: only its workspace
 //! (its filesystem, mounted, reclaimable page cache) and its language state, a snapshot the
-//! kernel wrote (`python/runcell_snapshot.py`), kept under the data dir at
+//! kernel wrote (`python/runcell_snapshot.py`, the bash kernel's,
+//! `javascript/runcell_js_snapshot.js`), kept under the data dir at
 //! `snapshots/<id>.snap` with a description beside it (`<id>.json`). Resuming forks a kernel
 //! from the zygote, copies the snapshot into the workspace, has the kernel read it back and
 //! removes it. The host only moves the snapshot's bytes: pickles are code, and are read only

@@ -975,6 +975,7 @@ class Kernel {
       warn(`no inspector (${err && err.message}): top-level await declarations will not persist`);
     }
     this.baseline = new Set(Object.getOwnPropertyNames(globalThis));
+    this.startEnv = { ...process.env };
     this.userRequire = userRequire;
   }
 
@@ -1219,6 +1220,7 @@ class Kernel {
     const ctx = {
       hooks: this.hooks,
       baseline: this.baseline,
+      env: this.startEnv,
       imports: this.imported,
       kernelFile: KERNEL_FILE,
       require: this.userRequire,

@@ -640,13 +640,22 @@ function save(ctx, file) {
       }
       keep.push(e);
     }
-    return saveAgain(file, keep, values, classes, names, skipped, started);
+    return saveAgain(file, keep, values, classes, names, skipped, started, ctx);
   }
-  return finish(file, entries, blob, names, skipped, started);
+  return finish(file, entries, blob, names, skipped, started, ctx);
+}
+
+/** What cells changed in process.env since the kernel started: {set, unset}. */
+function envChanges(ctx) {
+  const set = {};
+  const unset = [];
+  for (const [k, v] of Object.entries(process.env)) if (ctx.env[k] !== v) set[k] = v;
+  for (const k of Object.keys(ctx.env)) if (!(k in process.env)) unset.push(k);
+  return { set, unset };
 }
 
 /** After a binding failed in the shared serialization: the rest, walked anew. */
-function saveAgain(file, entries, oldValues, classes, names, skipped, started) {
+function saveAgain(file, entries, oldValues, classes, names, skipped, started, ctx) {
   const values = [];
   const seen = new Set();
   let walked = 0;
@@ -661,17 +670,23 @@ function saveAgain(file, entries, oldValues, classes, names, skipped, started) {
     e[slot] = values.length;
     values.push(value);
   }
-  return finish(file, entries, v8.serialize(values), names, skipped, started);
+  return finish(file, entries, v8.serialize(values), names, skipped, started, ctx);
 }
 
-function finish(file, entries, blob, names, skipped, started) {
+function finish(file, entries, blob, names, skipped, started, ctx) {
+  const env = envChanges(ctx);
+  const changed = Object.keys(env.set).length > 0 || env.unset.length > 0;
   const header = {
     language: 'javascript',
     language_version: process.versions.node,
     serializer: 'v8',
     serializer_version: V8_FORMAT,
     entries: [{ kind: 'values', sizes: [blob.length] }, ...entries],
+    // Like the Python kernel's os.environ: the changes, not the whole (the rest is the
+    // session's create env, which the host gives the new kernel).
+    environ: env,
   };
+  if (changed) names.push('process.env');
   const bytes = writeFile(file, header, [blob]);
   return {
     bytes,
@@ -820,6 +835,23 @@ async function load(ctx, file) {
     for (const name of broken) {
       skipped.push(skip(name, 'restored, but an object in it did not get its class back (its class could not be restored)'));
     }
+  }
+  const env = header.environ;
+  if (env && typeof env === 'object') {
+    let changed = false;
+    for (const [k, v] of Object.entries(env.set || {})) {
+      if (typeof v === 'string') {
+        process.env[k] = v;
+        changed = true;
+      }
+    }
+    for (const k of Array.isArray(env.unset) ? env.unset : []) {
+      if (typeof k === 'string') {
+        delete process.env[k];
+        changed = true;
+      }
+    }
+    if (changed) names.push('process.env');
   }
   return {
     ...reportLists(names, skipped),

@@ -465,6 +465,8 @@ async function snapshotRequest(k, type, file, id = `${type}-${Math.random().toSt
 }
 
 const STATE = `
+import * as osns from 'os';
+import { EventEmitter as Emitter } from 'events';
 const m = new Map([['a', 1], ['b', { deep: [1, 2, 3] }]]);
 const typed = new Float64Array([1.5, 2.5, 3.5]);
 const when = new Date(86400000);
@@ -497,6 +499,8 @@ const fs = require('fs');
 const { join } = require('path');
 class Secret { #hidden = 1; }
 const secret = new Secret();
+process.env.RUNCELL_ADDED = 'in a cell';
+delete process.env.HOME;
 `;
 
 test('snapshot and restore: values, functions, classes and instances come back; the rest is named', () =>
@@ -519,8 +523,8 @@ test('snapshot and restore: values, functions, classes and instances come back; 
       secret: 'it holds an instance of Secret, whose private fields (#) cannot be saved',
     });
     assert.deepEqual(report.names.sort(), [
-      'Point', 'Point3', 'Secret', 'add', 'bare', 'counter', 'fs', 'implicit', 'join', 'legacy', 'm', 'makeCounter',
-      'nested', 'p', 'pts', 'sameMap', 'twice', 'typed', 'when',
+      'Emitter', 'Point', 'Point3', 'Secret', 'add', 'bare', 'counter', 'fs', 'implicit', 'join', 'legacy', 'm', 'makeCounter',
+      'nested', 'osns', 'p', 'process.env', 'pts', 'sameMap', 'twice', 'typed', 'when',
     ]);
     assert.ok(report.bytes > 0 && fs.statSync(file).size === report.bytes);
 
@@ -536,10 +540,12 @@ test('snapshot and restore: values, functions, classes and instances come back; 
         nested.self === nested, counter, legacy, implicit, add(1, 2), twice(5), p.norm(), p instanceof Point,
         pts[0] instanceof Point3, pts[0] instanceof Point, pts[0].z + pts[0].x, pts[1] === p, Point.made,
         Object.getPrototypeOf(bare) === null, typeof fs.readFileSync, join('a', 'b'),
+        typeof osns.cpus, Emitter === require('events').EventEmitter, process.env.RUNCELL_ADDED, 'HOME' in process.env,
       ])`);
       assert.equal(check.text, "'" + JSON.stringify([
         [1, 2, 3], true, true, [1.5, 2.5, 3.5], true, 86400000, '12345678901234567890', 'gi', [1, 'two'], 'hi', true,
         true, 41, 'var', 'implicit global', 44, 10, 5, true, true, true, 3, true, 2, true, 'function', 'a/b',
+        'function', true, 'in a cell', false,
       ]) + "'");
       // The restored bindings behave as declared: a const stays const, cells may declare again.
       assert.equal((await b.run('counter = 1; counter')).text, '1');
