@@ -293,3 +293,39 @@ fn a_corrupt_javascript_snapshot_resumes_with_files_only_and_says_so() {
     assert_eq!(text(&e), "7", "{e}");
     assert_eq!(sorted_names(&e["restored"]), ["x"], "{e}");
 }
+
+/// A workspace full to its last block: Node's ENOSPC from the snapshot is the storage's
+/// fault (507), and the session keeps running with its state; with room again, it pauses.
+#[test]
+fn a_full_workspace_keeps_a_javascript_session_running() {
+    let data = common::serve::data_dir("runcell-durable-js-full-");
+    let c = http();
+    let srv = serve(&data);
+    let (status, s) = post(
+        &c,
+        format!("{}/v1/sessions", srv.base),
+        json!({"language": "javascript", "limits": {"disk_mb": 16}}),
+    );
+    assert_eq!(status, 201, "{s}");
+    let id = s["id"].as_str().expect("id").to_owned();
+    let e = execute(
+        &c,
+        &srv,
+        &id,
+        "const big = new Float64Array(1 << 20).fill(1);\nconst fs = require('fs');\nlet code = null;\nconst fd = fs.openSync('fill', 'w');\ntry { const chunk = Buffer.alloc(65536, 120); for (;;) fs.writeSync(fd, chunk); } catch (e) { code = e.code; } finally { fs.closeSync(fd); }\ncode",
+    );
+    assert_eq!(text(&e), "'ENOSPC'", "{e}");
+    let (status, err) = action(&c, &srv, &id, "pause");
+    assert_eq!(status, 507, "{err}");
+    assert_eq!(err["error"]["code"], "insufficient_storage", "{err}");
+    let e = execute(
+        &c,
+        &srv,
+        &id,
+        "fs.unlinkSync('fill'); big.reduce((a, b) => a + b, 0)",
+    );
+    assert_eq!(text(&e), "1048576", "{e}");
+    assert_eq!(action(&c, &srv, &id, "pause").0, 200);
+    let e = execute(&c, &srv, &id, "big.length");
+    assert_eq!(text(&e), "1048576", "{e}");
+}
