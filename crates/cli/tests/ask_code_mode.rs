@@ -178,6 +178,8 @@ fn the_model_loops_over_an_mcp_tool_in_one_cell_and_sees_only_what_it_prints() {
         .and_then(|m| m["content"].as_str())
         .expect("the cell's output");
     assert_eq!(tool_text.trim(), format!("stdout:\nTOTAL={expected}"));
+    // ask ended its session; its data dir (store, audit log) goes (the runtime is a link).
+    let _ = std::fs::remove_dir_all(&data);
 }
 
 #[test]
