@@ -40,7 +40,8 @@ fn amount_cents(id: i64) -> i64 {
 const LOOP: &str = "from runcell_tools.mcp import records\n\
 total = 0\n\
 for i in range(1, 21):\n    total += records.get_record(id=i)['amount_cents']\n\
-print(f'TOTAL={total}')";
+print(f'TOTAL={total}')\n\
+print('LEFT', '_runcell_code_mode_listing' in globals())";
 
 fn tool_call(code: &str) -> Value {
     json!({"choices": [{"index": 0, "finish_reason": "tool_calls",
@@ -177,7 +178,11 @@ fn the_model_loops_over_an_mcp_tool_in_one_cell_and_sees_only_what_it_prints() {
         .find(|m| m["role"] == "tool")
         .and_then(|m| m["content"].as_str())
         .expect("the cell's output");
-    assert_eq!(tool_text.trim(), format!("stdout:\nTOTAL={expected}"));
+    // ... and the listing cell left no name of its own in the session.
+    assert_eq!(
+        tool_text.trim(),
+        format!("stdout:\nTOTAL={expected}\nLEFT False")
+    );
     // ask ended its session; its data dir (store, audit log) goes (the runtime is a link).
     let _ = std::fs::remove_dir_all(&data);
 }
