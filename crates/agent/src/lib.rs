@@ -105,6 +105,9 @@ pub struct AgentOutcome {
 /// What happens, as it happens (for `--show-code` and logs).
 #[derive(Debug)]
 pub enum StepEvent<'a> {
+    /// Code mode: the section about the session's MCP functions was added to the system
+    /// prompt (before the first model call; only when there is one).
+    ToolsListed { section: &'a str },
     /// The model replied (text may be empty when it only calls tools).
     Model { step: usize, reply: &'a ModelReply },
     /// A tool call is about to run.
@@ -216,6 +219,7 @@ impl Agent {
             .to_owned();
         // Code mode: the MCP tools this session's code can call, listed for the model.
         if let Some(section) = self.code_mode_section(session) {
+            on_step(StepEvent::ToolsListed { section: &section });
             system.push_str("\n\n");
             system.push_str(&section);
         }

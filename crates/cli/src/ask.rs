@@ -219,6 +219,9 @@ pub(crate) fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engin
 fn show_step(event: &StepEvent<'_>) {
     let mut err = std::io::stderr().lock();
     let _ = match event {
+        StepEvent::ToolsListed { section } => {
+            writeln!(err, "── code mode ──\n{}", section.trim_end())
+        }
         StepEvent::Model { step, reply } => {
             if reply.text.trim().is_empty() || reply.calls.is_empty() {
                 Ok(())

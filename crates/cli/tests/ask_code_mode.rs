@@ -118,9 +118,19 @@ fn the_model_loops_over_an_mcp_tool_in_one_cell_and_sees_only_what_it_prints() {
         ))
         .arg("--out")
         .arg(work.path().join("out"))
+        .arg("--show-code")
         .output()
         .expect("runcell ask");
     assert!(out.status.success(), "{out:?}");
+    // --show-code shows what the model was told, then the cell.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let told = stderr
+        .find("── code mode ──\nCode mode:")
+        .expect("the listing shown");
+    let cell = stderr
+        .find("── python (step 1) ──")
+        .expect("the cell shown");
+    assert!(told < cell, "{stderr}");
 
     // The answer comes from what the cell printed: the real sum of the server's records.
     let expected: i64 = (1..=20).map(amount_cents).sum();
