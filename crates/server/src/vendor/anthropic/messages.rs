@@ -1727,6 +1727,57 @@ mod tests {
     }
 
     #[test]
+    fn allowed_callers_split_the_models_tools_from_the_codes() {
+        let code = json!({"type": "code_execution_20260120", "name": "code_execution"});
+        let tool = |name: &str, callers: Value| json!({"name": name, "input_schema": {"type": "object"}, "allowed_callers": callers});
+        let ok = parse_tools(&[
+            tool("lookup", json!(["code_execution_20260120"])),
+            tool("both", json!(["direct", "code_execution_20260120"])),
+            tool("notify", json!(["direct"])),
+            code.clone(),
+        ])
+        .expect("tools");
+        let names = |t: &[ToolSpec]| t.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&ok.custom), ["both", "notify"]);
+        let callable: Vec<&str> = ok.callable.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(callable, ["lookup", "both"]);
+        assert_eq!(ok.version, Some("code_execution_20260120"));
+        let v2605 = json!({"type": "code_execution_20260521", "name": "code_execution"});
+        let v2508 = json!({"type": "code_execution_20250825", "name": "code_execution"});
+        for (tools, says) in [
+            (vec![tool("x", json!([]))], "non-empty list"),
+            (
+                vec![tool("x", json!(["model"])), code.clone()],
+                "non-empty list",
+            ),
+            (vec![tool("x", json!("direct"))], "non-empty list"),
+            (
+                vec![tool("x", json!(["code_execution_20260120"]))],
+                "needs the code execution tool",
+            ),
+            (
+                vec![tool("x", json!(["code_execution_20260120"])), v2605],
+                "this request's code execution tool is code_execution_20260521",
+            ),
+            (
+                vec![tool("x", json!(["code_execution_20250825"])), v2508],
+                "does not run",
+            ),
+            (
+                vec![
+                    tool("get-row", json!(["code_execution_20260120"])),
+                    code.clone(),
+                ],
+                "not a Python identifier",
+            ),
+        ] {
+            let e = parse_tools(&tools).expect_err("refused");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{tools:?}");
+            assert!(e.message.contains(says), "{}", e.message);
+        }
+    }
+
+    #[test]
     fn server_ids_are_prefixed_once() {
         assert_eq!(server_id("call_abc"), "srvtoolu_call_abc");
         assert_eq!(server_id("srvtoolu_x"), "srvtoolu_x");
