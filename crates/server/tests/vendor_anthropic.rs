@@ -559,6 +559,34 @@ async fn code_calls_the_clients_tool_in_a_loop_and_the_model_sees_only_the_sum()
     assert_eq!(r["answer"], "Done: total balance of 5 customers: 1500");
     assert_eq!(r["stop_reason"], "end_turn");
     assert_eq!(r["code"], PTC_LOOP);
+    // The blocks of each reply: the code and its first call, one call each, the result.
+    let kinds: Vec<Vec<&str>> = r["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|m| {
+            m.as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| {
+                    b["type"]
+                        .as_str()
+                        .or(b["stop_reason"].as_str())
+                        .unwrap_or("?")
+                })
+                .collect()
+        })
+        .collect();
+    let mut expected = vec![vec!["server_tool_use", "tool_use", "tool_use"]];
+    expected.extend((0..4).map(|_| vec!["tool_use", "tool_use"]));
+    expected.push(vec!["code_execution_tool_result", "text", "end_turn"]);
+    assert_eq!(kinds, expected, "{r}");
+    if std::env::var_os("RUNCELL_SHOW_REPLIES").is_some() {
+        eprintln!(
+            "{}",
+            serde_json::to_string_pretty(&r["replies"]).unwrap_or_default()
+        );
+    }
 
     // Six requests of the client, two model calls: the first and the one after the code.
     let requests = stand_in.requests();
@@ -652,6 +680,9 @@ async fn gathered_calls_come_together_and_an_error_result_is_an_exception() {
 
     let r = sdk("ptc_gather", &srv, "unused").await;
     assert_eq!(r["stdout"], "Ada, Grace, Alan\n", "{r}");
+    if std::env::var_os("RUNCELL_SHOW_REPLIES").is_some() {
+        eprintln!("gather rounds: {}", r["rounds"]);
+    }
     let rounds = r["rounds"].as_array().expect("rounds");
     let calls: usize = rounds
         .iter()

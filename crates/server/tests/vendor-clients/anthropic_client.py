@@ -478,6 +478,7 @@ def ptc_run(c, task, stream=None, fail=None):
     container = msg.container.id
     code_use = of_type(msg, ServerToolUseBlock)
     rounds = []
+    replies = [[b.model_dump(exclude_none=True) for b in msg.content] + [{"stop_reason": msg.stop_reason}]]
     while msg.stop_reason == "tool_use":
         calls = of_type(msg, ToolUseBlock)
         assert calls, msg
@@ -491,6 +492,7 @@ def ptc_run(c, task, stream=None, fail=None):
             {"role": "user", "content": [answer(call, fail) for call in calls]},
         ]
         msg = ptc_create(c, stream, messages=messages, container=container)
+        replies.append([b.model_dump(exclude_none=True) for b in msg.content] + [{"stop_reason": msg.stop_reason}])
         assert msg.container.id == container, msg.container
         # Later replies go on with the same code: no new server_tool_use while it runs.
         if msg.stop_reason == "tool_use":
@@ -508,6 +510,7 @@ def ptc_run(c, task, stream=None, fail=None):
         "stop_reason": msg.stop_reason,
         "container": container,
         "requests": len(rounds) + 1,
+        "replies": replies,
     }
 
 
