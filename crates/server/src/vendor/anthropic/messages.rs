@@ -935,7 +935,7 @@ impl Job {
             Cell::Done(execution) => {
                 let run = PythonRun {
                     saved: sb.saved_by(&execution),
-                    execution,
+                    execution: *execution,
                 };
                 let mut tool = ToolReply {
                     id: call.id.clone(),

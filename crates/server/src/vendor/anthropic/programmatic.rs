@@ -95,7 +95,7 @@ code, not you: print what you need from them (a summary, not every record).",
 
 /// How a cell with client tools stands.
 pub(super) enum Cell {
-    Done(Execution),
+    Done(Box<Execution>),
     /// Suspended in these calls, which wait for the client.
     Waiting(Vec<PendingToolCall>),
 }
@@ -161,7 +161,7 @@ pub(super) fn wait(runtime: &tokio::runtime::Handle, run: &Arc<Run>) -> Result<C
     Ok(if e.status == ExecutionStatus::Waiting {
         Cell::Waiting(e.pending_tool_calls)
     } else {
-        Cell::Done(e)
+        Cell::Done(Box::new(e))
     })
 }
 
