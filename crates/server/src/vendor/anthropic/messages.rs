@@ -20,12 +20,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::SecondsFormat;
 use runcell_agent::{AgentError, Client, ModelReply, Ruling, ToolReply, ToolSpec, ToolUse, Turn};
-use runcell_engine::tools::{command_output, execution_output, ToolImage};
+use runcell_engine::tools::{command_output, execution_output};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, ExecutionStatus, KilledBy};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::context::{container_id, file_store, session_of, Caller};
+use super::context::{container_id, file_store, session_of, tool_result_content, Caller};
 use super::error::{request_id, Error};
 use super::programmatic::{self, Cell, CodeTools, Resumed};
 use crate::state::AppState;
@@ -459,41 +459,6 @@ fn user_turns(
         turns.push(Turn::User(text));
     }
     Ok(())
-}
-
-/// A client's `tool_result` content: its text, and its images.
-pub(super) fn tool_result_content(content: Option<&Value>) -> (String, Vec<ToolImage>) {
-    match content {
-        Some(Value::String(s)) => (s.clone(), Vec::new()),
-        Some(Value::Array(parts)) => {
-            let mut text = Vec::new();
-            let mut images = Vec::new();
-            for p in parts {
-                match block_type(p) {
-                    "text" => text.push(p.get("text").and_then(Value::as_str).unwrap_or("")),
-                    "image"
-                        if p.pointer("/source/type").and_then(Value::as_str) == Some("base64") =>
-                    {
-                        images.push(ToolImage {
-                            mime: p
-                                .pointer("/source/media_type")
-                                .and_then(Value::as_str)
-                                .unwrap_or("image/png")
-                                .to_owned(),
-                            data_base64: p
-                                .pointer("/source/data")
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_owned(),
-                        })
-                    }
-                    _ => {}
-                }
-            }
-            (text.join("\n"), images)
-        }
-        _ => (String::new(), Vec::new()),
-    }
 }
 
 fn assistant_turns(

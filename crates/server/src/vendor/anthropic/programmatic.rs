@@ -251,7 +251,7 @@ pub(super) fn answers(messages: &[(bool, &[Value])]) -> Result<Vec<Answer>, Erro
         let Some((_, caller)) = code_calls.iter().find(|(c, _)| *c == id) else {
             continue;
         };
-        let (text, _) = super::messages::tool_result_content(b.get("content"));
+        let (text, _) = super::context::tool_result_content(b.get("content"));
         out.push(Answer {
             at: format!("messages.{m}.content.{i}"),
             tool_use_id: id.to_owned(),
