@@ -509,6 +509,8 @@ const PTC_GATHER: &str = "import asyncio, json\nfrom runcell_tools import lookup
 const PTC_ERROR: &str = "from runcell_tools import lookup, ToolError\n\ntry:\n    lookup(id=4)\nexcept ToolError as e:\n    print(f\"lookup failed: {e}\")";
 const PTC_UNDECLARED: &str = "import json\nimport runcell_tools\ntry:\n    from runcell_tools import notify\nexcept ImportError as e:\n    print(\"import refused:\", type(e).__name__)\ntry:\n    runcell_tools._call(\"notify\", {\"text\": \"hi\"})\nexcept runcell_tools.ToolRefused as e:\n    print(\"call refused:\", type(e).__name__)\nprint(\"lookup still works:\", json.loads(runcell_tools.lookup(id=1))[\"name\"])";
 
+const PTC_HURRY: &str = "from runcell_tools import lookup, ToolTimeout\n\ntry:\n    lookup(id=1)\nexcept ToolTimeout as e:\n    print(f\"no answer in time: {type(e).__name__}\")";
+
 /// What only the client holds: the model must never see any of it.
 const CLIENT_RECORDS: [&str; 5] = [
     "Ada Lovelace",
@@ -524,6 +526,7 @@ fn ptc_model(task: &str, outputs: &[String]) -> Step {
         "Name customers 1 to 3 at once" => PTC_GATHER,
         "Look up customer 4" => PTC_ERROR,
         "Notify from code" => PTC_UNDECLARED,
+        "Look up customer 1 in a hurry" => PTC_HURRY,
         t => return Step::Say(format!("unexpected task {t:?}")),
     };
     match outputs {
@@ -738,4 +741,41 @@ async fn forged_foreign_and_containerless_answers_are_refused_and_change_nothing
     refused("no_container", "container:");
     // The real answer still goes to the code, which goes on to the next record.
     assert_eq!(r["after"], json!(["tool_use", [{"id": 2}]]), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_nobody_answers_times_out_as_an_exception_in_the_code() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let (_, key) = srv.store.create_key("app", "acme").expect("key");
+    let (base, k) = (format!("{}/anthropic", srv.base), key.clone());
+    let r = tokio::task::spawn_blocking(move || {
+        vendor::run_sdk("anthropic_client.py", &["ptc_timeout", &base, &k, &k])
+    })
+    .await
+    .expect("the SDK client");
+    assert_eq!(r["stdout"], "no answer in time: ToolTimeout\n", "{r}");
+    let calls = r["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{r}");
+    assert!(
+        calls[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("timeout")),
+        "{r}"
+    );
+    // The answer that came too late is no answer: the call no longer waits.
+    assert_eq!(r["late"][0], 400, "{r}");
+    assert!(
+        r["late"][2]
+            .as_str()
+            .is_some_and(|m| m.contains("timed out")),
+        "{r}"
+    );
+    assert_eq!(r["zero"][0], 400, "{r}");
+    assert!(
+        r["zero"][1]
+            .as_str()
+            .is_some_and(|m| m.starts_with("tool_timeout_s:")),
+        "{r}"
+    );
 }

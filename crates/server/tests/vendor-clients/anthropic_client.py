@@ -570,7 +570,52 @@ def ptc_refusals(c):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused, ptc_loop, ptc_gather, ptc_error, ptc_undeclared, ptc_refusals]}
+def ptc_timeout(c, key):
+    """Nobody answers in time: the call raises in the code, and a late answer is refused."""
+    import time
+    import urllib.request
+
+    ask = [{"role": "user", "content": "Look up customer 1 in a hurry"}]
+    first = c.messages.create(
+        model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask, extra_body={"tool_timeout_s": 0.5},
+    )
+    assert first.stop_reason == "tool_use", first
+    call = of_type(first, ToolUseBlock)[0]
+    code = of_type(first, ServerToolUseBlock)[0].input["code"]
+    # Wait (for as long as it takes) until the cell has ended: runcell's own API lists it.
+    native = str(c.base_url).rstrip("/").removesuffix("/anthropic")
+    session = first.container.id.replace("container_", "ses_")
+    cell = None
+    for _ in range(1200):
+        req = urllib.request.Request(
+            f"{native}/v1/executions?session_id={session}", headers={"Authorization": f"Bearer {key}"}
+        )
+        with urllib.request.urlopen(req) as r:
+            listed = json.load(r)["executions"]
+        cell = next((e for e in listed if e["code"] == code and e["status"] != "waiting"), None)
+        if cell:
+            break
+        time.sleep(0.1)
+    assert cell, "the cell never ended"
+    try:
+        c.messages.create(
+            model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=first.container.id,
+            messages=ask + [{"role": "assistant", "content": first.content}, {"role": "user", "content": [answer(call)]}],
+        )
+        late = "no error"
+    except anthropic.APIStatusError as e:
+        late = [e.status_code, e.body["error"]["type"], e.body["error"]["message"]]
+    try:
+        c.messages.create(
+            model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask, extra_body={"tool_timeout_s": 0},
+        )
+        zero = "no error"
+    except anthropic.APIStatusError as e:
+        zero = [e.status_code, e.body["error"]["message"]]
+    return {"stdout": cell["stdout"], "tool_calls": cell["tool_calls"], "late": late, "zero": zero}
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused, ptc_loop, ptc_gather, ptc_error, ptc_undeclared, ptc_refusals, ptc_timeout]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

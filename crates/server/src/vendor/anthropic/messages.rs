@@ -62,6 +62,11 @@ struct CreateMessage {
     /// the SDK sends it with `extra_body`.
     #[serde(default)]
     approval: Option<String>,
+    /// runcell's own: how long each call the model's code makes of the client's tools waits
+    /// for its `tool_result` (seconds, over 0, at most 3600; default 270), sent with
+    /// `extra_body`. Past it the call raises `runcell_tools.ToolTimeout` in the code.
+    #[serde(default)]
+    tool_timeout_s: Option<f64>,
     // temperature, tool_choice, metadata, thinking, stop_sequences...: accepted, and left to
     // the model's defaults.
 }
@@ -1351,6 +1356,17 @@ pub(super) async fn create(
         return Err(Error::invalid("max_tokens: must be at least 1"));
     }
     let offer = parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    let max = runcell_engine::bridge::MAX_CALL_TIMEOUT;
+    let call_timeout = match req.tool_timeout_s {
+        None => runcell_engine::bridge::DEFAULT_CALL_TIMEOUT,
+        Some(s) if s > 0.0 && s <= max.as_secs_f64() => std::time::Duration::from_secs_f64(s),
+        Some(s) => {
+            return Err(Error::invalid(format!(
+                "tool_timeout_s: must be over 0 and at most {} seconds (got {s})",
+                max.as_secs()
+            )))
+        }
+    };
     // Results for calls the model's code made: they go to that code, in its container.
     let answers = programmatic::answers(&block_view(&req.messages))?;
     if !answers.is_empty() && req.container.is_none() {
@@ -1498,6 +1514,7 @@ pub(super) async fn create(
             calls: state.tool_calls.clone(),
             runtime: tokio::runtime::Handle::current(),
             caller: programmatic::caller_type(offer.version.unwrap_or_default()),
+            call_timeout,
         },
         resume,
     };

@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use runcell_engine::bridge::{ExecTools, PendingToolCall, ToolSpec, DEFAULT_CALL_TIMEOUT};
+use runcell_engine::bridge::{ExecTools, PendingToolCall, ToolSpec};
 use runcell_engine::{EngineError, Execution, ExecutionStatus, Language};
 use serde_json::{json, Value};
 
@@ -107,6 +107,8 @@ pub(super) struct CodeTools {
     pub runtime: tokio::runtime::Handle,
     /// `caller.type` of the reported calls.
     pub caller: &'static str,
+    /// How long each call waits for its answer.
+    pub call_timeout: std::time::Duration,
 }
 
 impl CodeTools {
@@ -130,7 +132,7 @@ impl CodeTools {
             client: Some(run.dispatch()),
             mcp: None,
             mcp_specs: Vec::new(),
-            call_timeout: DEFAULT_CALL_TIMEOUT,
+            call_timeout: self.call_timeout,
             runtime: self.runtime.clone(),
         };
         let started = sb.engine.sessions().execute_async_with_tools(
