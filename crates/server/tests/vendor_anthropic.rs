@@ -779,3 +779,53 @@ async fn a_call_nobody_answers_times_out_as_an_exception_in_the_code() {
         "{r}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_calling_the_code_and_a_direct_tool_is_answered_in_one_message() {
+    // The model calls the code (which calls `lookup`) and `notify` in one reply; the client
+    // answers both at once; the model then gets notify's result and the code's output only.
+    let stand_in = runcell_agent::testing::StandIn::start(|n, req| {
+        let message = if n == 0 {
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "code_execution",
+                 "arguments": json!({"code": "import json\nfrom runcell_tools import lookup\nprint('balance of 3:', json.loads(lookup(id=3))['balance'])"}).to_string()}},
+                {"id": "call_b", "type": "function", "function": {"name": "notify",
+                 "arguments": json!({"text": "starting"}).to_string()}}]})
+        } else {
+            let said: Vec<String> = req.body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| section(m["content"].as_str().unwrap_or(""), "stdout"))
+                .collect();
+            let notified = req.body.to_string().contains("notified");
+            json!({"role": "assistant", "content": format!("{} (notified: {notified})", said.join(""))})
+        };
+        let finish = if n == 0 { "tool_calls" } else { "stop" };
+        (
+            200,
+            vec![],
+            json!({"id": format!("c{n}"), "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+            .to_string(),
+        )
+    });
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let r = sdk("ptc_mixed", &srv, "unused").await;
+    assert_eq!(
+        r["first"],
+        json!([
+            ["server_tool_use", "code_execution", null],
+            ["tool_use", "lookup", "code_execution_20260120"],
+            ["tool_use", "notify", null]
+        ]),
+        "{r}"
+    );
+    assert_eq!(r["stdout"], "balance of 3: 75\n", "{r}");
+    assert_eq!(r["answer"], "balance of 3: 75 (notified: true)", "{r}");
+    assert_eq!(r["stop_reason"], "end_turn");
+    assert_eq!(stand_in.requests().len(), 2);
+    assert_model_saw_no_record(&stand_in);
+}

@@ -615,7 +615,26 @@ def ptc_timeout(c, key):
     return {"stdout": cell["stdout"], "tool_calls": cell["tool_calls"], "late": late, "zero": zero}
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused, ptc_loop, ptc_gather, ptc_error, ptc_undeclared, ptc_refusals, ptc_timeout]}
+def ptc_mixed(c):
+    """One reply with a call of the code and a call of the model: both answered at once."""
+    ask = [{"role": "user", "content": "Balance of customer 3, and tell me when you start"}]
+    first = c.messages.create(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask)
+    assert first.stop_reason == "tool_use", first
+    calls = of_type(first, ToolUseBlock)
+    kinds = [[b.type, getattr(b, "name", None), b.caller.type if getattr(b, "caller", None) else None] for b in first.content]
+    results = [
+        answer(call) if call.name == "lookup" else {"type": "tool_result", "tool_use_id": call.id, "content": "notified"}
+        for call in calls
+    ]
+    done = c.messages.create(
+        model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=first.container.id,
+        messages=ask + [{"role": "assistant", "content": first.content}, {"role": "user", "content": results}],
+    )
+    out = of_type(done, CodeExecutionToolResultBlock)
+    return {"first": kinds, "stdout": out[0].content.stdout if out else None, "answer": text_of(done), "stop_reason": done.stop_reason}
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused, ptc_loop, ptc_gather, ptc_error, ptc_undeclared, ptc_refusals, ptc_timeout, ptc_mixed]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]
