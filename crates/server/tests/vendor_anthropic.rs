@@ -527,6 +527,7 @@ fn ptc_model(task: &str, outputs: &[String]) -> Step {
         "Look up customer 4" => PTC_ERROR,
         "Notify from code" => PTC_UNDECLARED,
         "Look up customer 1 in a hurry" => PTC_HURRY,
+        "What was the total?" => return Step::Say("As computed above.".into()),
         t => return Step::Say(format!("unexpected task {t:?}")),
     };
     match outputs {
@@ -591,15 +592,37 @@ async fn code_calls_the_clients_tool_in_a_loop_and_the_model_sees_only_the_sum()
         );
     }
 
-    // Six requests of the client, two model calls: the first and the one after the code.
+    // Six requests of the client, two model calls: the first and the one after the code;
+    // then the follow-up question, with the exchange sent back.
+    assert_eq!(
+        r["follow"],
+        json!(["end_turn", "As computed above."]),
+        "{r}"
+    );
     let requests = stand_in.requests();
     assert_eq!(
         requests.len(),
-        2,
+        3,
         "the model is not called while the code runs"
     );
     assert_model_saw_no_record(&stand_in);
     assert!(requests[1].body.to_string().contains("1500"));
+    // The history as the model reads it: the code call, its output, the answer, the question.
+    let msgs = requests[2].body["messages"].as_array().expect("messages");
+    let roles: Vec<&str> = msgs.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "assistant", "user"],
+        "{msgs:?}"
+    );
+    assert_eq!(
+        msgs[2]["tool_calls"][0]["function"]["name"],
+        "code_execution"
+    );
+    assert_eq!(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"]);
+    assert!(msgs[3]["content"]
+        .as_str()
+        .is_some_and(|t| t.contains("total balance of 5 customers: 1500")));
     // `lookup` is the code's, `notify` the model's; the code tool says how to call it.
     let tools = requests[0].body["tools"].as_array().expect("tools");
     let names: Vec<&str> = tools
@@ -670,8 +693,8 @@ async fn the_same_loop_streams_its_tool_use_blocks_as_events() {
     }
     assert_eq!(
         stand_in.requests().len(),
-        4,
-        "two model calls per conversation"
+        6,
+        "three model calls per conversation (the last one the follow-up)"
     );
     assert_model_saw_no_record(&stand_in);
 }

@@ -471,7 +471,7 @@ def answer(call, fail=None):
     return {"type": "tool_result", "tool_use_id": call.id, "content": json.dumps(rec)}
 
 
-def ptc_run(c, task, stream=None, fail=None):
+def ptc_run(c, task, stream=None, fail=None, follow_up=None):
     """Answers the code's calls until the turn ends: what each reply held."""
     messages = [{"role": "user", "content": task}]
     msg = ptc_create(c, stream, messages=messages)
@@ -500,7 +500,16 @@ def ptc_run(c, task, stream=None, fail=None):
     results = of_type(msg, CodeExecutionToolResultBlock)
     assert len(results) == 1 and results[0].tool_use_id == code_use[0].id, msg
     assert isinstance(results[0].content, CodeExecutionResultBlock), results[0]
+    follow = None
+    if follow_up:
+        # The whole exchange sent back with a new question: the conversation goes on.
+        again = ptc_create(c, stream, container=container, messages=messages + [
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": follow_up},
+        ])
+        follow = [again.stop_reason, text_of(again)]
     return {
+        "follow": follow,
         "rounds": rounds,
         "code": code_use[0].input.get("code"),
         "stdout": results[0].content.stdout,
@@ -515,7 +524,7 @@ def ptc_run(c, task, stream=None, fail=None):
 
 
 def ptc_loop(c, stream=None):
-    return ptc_run(c, "Sum the balances of customers 1 to 5", stream)
+    return ptc_run(c, "Sum the balances of customers 1 to 5", stream, follow_up="What was the total?")
 
 
 def ptc_gather(c):
