@@ -28,7 +28,7 @@ conversation's message text in the last request; completion bytes (what the stan
 answered: the assistant's text and tool-call arguments); cells run; wall time. "tokens≈" is
 bytes / 4, a rough rule for English and code, not a tokenizer's count.
 """
-import http.server, json, os, re, shutil, subprocess, sys, tempfile, threading, time
+import hashlib, http.server, json, os, re, shutil, subprocess, sys, tempfile, threading, time
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(here)
@@ -60,7 +60,8 @@ def mcp_python():
 
 def call(code):
     return {"role": "assistant", "content": None, "tool_calls": [{
-        "id": f"call_{abs(hash(code)) % 10**8}", "type": "function",
+        # A fixed-width id from the code (str hash() changes per process: bytes would too).
+        "id": "call_" + hashlib.sha256(code.encode()).hexdigest()[:8], "type": "function",
         "function": {"name": "python", "arguments": json.dumps({"code": code})}}]}
 
 
