@@ -13,6 +13,7 @@ use runcell_engine::tools::{ToolCall, ToolOutput};
 use runcell_engine::{CancelToken, CreateSession, Engine, FileChangeKind, InputFile};
 
 pub mod approval;
+pub mod code_mode;
 mod error;
 pub mod provider;
 #[cfg(feature = "test-support")]
@@ -104,6 +105,9 @@ pub struct AgentOutcome {
 /// What happens, as it happens (for `--show-code` and logs).
 #[derive(Debug)]
 pub enum StepEvent<'a> {
+    /// Code mode: the section about the session's MCP functions was added to the system
+    /// prompt (before the first model call; only when there is one).
+    ToolsListed { section: &'a str },
     /// The model replied (text may be empty when it only calls tools).
     Model { step: usize, reply: &'a ModelReply },
     /// A tool call is about to run.
@@ -208,7 +212,18 @@ impl Agent {
                 prompt.push_str(&format!("\n- {} ({} bytes)", f.path, f.content.len()));
             }
         }
-        let system = opts.system_prompt.as_deref().unwrap_or(SYSTEM_PROMPT);
+        let mut system = opts
+            .system_prompt
+            .as_deref()
+            .unwrap_or(SYSTEM_PROMPT)
+            .to_owned();
+        // Code mode: the MCP tools this session's code can call, listed for the model.
+        if let Some(section) = self.code_mode_section(session) {
+            on_step(StepEvent::ToolsListed { section: &section });
+            system.push_str("\n\n");
+            system.push_str(&section);
+        }
+        let system = system.as_str();
         let mut turns = vec![Turn::User(prompt)];
         let mut changed: BTreeSet<String> = BTreeSet::new();
         let mut failures = 0;
@@ -339,6 +354,45 @@ impl Agent {
         };
         // Every call runs in the agent's session, whatever session_id the model named.
         Ok(self.engine.run_tool(session, &tool, CancelToken::new())?)
+    }
+
+    /// The system prompt's code-mode section ([`code_mode`]) for `session`, when its code can
+    /// call MCP tools. A listing that fails leaves the prompt without one (logged): the run
+    /// goes on with the model's own tools.
+    fn code_mode_section(&self, session: &str) -> Option<String> {
+        if !self.engine.has_mcp_dispatch() {
+            return None;
+        }
+        let listed = self.engine.sessions().execute_cancellable(
+            session,
+            code_mode::LISTING_CODE,
+            None,
+            None,
+            CancelToken::new(),
+        );
+        let e = match listed {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(session, error = %runcell_engine::error_chain(&e), "code mode: cannot list the session's MCP tools");
+                return None;
+            }
+        };
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(e.stdout.trim());
+        match parsed {
+            Ok(listing) => {
+                let section = code_mode::prompt_section(&listing);
+                tracing::info!(
+                    session,
+                    bytes = section.as_ref().map_or(0, String::len),
+                    "code mode: MCP tools listed for the model"
+                );
+                section
+            }
+            Err(_) => {
+                tracing::warn!(session, stdout = %e.stdout, stderr = %e.stderr, "code mode: the listing cell printed no listing");
+                None
+            }
+        }
     }
 
     fn snapshot(&self, session: &str) -> Result<Snapshot, AgentError> {

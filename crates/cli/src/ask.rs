@@ -54,6 +54,13 @@ pub struct AskArgs {
     /// are read from stdin; every decision is recorded in the audit log.
     #[arg(long)]
     approve: bool,
+    /// An MCP server whose tools the model's code may call (code mode), repeatable:
+    /// `NAME=COMMAND ARGS...` (stdio: a program started on this host as you, the line split
+    /// into words as a shell would, never run by one) or `NAME=URL` (streamable HTTP). In the
+    /// session it is `from runcell_tools.mcp import NAME`; the model is told its functions and
+    /// sees only what its code prints (docs/tools.md).
+    #[arg(long, value_name = "NAME=COMMAND...|NAME=URL")]
+    mcp_server: Vec<String>,
 }
 
 pub(crate) fn parse_provider(s: &str) -> Result<ProviderKind, String> {
@@ -67,8 +74,26 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     let files = input_files(&args.files)?;
     let provider = ProviderConfig::from_env(args.provider, args.model, args.base_url)?;
 
+    let mcp_servers = mcp_servers(&args.mcp_server)?;
+
     let store = crate::audit::open_store(data_dir)?;
     let engine = crate::engines::audited_engine(data_dir, &store)?;
+    // The MCP clients run on a runtime of their own (the agent loop is synchronous); it lives
+    // until the run ends.
+    let _mcp_runtime = match &mcp_servers {
+        None => None,
+        Some(servers) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("runcell-ask-mcp")
+                .enable_all()
+                .build()
+                .context("cannot start the MCP clients' runtime")?;
+            let _entered = rt.enter();
+            runcell_server::mcp_servers::install(servers, &engine);
+            Some(rt)
+        }
+    };
 
     // Ctrl-C or SIGTERM: end the session (sandbox and workspace) before leaving.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -150,6 +175,28 @@ pub fn ask(data_dir: &Path, args: AskArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The `--mcp-server`s, or None without any. The user running `ask` is its only tenant, so
+/// every server is open to it (serve's `--mcp-server-tenants` has nothing to decide here).
+fn mcp_servers(
+    flags: &[String],
+) -> anyhow::Result<Option<std::sync::Arc<runcell_server::mcp_servers::McpServers>>> {
+    use runcell_server::mcp_servers::{McpServerConfig, McpServers, TenantAccess};
+    if flags.is_empty() {
+        return Ok(None);
+    }
+    let configs = flags
+        .iter()
+        .map(|f| {
+            let mut c = McpServerConfig::parse_flag(f)
+                .map_err(|e| crate::args::invalid(format!("--mcp-server {f}: {e}")))?;
+            c.tenants = TenantAccess::All;
+            Ok(c)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let servers = McpServers::new(configs).map_err(|e| crate::args::invalid(format!("{e}")))?;
+    Ok(Some(std::sync::Arc::new(servers)))
+}
+
 /// The `--file`s, read, each named after its file name in /workspace.
 pub(crate) fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engine::InputFile>> {
     paths
@@ -172,6 +219,9 @@ pub(crate) fn input_files(paths: &[PathBuf]) -> anyhow::Result<Vec<runcell_engin
 fn show_step(event: &StepEvent<'_>) {
     let mut err = std::io::stderr().lock();
     let _ = match event {
+        StepEvent::ToolsListed { section } => {
+            writeln!(err, "── code mode ──\n{}", section.trim_end())
+        }
         StepEvent::Model { step, reply } => {
             if reply.text.trim().is_empty() || reply.calls.is_empty() {
                 Ok(())

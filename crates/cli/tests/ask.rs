@@ -185,6 +185,11 @@ fn openai_flow_fixes_a_bug_charts_and_answers_with_the_real_number() {
         .as_str()
         .expect("system")
         .contains("/workspace"));
+    // No MCP server: no code-mode listing (ask_code_mode.rs has one).
+    assert!(!first[0]["content"]
+        .as_str()
+        .expect("system")
+        .contains("Code mode:"));
     let question = first[1]["content"].as_str().expect("question");
     assert!(
         question.contains("total revenue") && question.contains("data.csv"),

@@ -89,14 +89,27 @@ fn empty_object_schema() -> Value {
     serde_json::json!({"type": "object"})
 }
 
+/// Why a set of tool declarations is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolSpecError {
+    /// Two declarations of one name: they conflict with each other, the request's form is fine
+    /// (the API answers 409, as a schema cannot say "no two names alike").
+    #[error("tool {0:?} is declared twice (tool names must differ)")]
+    Twice(String),
+    /// A declaration that is malformed or too large on its own (400).
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl ToolSpec {
     /// Why these specs cannot be declared, if they cannot (names, sizes, duplicates).
-    pub fn check_all(specs: &[ToolSpec]) -> Result<(), String> {
+    pub fn check_all(specs: &[ToolSpec]) -> Result<(), ToolSpecError> {
+        use ToolSpecError::Invalid;
         if specs.len() > MAX_TOOLS {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{} tools declared; at most {MAX_TOOLS}",
                 specs.len()
-            ));
+            )));
         }
         let mut seen = HashSet::new();
         for s in specs {
@@ -107,21 +120,23 @@ impl ToolSpec {
                 .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
                 && n.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
             if !ident || n.len() > MAX_TOOL_NAME || n.starts_with("__") {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "tool name {n:?} is not a Python identifier of at most {MAX_TOOL_NAME} characters (nor may it start with '__')"
-                ));
+                )));
             }
             if !seen.insert(n.as_str()) {
-                return Err(format!("tool {n:?} is declared twice"));
+                return Err(ToolSpecError::Twice(n.clone()));
             }
             if !s.input_schema.is_object() {
-                return Err(format!("tool {n:?}: input_schema must be a JSON object"));
+                return Err(Invalid(format!(
+                    "tool {n:?}: input_schema must be a JSON object"
+                )));
             }
             let size = serde_json::to_vec(s).map_or(usize::MAX, |v| v.len());
             if size > MAX_TOOL_SPEC_BYTES {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "tool {n:?} is {size} bytes as JSON; at most {MAX_TOOL_SPEC_BYTES}"
-                ));
+                )));
             }
         }
         Ok(())
@@ -571,10 +586,10 @@ mod tests {
             ("", "is not a Python identifier"),
         ] {
             let e = ToolSpec::check_all(&[spec(bad)]).expect_err(bad);
-            assert!(e.contains(why), "{bad}: {e}");
+            assert!(e.to_string().contains(why), "{bad}: {e}");
         }
         let e = ToolSpec::check_all(&[spec("a"), spec("a")]).expect_err("twice");
-        assert_eq!(e, "tool \"a\" is declared twice");
+        assert_eq!(e, ToolSpecError::Twice("a".into()));
         let mut s = spec("a");
         s.input_schema = serde_json::json!([1]);
         assert!(ToolSpec::check_all(&[s]).is_err());

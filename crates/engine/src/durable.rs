@@ -3,7 +3,8 @@
 //!
 //! A paused session has no sandbox, no kernel and no memory reserved: only its workspace
 //! (its filesystem, mounted, reclaimable page cache) and its language state, a snapshot the
-//! kernel wrote (`python/runcell_snapshot.py`), kept under the data dir at
+//! kernel wrote (`python/runcell_snapshot.py`, the bash kernel's,
+//! `javascript/runcell_js_snapshot.js`), kept under the data dir at
 //! `snapshots/<id>.snap` with a description beside it (`<id>.json`). Resuming forks a kernel
 //! from the zygote, copies the snapshot into the workspace, has the kernel read it back and
 //! removes it. The host only moves the snapshot's bytes: pickles are code, and are read only
@@ -150,8 +151,10 @@ fn snapshot_options() -> SnapshotOptions {
 /// storage's fault (507) and the session keeps running either way.
 fn snapshot_failed(id: &str, e: SnapshotError) -> EngineError {
     match &e {
-        // Python's OSError for ENOSPC, as the kernel reports it.
-        SnapshotError::Failed { value, .. } if value.contains("[Errno 28]") => {
+        // ENOSPC as the kernels report it: Python's OSError, Node's system error.
+        SnapshotError::Failed { value, .. }
+            if value.contains("[Errno 28]") || value.contains("ENOSPC") =>
+        {
             EngineError::InsufficientStorage(NoSpace::Snapshot {
                 id: id.to_owned(),
                 place: "workspace",
@@ -165,18 +168,13 @@ fn snapshot_failed(id: &str, e: SnapshotError) -> EngineError {
 }
 
 impl SessionManager {
-    /// Takes the snapshot of an idle session's kernel into the data dir. `Ok(None)`: the
-    /// language cannot save its state (JavaScript) or the kernel is not running; the reason.
+    /// Takes the snapshot of an idle session's kernel into the data dir. `Ok(Err(why))`: the
+    /// kernel is not running.
     fn take_snapshot(
         &self,
         idle: &mut crate::session::pause::Idle,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
-        if info.language == Language::Javascript {
-            return Ok(Err(
-                "JavaScript sessions cannot save their variables yet".into()
-            ));
-        }
         let data_dir = self.core().config.data_dir.clone();
         let last_execution = self.last_execution(&info);
         let Some(kernel) = idle.kernel() else {
@@ -490,11 +488,7 @@ impl SessionManager {
         taken.retain(|id, _| live.iter().any(|s| &s.id == id));
         for s in live {
             let changed = taken.get(&s.id).is_none_or(|at| *at < s.last_active_at);
-            if s.status != SessionStatus::Ready
-                || s.language == Language::Javascript
-                || !changed
-                || s.last_active_at + idle_for > now
-            {
+            if s.status != SessionStatus::Ready || !changed || s.last_active_at + idle_for > now {
                 continue;
             }
             let Ok(mut idle) = self.idle(&s.id) else {

@@ -96,6 +96,12 @@ impl Engine {
         self.core.mcp_tools.set(dispatch, runtime, call_timeout);
     }
 
+    /// Whether session cells can reach MCP servers ([`Engine::set_mcp_dispatch`] was called):
+    /// the agent then lists them for the model (code mode).
+    pub fn has_mcp_dispatch(&self) -> bool {
+        self.core.mcp_tools.is_set()
+    }
+
     /// Memory committed to live sandboxes now (MiB): sessions, warm ones and one-shot runs.
     pub fn committed_memory_mb(&self) -> u64 {
         self.core.ledger.committed_mb()

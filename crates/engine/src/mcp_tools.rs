@@ -38,6 +38,13 @@ impl McpTools {
         });
     }
 
+    pub(crate) fn is_set(&self) -> bool {
+        self.slot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
     /// `tools` with the MCP dispatcher filled in (a cell without client tools gets one with
     /// MCP alone); as is when none is set or `tools` already has one.
     pub(crate) fn complete(&self, tools: Option<ExecTools>) -> Option<ExecTools> {

@@ -78,6 +78,8 @@ const Module = require('module');
 const { Writable } = require('stream');
 // Beside this file in the kernel directory, as in the source tree.
 const { IMPORT_HELPER, prepareSource } = require('./runcell_js_source.js');
+// Snapshots of the session's bindings (issue 17), beside this file too.
+const snapshots = require('./runcell_js_snapshot.js');
 
 const CHANNEL_FD = 3;
 const MAX_FRAME = 64 * 1024 * 1024;
@@ -854,6 +856,8 @@ class Kernel {
     this.declared = new Map(); // this cell's client tools: name -> spec
     this.toolCalls = new Map(); // call number -> {resolve, reject, name}
     this.nextCall = 0;
+    this.baseline = new Set(); // globalThis's own names before any cell: not the session's
+    this.imported = new Map(); // namespace -> {specifier, cwd}, for snapshots
   }
 
   /** The global `tools`: `await tools.lookup({id: 3})`, `await tools.call(name, input)`. */
@@ -970,6 +974,9 @@ class Kernel {
     } catch (err) {
       warn(`no inspector (${err && err.message}): top-level await declarations will not persist`);
     }
+    this.baseline = new Set(Object.getOwnPropertyNames(globalThis));
+    this.startEnv = { ...process.env };
+    this.userRequire = userRequire;
   }
 
   makeDisplay() {
@@ -1004,8 +1011,8 @@ class Kernel {
     this.sendBundle('display', cell, bundle);
   }
 
-  importModule(specifier, options) {
-    const cwd = process.cwd();
+  importModule(specifier, options, from) {
+    const cwd = from === undefined ? process.cwd() : from;
     let importer = this.importers.get(cwd);
     if (!importer) {
       const loader = vm.constants && vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER;
@@ -1029,7 +1036,12 @@ class Kernel {
       }
       this.importers.set(cwd, importer);
     }
-    return options === undefined ? importer(specifier) : importer(specifier, options);
+    const loading = options === undefined ? importer(specifier) : importer(specifier, options);
+    // What was imported from where, so a snapshot can import it again by name.
+    return promiseK.resolve(loading).then((ns) => {
+      if (ns !== null && typeof ns === 'object' && !this.imported.has(ns)) this.imported.set(ns, { specifier: String(specifier), cwd });
+      return ns;
+    });
   }
 
   /** Runs fn() with SIGINT able to stop it (vm's breakOnSigint). */
@@ -1127,7 +1139,8 @@ class Kernel {
         return;
       }
       if ((kind === 'snapshot' || kind === 'restore') && typeof message.id === 'string') {
-        this.refuseSnapshot(message.id, kind);
+        this.handleSnapshot(kind, message);
+        return;
       } else {
         this.sendProtocolError(null, `unknown message type ${jsonStringify(kind === undefined ? null : kind)}`);
       }
@@ -1160,14 +1173,95 @@ class Kernel {
   }
 
   /**
-   * Snapshots (issue 17) of a JavaScript session are not made yet: answered like a request
-   * that failed (an error with its id, then `done`), so the host learns it at once instead
-   * of waiting for a `done` that would never come.
+   * `snapshot` or `restore` {id, path} (issue 17; runcell_js_snapshot.js holds what is
+   * saved and how): answered like a cell, outside the execution count — the report, or an
+   * error (a refused file as `snapshot_refused`), then `done`.
    */
-  refuseSnapshot(id, kind) {
-    const text = `${kind}s of JavaScript sessions are not supported yet: the session keeps only its files`;
-    this.send({ type: 'error', id, name: 'SnapshotError', value: text, traceback: '' });
-    this.send({ type: 'done', id, status: 'error', execution_count: this.executionCount });
+  handleSnapshot(kind, message) {
+    const { id, path: file } = message;
+    const end = (status) => {
+      this.send({ type: 'done', id, status, execution_count: this.executionCount });
+      this.idle();
+    };
+    const failed = (err) => {
+      try {
+        if (err instanceof ChannelClosed) throw err;
+        if (err instanceof snapshots.Refused) {
+          this.send({ type: 'snapshot_refused', id, refusal: err.refusal() });
+          end('error');
+        } else if (err && err.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') {
+          this.send({ type: 'error', id, name: 'KeyboardInterrupt', value: '', traceback: 'KeyboardInterrupt' });
+          end('interrupted');
+        } else {
+          this.send({ type: 'error', id, name: 'SnapshotError', value: `${errorName(err)}: ${errorMessage(err)}`, traceback: bounded(String((err && err.stack) || err)) });
+          end('error');
+        }
+      } catch (error) {
+        this.fatal(error);
+      }
+    };
+    const succeeded = (report) => {
+      try {
+        this.send({ type: kind === 'snapshot' ? 'snapshotted' : 'restored', id, ...report });
+        end('ok');
+      } catch (error) {
+        this.fatal(error);
+      }
+    };
+    if (typeof file !== 'string' || !file) {
+      this.sendProtocolError(id, `${kind} needs a string 'path'`);
+      end('error');
+      return;
+    }
+    if (!this.session) {
+      failed(new Error('this Node.js has no inspector: the session keeps only its files'));
+      return;
+    }
+    const ctx = {
+      hooks: this.hooks,
+      baseline: this.baseline,
+      env: this.startEnv,
+      imports: this.imported,
+      kernelFile: KERNEL_FILE,
+      require: this.userRequire,
+      importModule: (specifier, cwd) => this.importModule(specifier, undefined, cwd),
+      postSync: (method, params) => {
+        let answer;
+        let failure;
+        this.session.post(method, params, (err, res) => {
+          if (err) failure = err;
+          else answer = res;
+        });
+        if (failure) throw failure;
+        if (answer === undefined) throw new Error(`the inspector did not answer ${method} at once`);
+        return answer;
+      },
+      evaluateRepl: (expression) =>
+        new promiseK((resolve) =>
+          this.session.post('Runtime.evaluate', { expression, replMode: true, silent: true }, (err, res) =>
+            resolve(err ? { exceptionDetails: { text: err.message } } : res),
+          ),
+        ),
+    };
+    if (kind === 'snapshot') {
+      let report;
+      try {
+        report = this.interruptible(() => snapshots.save(ctx, file));
+      } catch (err) {
+        failed(err);
+        return;
+      }
+      succeeded(report);
+    } else {
+      let loading;
+      try {
+        loading = snapshots.load(ctx, file);
+      } catch (err) {
+        failed(err);
+        return;
+      }
+      loading.then(succeeded, failed);
+    }
   }
 
   sendProtocolError(id, text) {

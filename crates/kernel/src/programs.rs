@@ -119,14 +119,21 @@ const JAVASCRIPT_SOURCE: (&str, &str) = (
     include_str!("../javascript/runcell_js_source.js"),
 );
 
+/// The JavaScript kernel's snapshots of its bindings (issue 17), required from beside it.
+const JAVASCRIPT_SNAPSHOT: (&str, &str) = (
+    "runcell_js_snapshot.js",
+    include_str!("../javascript/runcell_js_snapshot.js"),
+);
+
 /// Every file of the kernel directory, as (name, content): the kernels' programs and the
 /// modules they import from beside them.
-pub const KERNEL_FILES: [(&str, &str); 9] = [
+pub const KERNEL_FILES: [(&str, &str); 10] = [
     (PYTHON.file, PYTHON.source),
     PYTHON_WIRE,
     (BASH.file, BASH.source),
     (JAVASCRIPT.file, JAVASCRIPT.source),
     JAVASCRIPT_SOURCE,
+    JAVASCRIPT_SNAPSHOT,
     SNAPSHOT_MODULE,
     CHARTS_MODULE,
     TOOLS_MODULE,

@@ -252,6 +252,8 @@ fn run(job: Job, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
         ..AgentOptions::default()
     };
     let mut on_step = |event: StepEvent<'_>| match event {
+        // The page shows the model's steps; what it was told of the MCP tools is the prompt's.
+        StepEvent::ToolsListed { .. } => {}
         StepEvent::Model { step, reply } => {
             if !reply.calls.is_empty() && !reply.text.trim().is_empty() {
                 send(json!({"type": "model", "step": step, "text": reply.text}));

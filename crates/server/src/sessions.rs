@@ -88,7 +88,9 @@ fn exec_tools(
         std::sync::Arc<crate::tool_calls::Run>,
     )>,
 > {
-    use runcell_engine::bridge::{ExecTools, ToolSpec, DEFAULT_CALL_TIMEOUT, MAX_CALL_TIMEOUT};
+    use runcell_engine::bridge::{
+        ExecTools, ToolSpec, ToolSpecError, DEFAULT_CALL_TIMEOUT, MAX_CALL_TIMEOUT,
+    };
     let call_timeout = match req.tool_timeout_s {
         None => DEFAULT_CALL_TIMEOUT,
         Some(s) if s > 0.0 && s <= MAX_CALL_TIMEOUT.as_secs_f64() => Duration::from_secs_f64(s),
@@ -105,20 +107,10 @@ fn exec_tools(
     let Some(specs) = req.tools.take().filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
-    // Two declarations of one name conflict with each other (409, as a path the workspace's
-    // state refuses): a schema can say "no two items alike" but not "no two names alike", so
-    // this is not a malformed request in the document's terms.
-    let mut names = std::collections::HashSet::new();
-    if let Some(twice) = specs.iter().find(|s| !names.insert(s.name.as_str())) {
-        return Err(ApiError::new(
-            crate::error::ErrorCode::Conflict,
-            format!(
-                "tool {:?} is declared twice (tool names must differ)",
-                twice.name
-            ),
-        ));
-    }
-    ToolSpec::check_all(&specs).map_err(ApiError::invalid)?;
+    ToolSpec::check_all(&specs).map_err(|e| match e {
+        ToolSpecError::Twice(_) => ApiError::new(crate::error::ErrorCode::Conflict, e.to_string()),
+        ToolSpecError::Invalid(_) => ApiError::invalid(e.to_string()),
+    })?;
     let run = crate::tool_calls::Run::new(
         state.tool_calls.clone(),
         owner.to_owned(),

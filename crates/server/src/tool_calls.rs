@@ -151,6 +151,18 @@ impl ToolCalls {
         Ok(())
     }
 
+    /// The suspended plain execution (its [`Run`]) that pending call `id` of `owner`'s
+    /// `session` belongs to; None for any other id. The Anthropic-compatible endpoint finds
+    /// the code to continue by the calls a client answers.
+    pub(crate) fn run_of(&self, owner: &str, session: &str, id: &str) -> Option<Arc<Run>> {
+        let execution = self
+            .calls()
+            .get(id)
+            .filter(|p| p.owner == owner && p.session_id == session)
+            .map(|p| p.execution_id.clone())?;
+        self.runs().get(&execution).cloned()
+    }
+
     /// Forgets finished runs nobody came back for.
     fn sweep(&self) {
         self.runs().retain(|_, run| {

@@ -165,8 +165,8 @@ print(pydoc.render_doc(tests.search_issues, renderer=pydoc.plaintext))
         "{out}"
     );
     assert!(
-        // serde_json keeps an object's keys in name order, not the server's.
-        out.contains("structured dict {'query': 'is:open', 'titles': ['open issue 0 for is:open', 'open issue 1 for is:open'], 'total': 2}"),
+        // The object's keys arrive in the MCP server's order (serde_json keeps it).
+        out.contains("structured dict {'total': 2, 'titles': ['open issue 0 for is:open', 'open issue 1 for is:open'], 'query': 'is:open'}"),
         "{out}"
     );
     assert!(
@@ -372,4 +372,96 @@ print("restarted", before != after)
         "{out}"
     );
     assert!(out.contains("restarted True"), "{out}");
+}
+
+/// Code mode in the web page's chat: the chat's model is told the MCP functions its tenant's
+/// sessions may call (and none of another tenant's), writes one cell that loops over a tool,
+/// and gets back only what the cell printed. The model is the agent crate's scripted stand-in,
+/// which records every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_model_is_told_the_mcp_functions_and_sees_only_what_its_code_prints() {
+    use runcell_agent::testing::StandIn;
+    let python = tokio::task::spawn_blocking(clients::sdk_python)
+        .await
+        .expect("install the SDK");
+    let servers = Arc::new(
+        McpServers::new(vec![
+            stdio_server("tests", &python, &["default"]),
+            stdio_server("secret", &python, &["acme"]),
+        ])
+        .expect("servers"),
+    );
+    const LOOP: &str = "from runcell_tools.mcp import tests\n\
+        found = [tests.search_issues(query=f'q{i}', per_page=i + 1) for i in range(10)]\n\
+        print('TOTAL', sum(r['total'] for r in found))";
+    let stand_in = StandIn::start(|n, req| {
+        let system = req.body["messages"][0]["content"].as_str().unwrap_or("");
+        let message = if n == 0 && system.contains("- tests.search_issues(*, query: str") {
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                "type": "function", "function": {"name": "python",
+                "arguments": json!({"code": LOOP}).to_string()}}]})
+        } else {
+            let printed = req.body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "tool"))
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or("no listing, no cell");
+            json!({"role": "assistant", "content": format!("Printed: {}", printed.trim())})
+        };
+        let body = json!({"choices": [{"index": 0, "message": message,
+            "finish_reason": if n == 0 { "tool_calls" } else { "stop" }}]});
+        (200, vec![], body.to_string())
+    });
+    let chat = runcell_server::ChatConfig {
+        provider: stand_in.config(runcell_agent::ProviderKind::OpenAi),
+        max_steps: 4,
+    };
+    let srv =
+        common::start_with(move |state| state.with_mcp_servers(servers).with_chat(chat)).await;
+    let form = reqwest::multipart::Form::new().text("question", "How many issues in all?");
+    let body = srv
+        .http
+        .post(format!("{}/v1/chat", srv.base))
+        .multipart(form)
+        .send()
+        .await
+        .expect("chat")
+        .text()
+        .await
+        .expect("body");
+    let events: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON line"))
+        .collect();
+    let end = events.last().expect("end");
+    // 1 + 2 + ... + 10 issues: the sum the cell computed from ten real calls.
+    assert_eq!(end["answer"], "Printed: stdout:\nTOTAL 55", "{body}");
+    let cell = events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .expect("the cell's result");
+    let calls = cell["execution"]["tool_calls"].as_array().expect("calls");
+    let searches = calls
+        .iter()
+        .filter(|c| c["name"] == "mcp.tests.search_issues" && c["error"].is_null())
+        .count();
+    assert_eq!(searches, 10, "{cell}");
+
+    let reqs = stand_in.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
+    let system = reqs[0].body["messages"][0]["content"]
+        .as_str()
+        .expect("system");
+    assert!(
+        system.contains("from runcell_tools.mcp import tests\n")
+            && system.contains("- tests.echo(*, text: str)"),
+        "{system}"
+    );
+    // Another tenant's server is not named to this tenant's model.
+    assert!(!system.contains("secret"), "{system}");
+    // The search results (their titles) never reached the model.
+    for r in &reqs {
+        let sent = r.body.to_string();
+        assert!(!sent.contains("open issue 0 for q"), "{sent}");
+    }
 }

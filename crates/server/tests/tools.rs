@@ -699,7 +699,15 @@ try:
 except runcell_tools.ToolTooLarge as e:
     out.append(f"host: {e}")
 async def flood():
-    return await asyncio.gather(*(echo(text=str(i)) for i in range(80)), return_exceptions=True)
+    calls = [asyncio.ensure_future(echo(text=str(i))) for i in range(80)]
+    # No call is answered before this line is seen, so the calls done here are the refused
+    # ones: the client answers once the 16 past the bound came back (or 60 s went by).
+    for _ in range(6000):
+        if sum(c.done() for c in calls) >= 16:
+            break
+        await asyncio.sleep(0.01)
+    print("refusals in", flush=True)
+    return await asyncio.gather(*calls, return_exceptions=True)
 got = asyncio.run(flood())
 ok = [g for g in got if isinstance(g, dict)]
 refused = {str(g) for g in got if isinstance(g, runcell_tools.ToolRefused)}
@@ -707,8 +715,10 @@ out.append(f"{len(ok)} answered, {len(got) - len(ok)} refused: {sorted(refused)}
 print("\n".join(out))
 "#;
     let echo = json!({"name": "echo", "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}});
-    // The client answers only once all of the flood's admitted calls wait.
+    // The client answers only once all of the flood's admitted calls wait and the code said
+    // the refused ones came back (answering earlier frees room for calls still on their way).
     let mut waiting = Vec::new();
+    let mut refusals_in = false;
     let mut resp = c
         .req(reqwest::Method::POST, &format!("/v1/sessions/{id}/execute"))
         .header("accept", "application/x-ndjson")
@@ -725,19 +735,24 @@ print("\n".join(out))
             let event: Value = serde_json::from_slice(&line).expect("line");
             if event["type"] == "tool_call" {
                 waiting.push(event);
-                if waiting.len() == 64 {
-                    for call in &waiting {
-                        let (s, v) = c
-                            .post(
-                                &format!("/v1/sessions/{id}/tool_results"),
-                                json!({"id": call["id"], "output": {"text": call["input"]["text"]}}),
-                            )
-                            .await;
-                        assert_eq!(s, StatusCode::OK, "{v}");
-                    }
-                }
+            } else if event["type"] == "stdout" {
+                refusals_in |= event["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("refusals in"));
             } else if event["type"] == "end" {
                 end = event;
+            }
+            if refusals_in && waiting.len() >= 64 {
+                refusals_in = false;
+                for call in &waiting {
+                    let (s, v) = c
+                        .post(
+                            &format!("/v1/sessions/{id}/tool_results"),
+                            json!({"id": call["id"], "output": {"text": call["input"]["text"]}}),
+                        )
+                        .await;
+                    assert_eq!(s, StatusCode::OK, "{v}");
+                }
             }
         }
     }
@@ -749,7 +764,8 @@ print("\n".join(out))
     let e = &end["execution"];
     assert_eq!(
         e["stdout"],
-        "sandbox: echo(): the arguments are 1048588 bytes as JSON, over the 1048576-byte limit\n\
+        "refusals in\n\
+         sandbox: echo(): the arguments are 1048588 bytes as JSON, over the 1048576-byte limit\n\
          host: the arguments of echo are 1048587 bytes as JSON, over the 1048576-byte limit\n\
          64 answered, 16 refused: ['too many tool calls waiting: at most 64 at once']\n",
         "{e}"

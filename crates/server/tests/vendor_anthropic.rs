@@ -500,3 +500,355 @@ async fn bad_requests_get_anthropics_envelope_and_status() {
     assert!(stand_in.requests().is_empty());
     assert!(srv.engine.sessions().list().is_empty());
 }
+
+// Programmatic tool calling: the client's `lookup` (allowed_callers code_execution_20260120)
+// is a function of the model's Python; the SDK client answers its calls across round trips.
+
+const PTC_LOOP: &str = "import json\nfrom runcell_tools import lookup\n\ntotal = 0\nfor i in range(1, 6):\n    total += json.loads(lookup(id=i))[\"balance\"]\nprint(f\"total balance of 5 customers: {total}\")";
+const PTC_GATHER: &str = "import asyncio, json\nfrom runcell_tools import lookup\n\nrows = await asyncio.gather(*(lookup(id=i) for i in (1, 2, 3)))\nprint(\", \".join(json.loads(r)[\"name\"].split()[0] for r in rows))";
+const PTC_ERROR: &str = "from runcell_tools import lookup, ToolError\n\ntry:\n    lookup(id=4)\nexcept ToolError as e:\n    print(f\"lookup failed: {e}\")";
+const PTC_UNDECLARED: &str = "import json\nimport runcell_tools\ntry:\n    from runcell_tools import notify\nexcept ImportError as e:\n    print(\"import refused:\", type(e).__name__)\ntry:\n    runcell_tools._call(\"notify\", {\"text\": \"hi\"})\nexcept runcell_tools.ToolRefused as e:\n    print(\"call refused:\", type(e).__name__)\nprint(\"lookup still works:\", json.loads(runcell_tools.lookup(id=1))[\"name\"])";
+
+const PTC_HURRY: &str = "from runcell_tools import lookup, ToolTimeout\n\ntry:\n    lookup(id=1)\nexcept ToolTimeout as e:\n    print(f\"no answer in time: {type(e).__name__}\")";
+
+/// What only the client holds: the model must never see any of it.
+const CLIENT_RECORDS: [&str; 5] = [
+    "Ada Lovelace",
+    "Grace Hopper",
+    "Alan Turing",
+    "Edsger Dijkstra",
+    "Barbara Liskov",
+];
+
+fn ptc_model(task: &str, outputs: &[String]) -> Step {
+    let code = match task {
+        "Sum the balances of customers 1 to 5" => PTC_LOOP,
+        "Name customers 1 to 3 at once" => PTC_GATHER,
+        "Look up customer 4" => PTC_ERROR,
+        "Notify from code" => PTC_UNDECLARED,
+        "Look up customer 1 in a hurry" => PTC_HURRY,
+        "What was the total?" => return Step::Say("As computed above.".into()),
+        t => return Step::Say(format!("unexpected task {t:?}")),
+    };
+    match outputs {
+        [] => Step::Call("code_execution", json!({"code": code})),
+        [out, ..] => Step::Say(format!("Done: {}", section(out, "stdout"))),
+    }
+}
+
+/// Every model request of the run, as text, holds none of the client's records.
+fn assert_model_saw_no_record(stand_in: &runcell_agent::testing::StandIn) {
+    for (n, req) in stand_in.requests().iter().enumerate() {
+        let body = req.body.to_string();
+        for name in CLIENT_RECORDS {
+            assert!(
+                !body.contains(name),
+                "model request {n} holds the tool output {name:?}: {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_calls_the_clients_tool_in_a_loop_and_the_model_sees_only_the_sum() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let (_, key) = srv.store.create_key("app", "acme").expect("key");
+    let r = sdk("ptc_loop", &srv, &key).await;
+
+    let rounds: Vec<Value> = (1..=5).map(|i| json!([["lookup", {"id": i}]])).collect();
+    assert_eq!(r["rounds"], json!(rounds), "one call per reply: {r}");
+    assert_eq!(r["stdout"], "total balance of 5 customers: 1500\n", "{r}");
+    assert_eq!(r["return_code"], 0);
+    assert_eq!(r["answer"], "Done: total balance of 5 customers: 1500");
+    assert_eq!(r["stop_reason"], "end_turn");
+    assert_eq!(r["code"], PTC_LOOP);
+    // The blocks of each reply: the code and its first call, one call each, the result.
+    let kinds: Vec<Vec<&str>> = r["replies"]
+        .as_array()
+        .expect("replies")
+        .iter()
+        .map(|m| {
+            m.as_array()
+                .into_iter()
+                .flatten()
+                .map(|b| {
+                    b["type"]
+                        .as_str()
+                        .or(b["stop_reason"].as_str())
+                        .unwrap_or("?")
+                })
+                .collect()
+        })
+        .collect();
+    let mut expected = vec![vec!["server_tool_use", "tool_use", "tool_use"]];
+    expected.extend((0..4).map(|_| vec!["tool_use", "tool_use"]));
+    expected.push(vec!["code_execution_tool_result", "text", "end_turn"]);
+    assert_eq!(kinds, expected, "{r}");
+    if std::env::var_os("RUNCELL_SHOW_REPLIES").is_some() {
+        eprintln!(
+            "{}",
+            serde_json::to_string_pretty(&r["replies"]).unwrap_or_default()
+        );
+    }
+
+    // Six requests of the client, two model calls: the first and the one after the code;
+    // then the follow-up question, with the exchange sent back.
+    assert_eq!(
+        r["follow"],
+        json!(["end_turn", "As computed above."]),
+        "{r}"
+    );
+    let requests = stand_in.requests();
+    assert_eq!(
+        requests.len(),
+        3,
+        "the model is not called while the code runs"
+    );
+    assert_model_saw_no_record(&stand_in);
+    assert!(requests[1].body.to_string().contains("1500"));
+    // The history as the model reads it: the code call, its output, the answer, the question.
+    let msgs = requests[2].body["messages"].as_array().expect("messages");
+    let roles: Vec<&str> = msgs.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "assistant", "user"],
+        "{msgs:?}"
+    );
+    assert_eq!(
+        msgs[2]["tool_calls"][0]["function"]["name"],
+        "code_execution"
+    );
+    assert_eq!(msgs[3]["tool_call_id"], msgs[2]["tool_calls"][0]["id"]);
+    assert!(msgs[3]["content"]
+        .as_str()
+        .is_some_and(|t| t.contains("total balance of 5 customers: 1500")));
+    // `lookup` is the code's, `notify` the model's; the code tool says how to call it.
+    let tools = requests[0].body["tools"].as_array().expect("tools");
+    let names: Vec<&str> = tools
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "bash_code_execution",
+            "text_editor_code_execution",
+            "code_execution",
+            "notify"
+        ]
+    );
+    let described = tools[2]["function"]["description"].as_str().unwrap_or("");
+    assert!(
+        described.contains("from runcell_tools import lookup")
+            && described.contains("- lookup(id: integer): A customer record by id, as JSON"),
+        "{described}"
+    );
+
+    // The cell's record has the five calls, as the audit log does.
+    let session = r["container"]
+        .as_str()
+        .expect("container")
+        .replace("container_", "ses_");
+    let (rows, _) = srv
+        .store
+        .list_executions("acme", Some(&session), 10, None)
+        .expect("executions");
+    let cell = rows.iter().find(|e| e.code == PTC_LOOP).expect("the cell");
+    let cell: Value = serde_json::from_str(&cell.execution_json).expect("json");
+    let calls: Vec<&Value> = cell["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(calls.len(), 5, "{cell}");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c["name"] == "lookup" && c["error"].is_null()),
+        "{cell}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_loop_streams_its_tool_use_blocks_as_events() {
+    let stand_in = scripted(ProviderKind::Anthropic, ptc_model);
+    let srv = server(&stand_in, ProviderKind::Anthropic, true).await;
+    let r = sdk("ptc_loop", &srv, "unused").await;
+    let r_stream = {
+        let base = format!("{}/anthropic", srv.base);
+        tokio::task::spawn_blocking(move || {
+            vendor::run_sdk(
+                "anthropic_client.py",
+                &["ptc_loop", &base, "unused", "stream"],
+            )
+        })
+        .await
+        .expect("the SDK client")
+    };
+    for r in [&r, &r_stream] {
+        assert_eq!(r["stdout"], "total balance of 5 customers: 1500\n", "{r}");
+        assert_eq!(r["rounds"].as_array().map(Vec::len), Some(5), "{r}");
+        assert_eq!(r["answer"], "Done: total balance of 5 customers: 1500");
+    }
+    assert_eq!(
+        stand_in.requests().len(),
+        6,
+        "three model calls per conversation (the last one the follow-up)"
+    );
+    assert_model_saw_no_record(&stand_in);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gathered_calls_come_together_and_an_error_result_is_an_exception() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+
+    let r = sdk("ptc_gather", &srv, "unused").await;
+    assert_eq!(r["stdout"], "Ada, Grace, Alan\n", "{r}");
+    if std::env::var_os("RUNCELL_SHOW_REPLIES").is_some() {
+        eprintln!("gather rounds: {}", r["rounds"]);
+    }
+    let rounds = r["rounds"].as_array().expect("rounds");
+    let calls: usize = rounds
+        .iter()
+        .map(|c| c.as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(calls, 3, "{r}");
+    // Made at once, they wait together: one reply holds them (a loaded machine may split
+    // them over a few).
+    assert!((1..=3).contains(&rounds.len()), "{r}");
+
+    let r = sdk("ptc_error", &srv, "unused").await;
+    assert_eq!(r["rounds"], json!([[["lookup", {"id": 4}]]]), "{r}");
+    assert_eq!(r["stdout"], "lookup failed: record 4 is locked\n", "{r}");
+    assert_eq!(r["answer"], "Done: lookup failed: record 4 is locked");
+    assert_model_saw_no_record(&stand_in);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_the_code_may_not_call_is_refused_inside_the_code() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let r = sdk("ptc_undeclared", &srv, "unused").await;
+    // `notify` is the model's own (allowed_callers direct): no tool_use for it ever reached
+    // the client; `lookup`, in the same cell, did (the positive control).
+    assert_eq!(r["rounds"], json!([[["lookup", {"id": 1}]]]), "{r}");
+    assert_eq!(
+        r["stdout"],
+        "import refused: ImportError\ncall refused: ToolRefused\nlookup still works: Ada Lovelace\n",
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_foreign_and_containerless_answers_are_refused_and_change_nothing() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let r = sdk("ptc_refusals", &srv, "unused").await;
+    let refused = |name: &str, says: &str| {
+        let e = &r[name];
+        assert_eq!(e[0], 400, "{name}: {r}");
+        assert_eq!(e[1], "invalid_request_error", "{name}: {r}");
+        assert!(
+            e[2].as_str().is_some_and(|m| m.contains(says)),
+            "{name}: {e}"
+        );
+    };
+    refused("forged", "is not a tool call of code in container");
+    refused(
+        "unexpected",
+        "unexpected tool_use_id found in tool_result blocks: toolu_nope",
+    );
+    refused("other_container", "is not a tool call of code in container");
+    refused("no_container", "container:");
+    // The real answer still goes to the code, which goes on to the next record.
+    assert_eq!(r["after"], json!(["tool_use", [{"id": 2}]]), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_nobody_answers_times_out_as_an_exception_in_the_code() {
+    let stand_in = scripted(ProviderKind::OpenAi, ptc_model);
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let (_, key) = srv.store.create_key("app", "acme").expect("key");
+    let (base, k) = (format!("{}/anthropic", srv.base), key.clone());
+    let r = tokio::task::spawn_blocking(move || {
+        vendor::run_sdk("anthropic_client.py", &["ptc_timeout", &base, &k, &k])
+    })
+    .await
+    .expect("the SDK client");
+    assert_eq!(r["stdout"], "no answer in time: ToolTimeout\n", "{r}");
+    let calls = r["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{r}");
+    assert!(
+        calls[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("timeout")),
+        "{r}"
+    );
+    // The answer that came too late is no answer: the call no longer waits.
+    assert_eq!(r["late"][0], 400, "{r}");
+    assert!(
+        r["late"][2]
+            .as_str()
+            .is_some_and(|m| m.contains("timed out")),
+        "{r}"
+    );
+    assert_eq!(r["zero"][0], 400, "{r}");
+    assert!(
+        r["zero"][1]
+            .as_str()
+            .is_some_and(|m| m.starts_with("tool_timeout_s:")),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_calling_the_code_and_a_direct_tool_is_answered_in_one_message() {
+    // The model calls the code (which calls `lookup`) and `notify` in one reply; the client
+    // answers both at once; the model then gets notify's result and the code's output only.
+    let stand_in = runcell_agent::testing::StandIn::start(|n, req| {
+        let message = if n == 0 {
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "code_execution",
+                 "arguments": json!({"code": "import json\nfrom runcell_tools import lookup\nprint('balance of 3:', json.loads(lookup(id=3))['balance'])"}).to_string()}},
+                {"id": "call_b", "type": "function", "function": {"name": "notify",
+                 "arguments": json!({"text": "starting"}).to_string()}}]})
+        } else {
+            let said: Vec<String> = req.body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| section(m["content"].as_str().unwrap_or(""), "stdout"))
+                .collect();
+            let notified = req.body.to_string().contains("notified");
+            json!({"role": "assistant", "content": format!("{} (notified: {notified})", said.join(""))})
+        };
+        let finish = if n == 0 { "tool_calls" } else { "stop" };
+        (
+            200,
+            vec![],
+            json!({"id": format!("c{n}"), "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+            .to_string(),
+        )
+    });
+    let srv = server(&stand_in, ProviderKind::OpenAi, false).await;
+    let r = sdk("ptc_mixed", &srv, "unused").await;
+    assert_eq!(
+        r["first"],
+        json!([
+            ["server_tool_use", "code_execution", null],
+            ["tool_use", "lookup", "code_execution_20260120"],
+            ["tool_use", "notify", null]
+        ]),
+        "{r}"
+    );
+    assert_eq!(r["stdout"], "balance of 3: 75\n", "{r}");
+    assert_eq!(r["answer"], "balance of 3: 75 (notified: true)", "{r}");
+    assert_eq!(r["stop_reason"], "end_turn");
+    assert_eq!(stand_in.requests().len(), 2);
+    assert_model_saw_no_record(&stand_in);
+}

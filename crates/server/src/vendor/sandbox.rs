@@ -181,6 +181,13 @@ impl Sandbox<'_> {
             None,
             self.cancel.clone(),
         )?;
+        let saved = self.saved_by(&execution);
+        Ok(PythonRun { execution, saved })
+    }
+
+    /// The files a finished cell created or changed, then the figures it showed, copied into
+    /// the store (a cell run elsewhere, as one that called client tools, ends here too).
+    pub(crate) fn saved_by(&self, execution: &Execution) -> Vec<Saved> {
         let mut saved = self.save(
             execution
                 .files
@@ -198,7 +205,7 @@ impl Sandbox<'_> {
                 self.keep(&mut saved, name, &data);
             }
         }
-        Ok(PythonRun { execution, saved })
+        saved
     }
 
     /// Places an uploaded file at /workspace/NAME unless a file of that name is there

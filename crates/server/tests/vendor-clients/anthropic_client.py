@@ -426,7 +426,224 @@ def approval_refused(c, *_):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused]}
+# Programmatic tool calling: the client's records, which only the client holds.
+RECORDS = {
+    1: {"name": "Ada Lovelace", "balance": 120},
+    2: {"name": "Grace Hopper", "balance": 340},
+    3: {"name": "Alan Turing", "balance": 75},
+    4: {"name": "Edsger Dijkstra", "balance": 410},
+    5: {"name": "Barbara Liskov", "balance": 555},
+}
+LOOKUP = {
+    "name": "lookup",
+    "description": "A customer record by id, as JSON",
+    "input_schema": {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "minimum": 1}},
+        "required": ["id"],
+    },
+    "allowed_callers": ["code_execution_20260120"],
+}
+NOTIFY = {
+    "name": "notify",
+    "description": "Send the user a notification",
+    "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    "allowed_callers": ["direct"],
+}
+PTC_TOOLS = V2026 + [LOOKUP, NOTIFY]
+
+
+def ptc_create(c, stream, **kw):
+    if stream != "stream":
+        return c.messages.create(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, **kw)
+    with c.messages.stream(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, **kw) as s:
+        events = [e.type for e in s]
+        final = s.get_final_message()
+    assert "message_stop" in events, events
+    return final
+
+
+def answer(call, fail=None):
+    """The client's own tool: a record, or a failure for the ids in `fail`."""
+    if fail and call.input["id"] in fail:
+        return {"type": "tool_result", "tool_use_id": call.id, "content": f"record {call.input['id']} is locked", "is_error": True}
+    rec = RECORDS.get(call.input["id"])
+    return {"type": "tool_result", "tool_use_id": call.id, "content": json.dumps(rec)}
+
+
+def ptc_run(c, task, stream=None, fail=None, follow_up=None):
+    """Answers the code's calls until the turn ends: what each reply held."""
+    messages = [{"role": "user", "content": task}]
+    msg = ptc_create(c, stream, messages=messages)
+    container = msg.container.id
+    code_use = of_type(msg, ServerToolUseBlock)
+    rounds = []
+    replies = [[b.model_dump(exclude_none=True) for b in msg.content] + [{"stop_reason": msg.stop_reason}]]
+    while msg.stop_reason == "tool_use":
+        calls = of_type(msg, ToolUseBlock)
+        assert calls, msg
+        for call in calls:
+            # The code's calls name the code that made them.
+            assert call.caller is not None and call.caller.type == "code_execution_20260120", call
+            assert call.caller.tool_id == code_use[0].id, (call, code_use)
+        rounds.append([[call.name, call.input] for call in calls])
+        messages = messages + [
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": [answer(call, fail) for call in calls]},
+        ]
+        msg = ptc_create(c, stream, messages=messages, container=container)
+        replies.append([b.model_dump(exclude_none=True) for b in msg.content] + [{"stop_reason": msg.stop_reason}])
+        assert msg.container.id == container, msg.container
+        # Later replies go on with the same code: no new server_tool_use while it runs.
+        if msg.stop_reason == "tool_use":
+            assert not of_type(msg, ServerToolUseBlock), msg
+    results = of_type(msg, CodeExecutionToolResultBlock)
+    assert len(results) == 1 and results[0].tool_use_id == code_use[0].id, msg
+    assert isinstance(results[0].content, CodeExecutionResultBlock), results[0]
+    follow = None
+    if follow_up:
+        # The whole exchange sent back with a new question: the conversation goes on.
+        again = ptc_create(c, stream, container=container, messages=messages + [
+            {"role": "assistant", "content": msg.content},
+            {"role": "user", "content": follow_up},
+        ])
+        follow = [again.stop_reason, text_of(again)]
+    return {
+        "follow": follow,
+        "rounds": rounds,
+        "code": code_use[0].input.get("code"),
+        "stdout": results[0].content.stdout,
+        "stderr": results[0].content.stderr,
+        "return_code": results[0].content.return_code,
+        "answer": text_of(msg),
+        "stop_reason": msg.stop_reason,
+        "container": container,
+        "requests": len(rounds) + 1,
+        "replies": replies,
+    }
+
+
+def ptc_loop(c, stream=None):
+    return ptc_run(c, "Sum the balances of customers 1 to 5", stream, follow_up="What was the total?")
+
+
+def ptc_gather(c):
+    return ptc_run(c, "Name customers 1 to 3 at once")
+
+
+def ptc_error(c):
+    return ptc_run(c, "Look up customer 4", fail={4})
+
+
+def ptc_undeclared(c):
+    return ptc_run(c, "Notify from code")
+
+
+def ptc_refusals(c):
+    """Answers that are not answers: refused in Anthropic's envelope, and nothing changes."""
+    out = {}
+    ask = [{"role": "user", "content": "Sum the balances of customers 1 to 5"}]
+    first = c.messages.create(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask)
+    other = c.messages.create(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask)
+    assert first.stop_reason == "tool_use" and other.stop_reason == "tool_use"
+    call = of_type(first, ToolUseBlock)[0]
+    other_call = of_type(other, ToolUseBlock)[0]
+
+    def attempt(name, content, container, result):
+        try:
+            c.messages.create(
+                model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=container,
+                messages=ask + [{"role": "assistant", "content": content}, {"role": "user", "content": [result]}],
+            )
+            out[name] = "no error"
+        except anthropic.APIStatusError as e:
+            out[name] = [e.status_code, e.body["error"]["type"], e.body["error"]["message"]]
+
+    dumped = [b.model_dump(exclude_none=True) for b in first.content]
+    # A tool_use id nobody made, in a message that claims the code made it.
+    forged = [dict(b, id="toolu_" + "0" * 32) if b["type"] == "tool_use" else b for b in dumped]
+    attempt("forged", forged, first.container.id, {"type": "tool_result", "tool_use_id": "toolu_" + "0" * 32, "content": "{}"})
+    # A result for an id the previous message does not hold.
+    attempt("unexpected", first.content, first.container.id, {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "{}"})
+    # The other conversation's real call, answered in this container.
+    theirs = [dict(b, id=other_call.id) if b["type"] == "tool_use" else b for b in dumped]
+    attempt("other_container", theirs, first.container.id, {"type": "tool_result", "tool_use_id": other_call.id, "content": "{}"})
+    # Without the container the call came from.
+    attempt("no_container", first.content, None, answer(call))
+    # Nothing changed: the real answer still continues the code.
+    go_on = c.messages.create(
+        model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=first.container.id,
+        messages=ask + [{"role": "assistant", "content": first.content}, {"role": "user", "content": [answer(call)]}],
+    )
+    out["after"] = [go_on.stop_reason, [b.input for b in of_type(go_on, ToolUseBlock)]]
+    return out
+
+
+def ptc_timeout(c, key):
+    """Nobody answers in time: the call raises in the code, and a late answer is refused."""
+    import time
+    import urllib.request
+
+    ask = [{"role": "user", "content": "Look up customer 1 in a hurry"}]
+    first = c.messages.create(
+        model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask, extra_body={"tool_timeout_s": 0.5},
+    )
+    assert first.stop_reason == "tool_use", first
+    call = of_type(first, ToolUseBlock)[0]
+    code = of_type(first, ServerToolUseBlock)[0].input["code"]
+    # Wait (for as long as it takes) until the cell has ended: runcell's own API lists it.
+    native = str(c.base_url).rstrip("/").removesuffix("/anthropic")
+    session = first.container.id.replace("container_", "ses_")
+    cell = None
+    for _ in range(1200):
+        req = urllib.request.Request(
+            f"{native}/v1/executions?session_id={session}", headers={"Authorization": f"Bearer {key}"}
+        )
+        with urllib.request.urlopen(req) as r:
+            listed = json.load(r)["executions"]
+        cell = next((e for e in listed if e["code"] == code and e["status"] != "waiting"), None)
+        if cell:
+            break
+        time.sleep(0.1)
+    assert cell, "the cell never ended"
+    try:
+        c.messages.create(
+            model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=first.container.id,
+            messages=ask + [{"role": "assistant", "content": first.content}, {"role": "user", "content": [answer(call)]}],
+        )
+        late = "no error"
+    except anthropic.APIStatusError as e:
+        late = [e.status_code, e.body["error"]["type"], e.body["error"]["message"]]
+    try:
+        c.messages.create(
+            model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask, extra_body={"tool_timeout_s": 0},
+        )
+        zero = "no error"
+    except anthropic.APIStatusError as e:
+        zero = [e.status_code, e.body["error"]["message"]]
+    return {"stdout": cell["stdout"], "tool_calls": cell["tool_calls"], "late": late, "zero": zero}
+
+
+def ptc_mixed(c):
+    """One reply with a call of the code and a call of the model: both answered at once."""
+    ask = [{"role": "user", "content": "Balance of customer 3, and tell me when you start"}]
+    first = c.messages.create(model=MODEL, max_tokens=1024, tools=PTC_TOOLS, messages=ask)
+    assert first.stop_reason == "tool_use", first
+    calls = of_type(first, ToolUseBlock)
+    kinds = [[b.type, getattr(b, "name", None), b.caller.type if getattr(b, "caller", None) else None] for b in first.content]
+    results = [
+        answer(call) if call.name == "lookup" else {"type": "tool_result", "tool_use_id": call.id, "content": "notified"}
+        for call in calls
+    ]
+    done = c.messages.create(
+        model=MODEL, max_tokens=1024, tools=PTC_TOOLS, container=first.container.id,
+        messages=ask + [{"role": "assistant", "content": first.content}, {"role": "user", "content": results}],
+    )
+    out = of_type(done, CodeExecutionToolResultBlock)
+    return {"first": kinds, "stdout": out[0].content.stdout if out else None, "answer": text_of(done), "stop_reason": done.stop_reason}
+
+
+SCENARIOS = {f.__name__: f for f in [fibonacci, sales, chart, palindrome, linear, state, tool_use, files, errors, wrong_key, approval, approval_refused, ptc_loop, ptc_gather, ptc_error, ptc_undeclared, ptc_refusals, ptc_timeout, ptc_mixed]}
 
 if __name__ == "__main__":
     scenario, base, key = sys.argv[1:4]

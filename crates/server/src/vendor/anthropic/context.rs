@@ -9,6 +9,8 @@ use super::error::Error;
 use crate::caller::KeyRef;
 use crate::state::{AppState, Principal, Tenant};
 use crate::vendor::FileStore;
+use runcell_engine::tools::ToolImage;
+use serde_json::Value;
 
 /// Where Anthropic's files of every tenant are kept.
 pub(super) fn file_store(state: &AppState) -> FileStore {
@@ -58,6 +60,45 @@ impl FromRequestParts<AppState> for Caller {
                 ))
             }
         }
+    }
+}
+
+/// A client's `tool_result` content: its text, and its images.
+pub(super) fn tool_result_content(content: Option<&Value>) -> (String, Vec<ToolImage>) {
+    match content {
+        Some(Value::String(s)) => (s.clone(), Vec::new()),
+        Some(Value::Array(parts)) => {
+            let mut text = Vec::new();
+            let mut images = Vec::new();
+            for p in parts {
+                match p
+                    .get("type")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+                {
+                    "text" => text.push(p.get("text").and_then(Value::as_str).unwrap_or("")),
+                    "image"
+                        if p.pointer("/source/type").and_then(Value::as_str) == Some("base64") =>
+                    {
+                        images.push(ToolImage {
+                            mime: p
+                                .pointer("/source/media_type")
+                                .and_then(Value::as_str)
+                                .unwrap_or("image/png")
+                                .to_owned(),
+                            data_base64: p
+                                .pointer("/source/data")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            (text.join("\n"), images)
+        }
+        _ => (String::new(), Vec::new()),
     }
 }
 

@@ -20,16 +20,17 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::SecondsFormat;
 use runcell_agent::{AgentError, Client, ModelReply, Ruling, ToolReply, ToolSpec, ToolUse, Turn};
-use runcell_engine::tools::{command_output, execution_output, ToolImage};
+use runcell_engine::tools::{command_output, execution_output};
 use runcell_engine::{CancelToken, CreateSession, Engine, EngineError, ExecutionStatus, KilledBy};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::context::{container_id, file_store, session_of, Caller};
+use super::context::{container_id, file_store, session_of, tool_result_content, Caller};
 use super::error::{request_id, Error};
+use super::programmatic::{self, Cell, CodeTools, Resumed};
 use crate::state::AppState;
 use crate::vendor::approval::{self, Approver};
-use crate::vendor::sandbox::{Edit, EditRequest, Sandbox, Saved};
+use crate::vendor::sandbox::{Edit, EditRequest, PythonRun, Sandbox, Saved};
 use crate::vendor::{sse, Abort, FileStore};
 
 /// The code tool's sub-tools, as the model calls them and the reply names them.
@@ -61,6 +62,11 @@ struct CreateMessage {
     /// the SDK sends it with `extra_body`.
     #[serde(default)]
     approval: Option<String>,
+    /// runcell's own: how long each call the model's code makes of the client's tools waits
+    /// for its `tool_result` (seconds, over 0, at most 3600; default 270), sent with
+    /// `extra_body`. Past it the call raises `runcell_tools.ToolTimeout` in the code.
+    #[serde(default)]
+    tool_timeout_s: Option<f64>,
     // temperature, tool_choice, metadata, thinking, stop_sequences...: accepted, and left to
     // the model's defaults.
 }
@@ -114,18 +120,51 @@ enum ContainerParam {
 struct Offer {
     /// The code execution tool, if offered: whether Python (with state) comes with it.
     code: Option<bool>,
-    /// The request's own tools, which the client runs.
+    /// Its version.
+    version: Option<&'static str>,
+    /// The request's own tools the model calls (`allowed_callers` with `direct`, the
+    /// default), which the client runs.
     custom: Vec<ToolSpec>,
+    /// The request's own tools the model's code calls (`allowed_callers` with the code
+    /// tool's version), which the client runs too.
+    callable: Vec<runcell_engine::bridge::ToolSpec>,
+}
+
+/// A custom tool's `allowed_callers`: (the model calls it, the code execution versions whose
+/// code calls it).
+fn allowed_callers(t: &Value, i: usize) -> Result<(bool, Vec<&str>), Error> {
+    let Some(list) = t.get("allowed_callers") else {
+        return Ok((true, Vec::new()));
+    };
+    let bad = || {
+        Error::invalid(format!(
+            "tools.{i}.allowed_callers: a non-empty list of \"direct\" and code execution versions ({})",
+            programmatic::CODE_CALLERS.join(", ")
+        ))
+    };
+    let list = list.as_array().filter(|l| !l.is_empty()).ok_or_else(bad)?;
+    let mut direct = false;
+    let mut code = Vec::new();
+    for c in list {
+        match c.as_str() {
+            Some("direct") => direct = true,
+            Some(v) if programmatic::CODE_CALLERS.contains(&v) => code.push(v),
+            _ => return Err(bad()),
+        }
+    }
+    Ok((direct, code))
 }
 
 fn parse_tools(tools: &[Value]) -> Result<Offer, Error> {
     let mut offer = Offer::default();
+    // Tools the code calls, with the versions they name, checked once the code tool is known.
+    let mut callable: Vec<(usize, Vec<&str>, ToolSpec)> = Vec::new();
     for (i, t) in tools.iter().enumerate() {
         let kind = t.get("type").and_then(Value::as_str);
         let name = t.get("name").and_then(Value::as_str).unwrap_or("");
         match kind {
             Some(k) if k.starts_with("code_execution_") => {
-                let Some((_, python)) = VERSIONS.iter().find(|(v, _)| *v == k) else {
+                let Some((version, python)) = VERSIONS.iter().find(|(v, _)| *v == k) else {
                     return Err(Error::invalid(format!(
                         "tools.{i}.type: {k:?} is not a code execution version this server runs ({})",
                         VERSIONS.map(|(v, _)| v).join(", ")
@@ -142,6 +181,7 @@ fn parse_tools(tools: &[Value]) -> Result<Offer, Error> {
                     )));
                 }
                 offer.code = Some(*python);
+                offer.version = Some(version);
             }
             None | Some("custom") => {
                 if name.is_empty() {
@@ -157,7 +197,7 @@ fn parse_tools(tools: &[Value]) -> Result<Offer, Error> {
                         "tools.{i}.input_schema: Field required"
                     )));
                 };
-                offer.custom.push(ToolSpec {
+                let spec = ToolSpec {
                     name: name.to_owned(),
                     description: t
                         .get("description")
@@ -165,7 +205,14 @@ fn parse_tools(tools: &[Value]) -> Result<Offer, Error> {
                         .unwrap_or("")
                         .to_owned(),
                     input_schema: schema.clone(),
-                });
+                };
+                let (direct, code) = allowed_callers(t, i)?;
+                if !code.is_empty() {
+                    callable.push((i, code, spec.clone()));
+                }
+                if direct {
+                    offer.custom.push(spec);
+                }
             }
             Some(other) => {
                 return Err(Error::invalid(format!(
@@ -175,6 +222,38 @@ fn parse_tools(tools: &[Value]) -> Result<Offer, Error> {
             }
         }
     }
+    for (i, versions, spec) in callable {
+        match (offer.version, offer.code) {
+            (None, _) => {
+                return Err(Error::invalid(format!(
+                    "tools.{i}.allowed_callers: {} is called from code, so `tools` needs the code execution tool",
+                    spec.name
+                )))
+            }
+            (Some(v), _) if !versions.contains(&v) => {
+                return Err(Error::invalid(format!(
+                    "tools.{i}.allowed_callers: names {}, but this request's code execution tool is {v}",
+                    versions.join(", ")
+                )))
+            }
+            (Some(v), Some(false)) => {
+                return Err(Error::invalid(format!(
+                    "tools.{i}.allowed_callers: on this server code calls tools from Python, which {v} does not run: use code_execution_20260120 or code_execution_20260521"
+                )))
+            }
+            _ => {}
+        }
+        offer.callable.push(runcell_engine::bridge::ToolSpec {
+            name: spec.name,
+            description: spec.description,
+            input_schema: spec.input_schema,
+        });
+    }
+    runcell_engine::bridge::ToolSpec::check_all(&offer.callable).map_err(|why| {
+        Error::invalid(format!(
+            "tools: {why} (a tool called from code is a Python function of that name)"
+        ))
+    })?;
     Ok(offer)
 }
 
@@ -246,12 +325,28 @@ struct Upload {
     data: Vec<u8>,
 }
 
+/// Each message: whether it is the assistant's, and its blocks (none for plain text).
+fn block_view(messages: &[InMessage]) -> Vec<(bool, &[Value])> {
+    messages
+        .iter()
+        .map(|m| {
+            let blocks: &[Value] = match &m.content {
+                Content::Blocks(b) => b,
+                Content::Text(_) => &[],
+            };
+            (m.role == Role::Assistant, blocks)
+        })
+        .collect()
+}
+
 /// The conversation as the agent's transcript. `placed` gives each uploaded file's path in
-/// /workspace.
+/// /workspace. The calls the model's code made (and their results) are left out: the model
+/// sees only what the code printed.
 fn transcript(
     messages: &[InMessage],
     placed: &HashMap<String, String>,
 ) -> Result<Vec<Turn>, Error> {
+    let code_calls = programmatic::code_call_ids(&block_view(messages));
     let mut turns: Vec<Turn> = Vec::new();
     // Tool names by call id, for the results that name only the id.
     let mut names: HashMap<String, String> = HashMap::new();
@@ -267,8 +362,8 @@ fn transcript(
             Content::Blocks(b) => b,
         };
         match msg.role {
-            Role::User => user_turns(m, blocks, placed, &names, &mut turns)?,
-            Role::Assistant => assistant_turns(m, blocks, &mut names, &mut turns)?,
+            Role::User => user_turns(m, blocks, placed, &names, &code_calls, &mut turns)?,
+            Role::Assistant => assistant_turns(m, blocks, &mut names, &code_calls, &mut turns)?,
         }
     }
     // Results of one reply's calls go back together: the client's results after the ones
@@ -306,6 +401,7 @@ fn user_turns(
     blocks: &[Value],
     placed: &HashMap<String, String>,
     names: &HashMap<String, String>,
+    code_calls: &HashSet<String>,
     turns: &mut Vec<Turn>,
 ) -> Result<(), Error> {
     let mut text = String::new();
@@ -322,6 +418,9 @@ fn user_turns(
             "text" => push_text(&mut text, str_field(b, "text", &at)?),
             "tool_result" => {
                 let id = str_field(b, "tool_use_id", &at)?;
+                if code_calls.contains(id) {
+                    continue;
+                }
                 let (body, images) = tool_result_content(b.get("content"));
                 results.push(ToolReply {
                     id: id.to_owned(),
@@ -367,45 +466,11 @@ fn user_turns(
     Ok(())
 }
 
-/// A client's `tool_result` content: its text, and its images.
-fn tool_result_content(content: Option<&Value>) -> (String, Vec<ToolImage>) {
-    match content {
-        Some(Value::String(s)) => (s.clone(), Vec::new()),
-        Some(Value::Array(parts)) => {
-            let mut text = Vec::new();
-            let mut images = Vec::new();
-            for p in parts {
-                match block_type(p) {
-                    "text" => text.push(p.get("text").and_then(Value::as_str).unwrap_or("")),
-                    "image"
-                        if p.pointer("/source/type").and_then(Value::as_str) == Some("base64") =>
-                    {
-                        images.push(ToolImage {
-                            mime: p
-                                .pointer("/source/media_type")
-                                .and_then(Value::as_str)
-                                .unwrap_or("image/png")
-                                .to_owned(),
-                            data_base64: p
-                                .pointer("/source/data")
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_owned(),
-                        })
-                    }
-                    _ => {}
-                }
-            }
-            (text.join("\n"), images)
-        }
-        _ => (String::new(), Vec::new()),
-    }
-}
-
 fn assistant_turns(
     m: usize,
     blocks: &[Value],
     names: &mut HashMap<String, String>,
+    code_calls: &HashSet<String>,
     turns: &mut Vec<Turn>,
 ) -> Result<(), Error> {
     let mut text = String::new();
@@ -435,6 +500,10 @@ fn assistant_turns(
                 }
                 text.push_str(str_field(b, "text", &at)?);
             }
+            "tool_use"
+                if b.get("id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| code_calls.contains(id)) => {}
             "server_tool_use" | "tool_use" => {
                 if !results.is_empty() {
                     flush(turns, &mut text, &mut calls, &mut results);
@@ -561,6 +630,56 @@ struct Job {
     cancel: CancelToken,
     /// With approval `always`: who decides on each cell.
     approver: Option<Approver>,
+    /// The client's tools the model's Python may call (none: cells run without).
+    code: CodeTools,
+    /// The suspended cell this request brought answers for, if it did.
+    resume: Option<Resumed>,
+}
+
+/// The sub-tool calls of the conversation's last model reply that have no result yet: the
+/// suspended cell first (a reply's calls run in order, and stop at a cell that waits), then
+/// those after it.
+fn unresolved(turns: &[Turn], custom: &HashSet<String>) -> Vec<ToolUse> {
+    let Some(at) = turns.iter().rposition(|t| matches!(t, Turn::Assistant(_))) else {
+        return Vec::new();
+    };
+    let Turn::Assistant(reply) = &turns[at] else {
+        return Vec::new();
+    };
+    let done: HashSet<&str> = turns[at + 1..]
+        .iter()
+        .filter_map(|t| match t {
+            Turn::Tools(r) => Some(r.iter().map(|x| x.id.as_str())),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    reply
+        .calls
+        .iter()
+        .filter(|c| !custom.contains(&c.name) && !done.contains(c.id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A finished cell's result block, and what the model reads of it.
+fn python_block(run: &PythonRun, tool: &mut ToolReply, id: &str) -> Value {
+    let e = &run.execution;
+    let out = execution_output(e);
+    tool.text = format!("{}{}", out.text, saved_text(&run.saved));
+    tool.images = out.images;
+    tool.is_error = out.is_error;
+    if e.status == ExecutionStatus::Timeout {
+        error_block("code_execution", id, "execution_time_exceeded", None)
+    } else {
+        json!({"type": "code_execution_tool_result", "tool_use_id": id, "content": {
+            "type": "code_execution_result",
+            "stdout": python_stdout(e),
+            "stderr": python_stderr(e),
+            "return_code": i32::from(e.status != ExecutionStatus::Ok),
+            "content": run.saved.iter().map(|s| json!({"type": "code_execution_output", "file_id": s.file.id})).collect::<Vec<_>>(),
+        }})
+    }
 }
 
 /// How a run ended.
@@ -654,6 +773,7 @@ impl Job {
     /// decided (a call's block before it runs).
     fn run(mut self, sink: &mut dyn FnMut(Value)) -> Result<End, Error> {
         let mut turns = std::mem::take(&mut self.turns);
+        let resume = self.resume.take();
         let client = Client::new(self.provider.clone()).map_err(upstream_error)?;
         let sandbox = self.session.as_deref().map(|s| Sandbox {
             engine: &self.engine,
@@ -667,6 +787,12 @@ impl Job {
             input_tokens: 0,
             output_tokens: 0,
         };
+        if let Some(resumed) = resume {
+            if self.resume_code(resumed, sandbox.as_ref(), &mut turns, sink)? {
+                end.stop_reason = "tool_use".into();
+                return Ok(end);
+            }
+        }
         for step in 1..=self.max_steps.max(1) {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(Error::invalid("the client went away"));
@@ -688,6 +814,7 @@ impl Job {
             }
             let mut replies = Vec::new();
             let mut client_calls = false;
+            let mut suspended = false;
             for call in &reply.calls {
                 if self.custom.contains(&call.name) {
                     sink(
@@ -696,14 +823,20 @@ impl Job {
                     client_calls = true;
                     continue;
                 }
-                let reply = self.server_call(sandbox.as_ref(), step, call, sink)?;
-                replies.push(reply);
+                if suspended {
+                    // Runs once the waiting cell ends, in the request that brings its answers.
+                    continue;
+                }
+                match self.server_call(sandbox.as_ref(), step, call, sink)? {
+                    Some(reply) => replies.push(reply),
+                    None => suspended = true,
+                }
             }
             turns.push(Turn::Assistant(reply));
             if !replies.is_empty() {
                 turns.push(Turn::Tools(replies));
             }
-            if client_calls {
+            if client_calls || suspended {
                 end.stop_reason = "tool_use".into();
                 return Ok(end);
             }
@@ -711,26 +844,103 @@ impl Job {
         Ok(end)
     }
 
+    /// Continues the suspended cell with the answers given, then runs the calls of the same
+    /// model reply after it. Whether a cell waits for the client again.
+    fn resume_code(
+        &self,
+        resumed: Resumed,
+        sandbox: Option<&Sandbox<'_>>,
+        turns: &mut Vec<Turn>,
+        sink: &mut dyn FnMut(Value),
+    ) -> Result<bool, Error> {
+        let pending = unresolved(turns, &self.custom);
+        let (Some(sb), Some(first)) = (sandbox, pending.first()) else {
+            return Err(Error::internal(
+                "a resumed cell without its container or call",
+            ));
+        };
+        let cell = programmatic::wait(&self.code.runtime, &resumed.run)?;
+        drop(resumed.attending);
+        let mut replies = Vec::new();
+        let mut suspended = false;
+        match self.code_result(sb, first, cell, sink) {
+            Some(r) => replies.push(r),
+            None => suspended = true,
+        }
+        for call in &pending[1..] {
+            if suspended {
+                break;
+            }
+            match self.server_call(sandbox, 1, call, sink)? {
+                Some(r) => replies.push(r),
+                None => suspended = true,
+            }
+        }
+        if !replies.is_empty() {
+            match turns.last_mut() {
+                Some(Turn::Tools(last)) => last.extend(replies),
+                _ => turns.push(Turn::Tools(replies)),
+            }
+        }
+        Ok(suspended)
+    }
+
+    /// A cell with client tools as it stands: its result (None while calls wait, which are
+    /// reported as `tool_use` blocks the code made).
+    fn code_result(
+        &self,
+        sb: &Sandbox<'_>,
+        call: &ToolUse,
+        cell: Cell,
+        sink: &mut dyn FnMut(Value),
+    ) -> Option<ToolReply> {
+        let id = server_id(&call.id);
+        match cell {
+            Cell::Waiting(calls) => {
+                for c in &calls {
+                    sink(programmatic::tool_use_block(c, self.code.caller, &id));
+                }
+                None
+            }
+            Cell::Done(execution) => {
+                let run = PythonRun {
+                    saved: sb.saved_by(&execution),
+                    execution: *execution,
+                };
+                let mut tool = ToolReply {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    text: String::new(),
+                    images: Vec::new(),
+                    is_error: false,
+                };
+                sink(python_block(&run, &mut tool, &id));
+                Some(tool)
+            }
+        }
+    }
+
     /// Runs one call of a sub-tool, reporting its `server_tool_use` block and its result.
     /// With an approver, a person decides first: the block then names what runs (the edited
-    /// input, if edited), and a declined call's result says so.
+    /// input, if edited), and a declined call's result says so. None: a cell waits for the
+    /// client's tools (its calls are reported).
     fn server_call(
         &self,
         sandbox: Option<&Sandbox<'_>>,
         step: usize,
         call: &ToolUse,
         sink: &mut dyn FnMut(Value),
-    ) -> Result<ToolReply, Error> {
+    ) -> Result<Option<ToolReply>, Error> {
         let known =
             matches!(call.name.as_str(), BASH | EDITOR) || (call.name == PYTHON && self.python);
         let (Some(sb), true) = (sandbox, known) else {
-            return Ok(ToolReply {
+            return Ok(Some(ToolReply {
                 id: call.id.clone(),
                 name: call.name.clone(),
                 text: format!("error: there is no tool named {:?}", call.name),
                 images: Vec::new(),
                 is_error: true,
-            });
+            }));
         };
         let id = server_id(&call.id);
         let kind = match call.name.as_str() {
@@ -764,13 +974,13 @@ impl Job {
                         );
                         let text = runcell_agent::approval::declined_text(reason.as_deref());
                         sink(declined_block(kind, &id, &text));
-                        return Ok(ToolReply {
+                        return Ok(Some(ToolReply {
                             id: call.id.clone(),
                             name: call.name.clone(),
                             text,
                             images: Vec::new(),
                             is_error: true,
-                        });
+                        }));
                     }
                 }
             }
@@ -859,25 +1069,21 @@ impl Job {
                 },
                 _ => match arg("code") {
                     None => invalid(&mut tool, "the input needs a `code` string".into()),
-                    Some(code) => match sb.python(code) {
-                        Ok(run) => {
-                            let e = &run.execution;
-                            let out = execution_output(e);
-                            tool.text = format!("{}{}", out.text, saved_text(&run.saved));
-                            tool.images = out.images;
-                            tool.is_error = out.is_error;
-                            if e.status == ExecutionStatus::Timeout {
-                                error_block(kind, &id, "execution_time_exceeded", None)
-                            } else {
-                                json!({"type": "code_execution_tool_result", "tool_use_id": id, "content": {
-                                    "type": "code_execution_result",
-                                    "stdout": python_stdout(e),
-                                    "stderr": python_stderr(e),
-                                    "return_code": i32::from(e.status != ExecutionStatus::Ok),
-                                    "content": run.saved.iter().map(|s| json!({"type": "code_execution_output", "file_id": s.file.id})).collect::<Vec<_>>(),
-                                }})
+                    // The client's tools callable: the cell may wait for them.
+                    Some(code) if !self.code.specs.is_empty() => match self.code.start(sb, code)? {
+                        Ok(cell) => match self.code_result(sb, call, cell, sink) {
+                            Some(mut done) => {
+                                if let Some(note) = note {
+                                    done.text = format!("{note}{}", done.text);
+                                }
+                                return Ok(Some(done));
                             }
-                        }
+                            None => return Ok(None),
+                        },
+                        Err(e) => self.tool_failure(e, &mut tool, kind, &id)?,
+                    },
+                    Some(code) => match sb.python(code) {
+                        Ok(run) => python_block(&run, &mut tool, &id),
                         Err(e) => self.tool_failure(e, &mut tool, kind, &id)?,
                     },
                 },
@@ -887,7 +1093,7 @@ impl Job {
         if let Some(note) = note {
             tool.text = format!("{note}{}", tool.text);
         }
-        Ok(tool)
+        Ok(Some(tool))
     }
 
     /// A call the engine refused: the model's to fix (code too large, a full queue) as an
@@ -1150,6 +1356,25 @@ pub(super) async fn create(
         return Err(Error::invalid("max_tokens: must be at least 1"));
     }
     let offer = parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    let max = runcell_engine::bridge::MAX_CALL_TIMEOUT;
+    let call_timeout = match req.tool_timeout_s {
+        None => runcell_engine::bridge::DEFAULT_CALL_TIMEOUT,
+        Some(s) if s > 0.0 && s <= max.as_secs_f64() => std::time::Duration::from_secs_f64(s),
+        Some(s) => {
+            return Err(Error::invalid(format!(
+                "tool_timeout_s: must be over 0 and at most {} seconds (got {s})",
+                max.as_secs()
+            )))
+        }
+    };
+    // Results for calls the model's code made: they go to that code, in its container.
+    let answers = programmatic::answers(&block_view(&req.messages))?;
+    if !answers.is_empty() && req.container.is_none() {
+        return Err(Error::invalid(format!(
+            "container: {} answers a tool call made by code: send the `container` of the reply that made it",
+            answers[0].at
+        )));
+    }
     let approval = approval::mode(req.approval.as_deref(), &headers, key.as_ref())?;
     let Some(config) = state.vendor.clone() else {
         return Err(Error::not_found(
@@ -1180,6 +1405,12 @@ pub(super) async fn create(
     };
     let python = offer.code == Some(true);
     let mut tools = offer.code.map(code_tools).unwrap_or_default();
+    if !offer.callable.is_empty() {
+        if let Some(py) = tools.iter_mut().find(|t| t.name == PYTHON) {
+            py.description
+                .push_str(&programmatic::describe(&offer.callable));
+        }
+    }
     let custom: HashSet<String> = offer.custom.iter().map(|t| t.name.clone()).collect();
     tools.extend(offer.custom);
     let mut system = match req.system {
@@ -1196,6 +1427,11 @@ pub(super) async fn create(
             system.push_str("\n\n");
         }
         system.push_str(&sandbox_prompt(python));
+        if !offer.callable.is_empty() {
+            system.push_str(
+                " Some of the user's tools are functions of the code_execution tool's Python (its description lists them): to use them on many items, write one program that calls them in a loop and prints a short summary.",
+            );
+        }
     }
 
     // The uploads go into the container, then the conversation is read with their paths.
@@ -1220,6 +1456,25 @@ pub(super) async fn create(
         })
         .await
         .map_err(Error::internal)??
+    };
+    // Answers go to the cell that waits for them, which must be the last reply's first call
+    // without a result: checked before any answer is given.
+    let resume = match (answers.first(), session.as_deref()) {
+        (Some(first), Some(s)) => {
+            let waiting = unresolved(&turns, &custom)
+                .first()
+                .map(|c| server_id(&c.id));
+            if waiting.as_deref() != Some(first.caller.as_str())
+                || answers.iter().any(|a| a.caller != first.caller)
+            {
+                return Err(Error::invalid(format!(
+                    "{}: the tool_use it answers names caller {}, which is not the code execution call of the previous message that waits for results",
+                    first.at, first.caller
+                )));
+            }
+            programmatic::deliver(&state.tool_calls, &tenant.0, s, &container_id(s), &answers)?
+        }
+        _ => None,
     };
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -1254,6 +1509,14 @@ pub(super) async fn create(
         stop,
         cancel,
         approver,
+        code: CodeTools {
+            specs: offer.callable,
+            calls: state.tool_calls.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            caller: programmatic::caller_type(offer.version.unwrap_or_default()),
+            call_timeout,
+        },
+        resume,
     };
     let message_id = runcell_engine::new_id("msg");
     let model = req.model.clone();
@@ -1442,6 +1705,57 @@ mod tests {
         ] {
             let e = parse_tools(std::slice::from_ref(&bad)).expect_err("refused");
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+
+    #[test]
+    fn allowed_callers_split_the_models_tools_from_the_codes() {
+        let code = json!({"type": "code_execution_20260120", "name": "code_execution"});
+        let tool = |name: &str, callers: Value| json!({"name": name, "input_schema": {"type": "object"}, "allowed_callers": callers});
+        let ok = parse_tools(&[
+            tool("lookup", json!(["code_execution_20260120"])),
+            tool("both", json!(["direct", "code_execution_20260120"])),
+            tool("notify", json!(["direct"])),
+            code.clone(),
+        ])
+        .expect("tools");
+        let names = |t: &[ToolSpec]| t.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&ok.custom), ["both", "notify"]);
+        let callable: Vec<&str> = ok.callable.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(callable, ["lookup", "both"]);
+        assert_eq!(ok.version, Some("code_execution_20260120"));
+        let v2605 = json!({"type": "code_execution_20260521", "name": "code_execution"});
+        let v2508 = json!({"type": "code_execution_20250825", "name": "code_execution"});
+        for (tools, says) in [
+            (vec![tool("x", json!([]))], "non-empty list"),
+            (
+                vec![tool("x", json!(["model"])), code.clone()],
+                "non-empty list",
+            ),
+            (vec![tool("x", json!("direct"))], "non-empty list"),
+            (
+                vec![tool("x", json!(["code_execution_20260120"]))],
+                "needs the code execution tool",
+            ),
+            (
+                vec![tool("x", json!(["code_execution_20260120"])), v2605],
+                "this request's code execution tool is code_execution_20260521",
+            ),
+            (
+                vec![tool("x", json!(["code_execution_20250825"])), v2508],
+                "does not run",
+            ),
+            (
+                vec![
+                    tool("get-row", json!(["code_execution_20260120"])),
+                    code.clone(),
+                ],
+                "not a Python identifier",
+            ),
+        ] {
+            let e = parse_tools(&tools).expect_err("refused");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{tools:?}");
+            assert!(e.message.contains(says), "{}", e.message);
         }
     }
 

@@ -7,6 +7,7 @@ mod context;
 mod error;
 mod files;
 mod messages;
+mod programmatic;
 
 use axum::http::StatusCode;
 use axum::routing::{get, post};
