@@ -238,28 +238,63 @@ fn the_openapi_document_is_valid_and_the_server_keeps_to_it_under_schemathesis()
     );
     assert!(ok, "the served OpenAPI document is not valid:\n{report}");
 
-    let (ok, report) = run_bounded(
-        Command::new(venv.join("bin/schemathesis"))
-            .arg("--config-file")
-            .arg(fixtures().join("schemathesis.toml"))
-            .args(["run", &format!("{base}/openapi.json")])
-            // Every check, on every operation and in every phase.
-            .args(["--checks", "all"])
-            // Except the two client-tool answer routes (schemathesis.toml says why).
-            .args(["--exclude-path", "/v1/sessions/{id}/tool_results"])
-            .args(["--exclude-path", "/v1/executions/{id}/continue"])
-            .args(seed_args())
-            .args(["-H", &format!("Authorization: Bearer {key}")])
-            .args(["--max-examples", MAX_EXAMPLES, "--max-time", FUZZ_SECONDS])
-            .args(["--workers", "2", "--request-timeout", "30", "--no-color"])
-            // Hypothesis keeps its example database in the working directory.
-            .current_dir(work.path())
-            .env("NO_COLOR", "1"),
-        HARD_LIMIT,
-    );
+    let fuzz = || {
+        run_bounded(
+            Command::new(venv.join("bin/schemathesis"))
+                .arg("--config-file")
+                .arg(fixtures().join("schemathesis.toml"))
+                .args(["run", &format!("{base}/openapi.json")])
+                // Every check, on every operation and in every phase.
+                .args(["--checks", "all"])
+                // Except the two client-tool answer routes (schemathesis.toml says why).
+                .args(["--exclude-path", "/v1/sessions/{id}/tool_results"])
+                .args(["--exclude-path", "/v1/executions/{id}/continue"])
+                .args(seed_args())
+                .args(["-H", &format!("Authorization: Bearer {key}")])
+                .args(["--max-examples", MAX_EXAMPLES, "--max-time", FUZZ_SECONDS])
+                .args(["--workers", "2", "--request-timeout", "30", "--no-color"])
+                // Hypothesis keeps its example database in the working directory.
+                .current_dir(work.path())
+                .env("NO_COLOR", "1"),
+            HARD_LIMIT,
+        )
+    };
+    let (mut ok, mut report) = fuzz();
+    if !ok && only_the_interpreters_ast_bug(&report) {
+        // Schemathesis itself crashed while building cases, not on a reply: Debian 12's
+        // Python 3.11.2 can raise a spurious SystemError from the AST constructor's recursion
+        // counter (CPython gh-106905, fixed in later releases; seen in threaded programs, and
+        // this run has two workers), and Hypothesis parses its own sources to name lambdas.
+        // No finding about the server is in such a report; run once more.
+        println!("{report}\nSchemathesis hit CPython's gh-106905; running it again");
+        (ok, report) = fuzz();
+    }
     println!("{report}");
     assert!(
         ok,
         "Schemathesis found the server breaking its document:\n{report}"
     );
+}
+
+/// Whether a failed Schemathesis report holds nothing but the interpreter's spurious AST
+/// error: errors only (no check failed), each with that `SystemError`'s text.
+fn only_the_interpreters_ast_bug(report: &str) -> bool {
+    const RACE: &str = "AST constructor recursion depth mismatch";
+    let errors = report.matches("Runtime Error").count();
+    !report.contains("FAILURES") && errors > 0 && report.matches(RACE).count() >= errors
+}
+
+#[test]
+fn only_the_interpreters_ast_bug_is_run_again() {
+    let crash = "=== ERRORS ===\n___ POST /v1/sessions/{id}/files ___\nRuntime Error\n\n\
+                 AST constructor recursion depth mismatch (before=66, after=124)\n";
+    assert!(only_the_interpreters_ast_bug(crash));
+    let finding = format!("{crash}=== FAILURES ===\n___ GET /v1/sessions ___\n1. Server error\n");
+    assert!(!only_the_interpreters_ast_bug(&finding));
+    let other = "=== ERRORS ===\nRuntime Error\n\nAST constructor recursion depth mismatch\n\
+                 Runtime Error\n\nConnection refused\n";
+    assert!(!only_the_interpreters_ast_bug(other));
+    assert!(!only_the_interpreters_ast_bug(
+        "=== ERRORS ===\nNetwork Error\n"
+    ));
 }
