@@ -70,7 +70,7 @@ pub use network::{
 };
 pub use oneshot::{InputFile, OneShot, OneShotOutcome, MAX_ARGS, MAX_ARG_CHARS};
 pub use provenance::producer;
-pub use records::ExecutionPage;
+pub use records::{session_of_record, ExecutionPage};
 pub use replay::{sources_of_difference, CellReplay, ReplayCheck, ReplayReport, UploadRestore};
 pub use restored::{Restored, Skipped};
 pub use rich::chart_summary;

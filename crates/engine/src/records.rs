@@ -208,16 +208,23 @@ pub(crate) fn session_record(info: &SessionInfo, workspace: &Path) -> SessionRec
 
 /// What callers see of a session only the store remembers (its kernel is gone).
 fn dead_session(rec: &SessionRecord) -> Option<SessionInfo> {
+    session_of_record(rec, SessionStatus::Dead)
+}
+
+/// A session as the store records it, with `status`; none when the record cannot be read
+/// (an unknown language, limits that do not parse). Its network policy is not in the store
+/// (its secrets would be): the default, which a dead session has anyway and a session held by
+/// another node reports only through its owner.
+pub fn session_of_record(rec: &SessionRecord, status: SessionStatus) -> Option<SessionInfo> {
     Some(SessionInfo {
         id: rec.id.clone(),
         language: rec.language.parse().ok()?,
-        status: SessionStatus::Dead,
+        status,
         created_at: rec.created_at,
         last_active_at: rec.last_active_at,
         expires_at: rec.expires_at,
         limits: serde_json::from_str(&rec.limits_json).ok()?,
         start: rec.start.parse().unwrap_or_default(),
-        // Not kept in the store (its secrets would be): a dead session has no network anyway.
         network: Default::default(),
         metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
         owner: rec.tenant.clone(),

@@ -279,19 +279,7 @@ fn elsewhere(rec: &runcell_store::SessionRecord) -> Option<SessionInfo> {
         // Gone (expired, deleted): not listed, as on its own node.
         _ => return None,
     };
-    Some(SessionInfo {
-        id: rec.id.clone(),
-        language: rec.language.parse().ok()?,
-        status,
-        created_at: rec.created_at,
-        last_active_at: rec.last_active_at,
-        expires_at: rec.expires_at,
-        limits: serde_json::from_str(&rec.limits_json).ok()?,
-        start: rec.start.parse().unwrap_or_default(),
-        network: Default::default(),
-        metadata: serde_json::from_str(&rec.metadata_json).unwrap_or_default(),
-        owner: rec.tenant.clone(),
-    })
+    runcell_engine::session_of_record(rec, status)
 }
 
 /// `a=1&b=x%20y` -> pairs, percent- and plus-decoded.

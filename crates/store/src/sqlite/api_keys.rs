@@ -151,15 +151,7 @@ pub(super) fn set_key_approval(
         "UPDATE api_keys SET approval = ?2 WHERE id = ?1",
         params![id, mode.map(crate::ApprovalMode::as_str)],
     )?;
-    if changed == 0 {
-        return Ok(None);
-    }
-    first(
-        &store.read(),
-        &format!("SELECT {KEY_COLS} FROM api_keys WHERE id = ?1"),
-        [id],
-        key_from,
-    )
+    updated_key(store, id, changed)
 }
 
 pub(super) fn set_key_egress(
@@ -179,6 +171,11 @@ pub(super) fn set_key_egress(
         "UPDATE api_keys SET egress_allow = ?2 WHERE id = ?1",
         params![id, json],
     )?;
+    updated_key(store, id, changed)
+}
+
+/// The key `id` as an UPDATE of `changed` rows left it; none when there was no such key.
+fn updated_key(store: &SqliteStore, id: &str, changed: usize) -> Result<Option<KeyInfo>> {
     if changed == 0 {
         return Ok(None);
     }
