@@ -72,6 +72,37 @@ fn fetch(url: &str) -> String {
     )
 }
 
+/// `POST /v1/sessions` in `language` asking for `domains`.
+async fn ask(
+    srv: &common::Server,
+    key: &str,
+    language: &str,
+    domains: &[&str],
+) -> (StatusCode, Value) {
+    let body = json!({"language": language, "network": allowlist(domains)});
+    post(srv, key, "/v1/sessions", body).await
+}
+
+/// A Python session of `key` allowing `host`, whose code fetches `host:port` through the
+/// proxy from inside its sandbox (the positive control); its id.
+async fn session_reaching(srv: &common::Server, key: &str, host: &str, port: u16) -> String {
+    let (s, session) = ask(srv, key, "python", &[host]).await;
+    assert_eq!(s, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().expect("id").to_owned();
+    let code = fetch(&format!("http://{host}:{port}/"));
+    let (s, e) = post(
+        srv,
+        key,
+        &format!("/v1/sessions/{id}/execute"),
+        json!({"code": code}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{e}");
+    assert_eq!(e["stdout"], format!("hello from {host}\n"), "{e}");
+    assert_eq!(e["network"][0]["allowed"], true, "{e}");
+    id
+}
+
 /// `(status, code, message)` of a refusal.
 fn refusal(status: StatusCode, body: &Value) -> (u16, String, String) {
     (
@@ -107,36 +138,12 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
     };
 
     // Key A: a session allowing its one destination reaches it from inside the sandbox.
-    let (s, session) = post(
-        &srv,
-        &key_a,
-        "/v1/sessions",
-        json!({"network": allowlist(&["127.0.0.2"])}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::CREATED, "{session}");
-    let id_a = session["id"].as_str().expect("id").to_owned();
-    let (s, e) = post(
-        &srv,
-        &key_a,
-        &format!("/v1/sessions/{id_a}/execute"),
-        json!({"code": fetch(&format!("http://127.0.0.2:{p2}/"))}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK, "{e}");
-    assert_eq!(e["stdout"], "hello from 127.0.0.2\n", "{e}");
-    assert_eq!(e["network"][0]["allowed"], true, "{e}");
+    let id_a = session_reaching(&srv, &key_a, "127.0.0.2", p2).await;
 
     // Within the key's wildcard: `*.api.example.com` covers a name and a narrower wildcard
     // below it (the server's `*.example.com` covers both too).
     for within in [&["x.api.example.com"][..], &["*.v1.api.example.com"]] {
-        let (s, body) = post(
-            &srv,
-            &key_a,
-            "/v1/sessions",
-            json!({"language": "bash", "network": allowlist(within)}),
-        )
-        .await;
+        let (s, body) = ask(&srv, &key_a, "bash", within).await;
         assert_eq!(s, StatusCode::CREATED, "{within:?}: {body}");
     }
 
@@ -148,13 +155,7 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
         (&["*.example.com"], "*.example.com"),
         (&["api.example.com"], "api.example.com"),
     ] {
-        let (s, body) = post(
-            &srv,
-            &key_a,
-            "/v1/sessions",
-            json!({"language": "bash", "network": allowlist(domains)}),
-        )
-        .await;
+        let (s, body) = ask(&srv, &key_a, "bash", domains).await;
         assert_eq!(
             refusal(s, &body),
             (400, "limit_exceeded".to_owned(), beyond_a(named)),
@@ -163,24 +164,12 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
     }
     // Beyond both: the key's refusal; beyond the server's alone: the server's. A malformed
     // pattern is invalid whatever either allows.
-    let (s, body) = post(
-        &srv,
-        &key_a,
-        "/v1/sessions",
-        json!({"network": allowlist(&["pypi.org"])}),
-    )
-    .await;
+    let (s, body) = ask(&srv, &key_a, "python", &["pypi.org"]).await;
     assert_eq!(
         refusal(s, &body),
         (400, "limit_exceeded".to_owned(), beyond_a("pypi.org"))
     );
-    let (s, body) = post(
-        &srv,
-        &key_a,
-        "/v1/sessions",
-        json!({"network": allowlist(&["a..b"])}),
-    )
-    .await;
+    let (s, body) = ask(&srv, &key_a, "python", &["a..b"]).await;
     assert_eq!(
         (s.as_u16(), body["error"]["code"].as_str()),
         (400, Some("invalid_request")),
@@ -189,31 +178,8 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
 
     // Key B has no bound of its own: the server's. It reaches 127.0.0.3, and pypi.org is
     // refused by the server's bound, not by a key's.
-    let (s, session) = post(
-        &srv,
-        &key_b,
-        "/v1/sessions",
-        json!({"network": allowlist(&["127.0.0.3"])}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::CREATED, "{session}");
-    let id_b = session["id"].as_str().expect("id").to_owned();
-    let (s, e) = post(
-        &srv,
-        &key_b,
-        &format!("/v1/sessions/{id_b}/execute"),
-        json!({"code": fetch(&format!("http://127.0.0.3:{p3}/"))}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK, "{e}");
-    assert_eq!(e["stdout"], "hello from 127.0.0.3\n", "{e}");
-    let (s, body) = post(
-        &srv,
-        &key_b,
-        "/v1/sessions",
-        json!({"network": allowlist(&["pypi.org"])}),
-    )
-    .await;
+    let id_b = session_reaching(&srv, &key_b, "127.0.0.3", p3).await;
+    let (s, body) = ask(&srv, &key_b, "python", &["pypi.org"]).await;
     let (status, code, message) = refusal(s, &body);
     assert_eq!((status, code.as_str()), (400, "limit_exceeded"));
     assert!(
@@ -223,13 +189,7 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
     );
 
     // Key C allows no network: refused for any domain; no network at all is fine.
-    let (s, body) = post(
-        &srv,
-        &key_c,
-        "/v1/sessions",
-        json!({"language": "bash", "network": allowlist(&["127.0.0.2"])}),
-    )
-    .await;
+    let (s, body) = ask(&srv, &key_c, "bash", &["127.0.0.2"]).await;
     assert_eq!(
         refusal(s, &body),
         (
@@ -334,13 +294,7 @@ async fn a_keys_bound_narrows_the_servers_on_every_path_that_asks_for_a_network(
         .set_key_egress(&a.id, Some(&[]))
         .expect("narrow")
         .expect("key");
-    let (s, body) = post(
-        &srv,
-        &key_a,
-        "/v1/sessions",
-        json!({"network": allowlist(&["127.0.0.2"])}),
-    )
-    .await;
+    let (s, body) = ask(&srv, &key_a, "python", &["127.0.0.2"]).await;
     assert_eq!(refusal(s, &body).1, "limit_exceeded", "{body}");
     let (s, e) = post(
         &srv,
