@@ -38,6 +38,7 @@ pub struct ServeFile {
     pub audit_checkpoint_interval_s: Option<u64>,
     pub audit_checkpoint_file: Option<PathBuf>,
     pub max_connections: Option<u32>,
+    pub max_sessions: Option<u32>,
     pub header_timeout: Option<u64>,
     pub keep_alive_timeout: Option<u64>,
     pub body_timeout: Option<u64>,

@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// own, at most 1024; sessions get the rest (the session cap is derived from it).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: Option<u32>,
+    /// Live sessions this node runs at most (below the cap its descriptors allow): past it a
+    /// create is refused (503), and in a cluster new sessions are placed on other nodes.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_sessions: Option<u32>,
     /// Seconds a client has to send a request's head, from connecting or its first byte
     /// [default: 30].
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -651,7 +655,11 @@ pub fn serve(
         Some(crate::c2pa::image_signer(&signer)?),
     )?;
     engine.sweep_stale_cgroups();
-    engine.sessions().set_max_sessions(capacity.max_sessions);
+    let max_sessions = match args.max_sessions.or(file.max_sessions) {
+        Some(n) => capacity.max_sessions.min(n as usize),
+        None => capacity.max_sessions,
+    };
+    engine.sessions().set_max_sessions(max_sessions);
 
     let (recovered, dead) = engine.sessions().recover_previous()?;
     if recovered + dead > 0 {
@@ -689,6 +697,8 @@ pub fn serve(
         } else {
             tracing::warn!(%addr, "runcell listening without API keys (loopback only): anyone on this machine can run code");
         }
+        // A node of a cluster is placeable once it serves: its room is in the store first.
+        store.report_room(engine.sessions().room());
         eprintln!("runcell serving on http://{addr}");
         tracing::info!(
             "E2B SDKs: E2B_API_URL=http://{addr}/e2b E2B_SANDBOX_URL=http://{addr}/e2b/sandbox (docs/e2b.md)"
@@ -706,6 +716,8 @@ pub fn serve(
         if let Some(secret) = cluster_secret {
             state = state.with_cluster_secret(secret);
         }
+        // A node of a cluster tells the others its room, for placing new sessions.
+        runcell_server::spawn_room_reports(&state);
         let metrics = match metrics_listener {
             Some(l) => {
                 let app = runcell_server::metrics_app(&state, l.local_addr()?);

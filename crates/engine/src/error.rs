@@ -295,7 +295,7 @@ pub enum Busy {
 
 /// The session cap of this server.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("this server runs at most {max_sessions} sessions at once (what its open-files limit and uid range allow); delete one or retry later")]
+#[error("this server runs at most {max_sessions} sessions at once (serve --max-sessions, or what its open-files limit and uid range allow); delete one or retry later")]
 pub struct Capacity {
     pub max_sessions: usize,
 }

@@ -12,56 +12,19 @@
 //! the owner, which then sees its client gone). A session whose owner is
 //! dead is answered here (the store reads it `dead`).
 
-use std::time::Duration;
-
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderName, HeaderValue, Uri};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 
-use crate::cluster::{ClusterSecret, ForwardedTenant};
+use crate::cluster::ForwardedTenant;
 use crate::error::{store_error, ApiError};
-use crate::state::AppState;
+use crate::relay::{RelayError, FORWARDED_BY, FORWARDED_KEY, FORWARDED_TENANT, NODE_SIGNATURE};
+use crate::state::{AppState, Principal};
 
-/// Marks a request one node forwarded to another (its value: the forwarding node), so it is
-/// never forwarded again.
-const FORWARDED_BY: HeaderName = HeaderName::from_static("x-runcell-forwarded-by");
-/// The tenant the forwarding node authenticated the client as.
-const FORWARDED_TENANT: HeaderName = HeaderName::from_static("x-runcell-forwarded-tenant");
-/// The node credential: `t=UNIX_SECONDS,s=HEX_HMAC` (see [`ClusterSecret::sign`]).
-const NODE_SIGNATURE: HeaderName = HeaderName::from_static("x-runcell-node-signature");
-fn unix_now() -> i64 {
-    chrono::Utc::now().timestamp()
-}
-
-/// How long the owner may take to accept a connection before the request fails.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The connections to the other nodes, kept open between requests (HTTP/1.1 keep-alive), so
-/// a forwarded request pays no connection set-up.
-fn client() -> &'static Client<HttpConnector, Body> {
-    static CLIENT: std::sync::OnceLock<Client<HttpConnector, Body>> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
-        Client::builder(TokioExecutor::new()).build(connector)
-    })
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}
+/// On every answer of a node in a cluster: the node that served it (its id, the URL other
+/// nodes reach it at), so a client can see where a session was placed.
+pub(crate) const SERVED_BY: HeaderName = HeaderName::from_static("x-runcell-node");
 
 /// The session a path is about, if it is one of a session's (`/v1/sessions/{id}[/...]`).
 fn session_of(path: &str) -> Option<&str> {
@@ -69,9 +32,10 @@ fn session_of(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
-/// The middleware: a request another node forwarded is served here as its tenant once its
-/// node credential checks out; one for a session another live node holds is forwarded
-/// there; the rest is served here.
+/// The middleware: a request another node forwarded is served here as its tenant and key
+/// once its node credential checks out; one for a session another live node holds is
+/// forwarded there; a new session is placed on the node with the most room
+/// (crate::placement); the rest is served here.
 pub(crate) async fn to_owner(
     State(state): State<AppState>,
     mut req: Request,
@@ -80,12 +44,19 @@ pub(crate) async fn to_owner(
     let h = req.headers();
     if h.contains_key(&FORWARDED_BY)
         || h.contains_key(&FORWARDED_TENANT)
+        || h.contains_key(&FORWARDED_KEY)
         || h.contains_key(&NODE_SIGNATURE)
     {
-        return match forwarded_tenant(&state, &req) {
-            Ok(tenant) => {
-                req.extensions_mut().insert(ForwardedTenant(tenant));
-                next.run(req).await
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let method = req.method().clone();
+        return match forwarded_caller(&state, req.headers(), &method, &path).await {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                served_here(&state, next.run(req).await)
             }
             Err(e) => e.into_response(),
         };
@@ -93,8 +64,11 @@ pub(crate) async fn to_owner(
     let Some(me) = state.store.node_id().map(str::to_owned) else {
         return next.run(req).await;
     };
+    if req.method() == Method::POST && req.uri().path() == "/v1/sessions" {
+        return crate::placement::create(&state, &me, req, next).await;
+    }
     let Some(id) = session_of(req.uri().path()).map(str::to_owned) else {
-        return next.run(req).await;
+        return served_here(&state, next.run(req).await);
     };
     let store = state.store.clone();
     let owner = match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
@@ -103,30 +77,64 @@ pub(crate) async fn to_owner(
         Err(e) => return ApiError::internal(e).into_response(),
     };
     match owner {
-        Some(o) if o.alive && o.node != me => {
-            let Some(secret) = state.cluster_secret.clone() else {
-                return ApiError::unavailable(
-                    "this session is held by another node, and this node has no cluster \
-                     secret to forward with (serve --cluster-secret-file)",
-                )
-                .into_response();
-            };
-            // The client is authenticated here, as it would be at the owner: the owner
-            // takes this node's word for the tenant, never the client's.
-            let tenant = match crate::state::Principal::of_headers(req.headers(), &state).await {
-                Ok(p) => p.tenant.0,
-                Err(e) => return e.into_response(),
-            };
-            forward(&o.node, &me, &tenant, &secret, req)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
-        }
-        _ => next.run(req).await,
+        Some(o) if o.alive && o.node != me => to_node(&state, &o.node, &me, req)
+            .await
+            .unwrap_or_else(|e| {
+                ApiError::unavailable(format!(
+                    "the node holding this session ({}) cannot be reached: {e}",
+                    o.node
+                ))
+                .into_response()
+            }),
+        _ => served_here(&state, next.run(req).await),
     }
 }
 
-/// The tenant a forwarded request asserts, if its node credential is this cluster's.
-fn forwarded_tenant(state: &AppState, req: &Request) -> Result<String, ApiError> {
+/// `answer`, marked as this node's (in a cluster).
+pub(crate) fn served_here(state: &AppState, mut answer: Response) -> Response {
+    if let Some(me) = state.store.node_id() {
+        if let Ok(v) = HeaderValue::from_str(me) {
+            answer.headers_mut().insert(SERVED_BY, v);
+        }
+    }
+    answer
+}
+
+/// Passes `req` on to `node` for its client, authenticated here as it would be there: the
+/// other node takes this node's word for the tenant and the key, never the client's.
+/// `Err(why)`: the node could not be reached.
+pub(crate) async fn to_node(
+    state: &AppState,
+    node: &str,
+    me: &str,
+    req: Request,
+) -> Result<Response, String> {
+    let Some(secret) = state.cluster_secret.clone() else {
+        return Ok(ApiError::unavailable(
+            "this request is for another node, and this node has no cluster secret to \
+             forward with (serve --cluster-secret-file)",
+        )
+        .into_response());
+    };
+    let who = match Principal::of_headers(req.headers(), state).await {
+        Ok(p) => p,
+        Err(e) => return Ok(e.into_response()),
+    };
+    match crate::relay::send(node, me, &who, &secret, req).await {
+        Ok(answer) => Ok(answer),
+        Err(RelayError::Unreachable(why)) => Err(why),
+        Err(RelayError::Internal(e)) => Ok(e.into_response()),
+    }
+}
+
+/// Who a forwarded request is for, if its node credential is this cluster's: the tenant it
+/// asserts, and the key it names as loaded from this node's store.
+async fn forwarded_caller(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    method: &Method,
+    path: &str,
+) -> Result<ForwardedTenant, ApiError> {
     let refused = |why: &str| {
         ApiError::unauthorized(format!(
             "a forwarded request (x-runcell-forwarded-by) must carry a valid node credential: {why}"
@@ -136,95 +144,40 @@ fn forwarded_tenant(state: &AppState, req: &Request) -> Result<String, ApiError>
         return Err(refused("this node has no cluster secret"));
     };
     let header = |name: &HeaderName| {
-        req.headers()
+        headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| refused(&format!("{name} is missing")))
     };
     let node = header(&FORWARDED_BY)?;
     let tenant = header(&FORWARDED_TENANT)?;
+    let key = header(&FORWARDED_KEY)?;
     let signature = header(&NODE_SIGNATURE)?;
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     if !secret.verify(
         signature,
         node,
         tenant,
-        req.method().as_str(),
+        key,
+        method.as_str(),
         path,
-        unix_now(),
+        crate::relay::unix_now(),
     ) {
         return Err(refused(
             "the signature is not this cluster's, or too old (nodes' clocks must agree within 30 s)",
         ));
     }
-    Ok(tenant.to_owned())
-}
-
-/// Sends `req` to the node at `node` (`http://host:port`) and streams its answer back.
-async fn forward(
-    node: &str,
-    me: &str,
-    tenant: &str,
-    secret: &ClusterSecret,
-    req: Request,
-) -> Result<Response, ApiError> {
-    let unreachable = |why: &str| {
-        ApiError::unavailable(format!(
-            "the node holding this session ({node}) cannot be reached: {why}"
-        ))
+    let key = match key {
+        "" => None,
+        id => Some(
+            crate::state::forwarded_key(state, tenant, id)
+                .await?
+                .map_err(ApiError::unauthorized)?,
+        ),
     };
-    let authority = node
-        .parse::<Uri>()
-        .ok()
-        .filter(|u| u.scheme_str() == Some("http"))
-        .and_then(|u| u.authority().cloned())
-        .ok_or_else(|| unreachable("its node URL is not http://HOST:PORT"))?;
-    let (mut parts, body) = req.into_parts();
-    // The owner answers to its node URL's name (`serve --node-url` allows it). This node's
-    // guard has checked the request's Host and Origin already: the owner would judge the
-    // browser's Origin against its own names, so it is not passed on.
-    parts.headers.insert(
-        header::HOST,
-        HeaderValue::from_str(authority.as_str()).map_err(ApiError::internal)?,
-    );
-    for hop in [
-        header::ORIGIN,
-        HeaderName::from_static("sec-fetch-site"),
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        HeaderName::from_static("keep-alive"),
-        // The client's key stays here: the node credential stands for it.
-        header::AUTHORIZATION,
-    ] {
-        parts.headers.remove(hop);
-    }
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let signature = secret.sign(me, tenant, parts.method.as_str(), path, unix_now());
-    for (name, value) in [
-        (FORWARDED_BY, me),
-        (FORWARDED_TENANT, tenant),
-        (NODE_SIGNATURE, signature.as_str()),
-    ] {
-        parts.headers.insert(
-            name,
-            HeaderValue::from_str(value).map_err(ApiError::internal)?,
-        );
-    }
-    parts.uri = Uri::builder()
-        .scheme("http")
-        .authority(authority.clone())
-        .path_and_query(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-        .build()
-        .map_err(ApiError::internal)?;
-    let answer = client()
-        .request(axum::http::Request::from_parts(parts, body))
-        .await
-        .map_err(|e| unreachable(&error_chain(&e)))?;
-    let (parts, body) = answer.into_parts();
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(ForwardedTenant {
+        tenant: tenant.to_owned(),
+        key,
+    })
 }
 
 #[cfg(test)]

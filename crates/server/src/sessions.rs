@@ -186,8 +186,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
     request_body = CreateSessionRequest,
+    params(("x-runcell-node" = Option<String>, Header, description = "several nodes on one database (docs/scale.md): create the session on this node (its `--node-url`) instead of the live node with the most room; ignored by a server of its own. The answer's `x-runcell-node` header names the node that made the session")),
     responses((status = 201, body = SessionInfo, description = "the session, ready to run code"),
         (status = 400, body = ErrorBody, description = "invalid, or `limit_exceeded`: a limit over the server's maximum or the tenant's quota"),
+        (status = 409, body = ErrorBody, description = "`conflict`: `x-runcell-node` names no live node of this cluster"),
         (status = 503, body = ErrorBody, description = "`unavailable`: the server's memory for sandboxes is committed, or it runs as many sessions as its descriptors allow; see `Retry-After`")))]
 pub async fn create_session(
     State(state): State<AppState>,

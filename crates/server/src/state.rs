@@ -135,6 +135,8 @@ enum Credential {
     None,
     /// `Bearer KEY`, the scheme in any case (RFC 9110: schemes are case-insensitive).
     Bearer(String),
+    /// The id of a key another node authenticated a forwarded request's client with.
+    KeyId(String),
     /// Another scheme (`Basic ...`), or a bearer with no key.
     Other,
 }
@@ -217,12 +219,12 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        // Another node authenticated the client and signed for its tenant (crate::forward);
-        // the key stayed there.
+        // Another node authenticated the client and signed for its tenant and key
+        // (crate::forward); the key itself stayed there, its bounds were loaded here.
         if let Some(t) = parts.extensions.get::<crate::cluster::ForwardedTenant>() {
             return Ok(Principal {
-                tenant: Tenant(t.0.clone()),
-                key: None,
+                tenant: Tenant(t.tenant.clone()),
+                key: t.key.clone(),
             });
         }
         Self::of_headers(&parts.headers, state).await
@@ -259,6 +261,26 @@ impl Principal {
         };
         resolve(state, key).await
     }
+}
+
+/// The key with id `key_id` that another node authenticated a forwarded request of `tenant`
+/// with, as this node's store holds it (cached like any authentication): refused when it is
+/// unknown here, revoked, or another tenant's.
+pub(crate) async fn forwarded_key(
+    state: &AppState,
+    tenant: &str,
+    key_id: &str,
+) -> Result<Result<KeyRef, &'static str>, ApiError> {
+    Ok(
+        match resolve(state, Credential::KeyId(key_id.to_owned())).await? {
+            Ok(Principal {
+                tenant: t,
+                key: Some(k),
+            }) if t.0 == tenant => Ok(k),
+            Ok(_) => Err("the forwarded key is another tenant's"),
+            Err(e) => Err(e),
+        },
+    )
 }
 
 /// Who `key` acts for, from the cache or the store.
@@ -306,6 +328,13 @@ fn authenticate(
                 key: Some(KeyRef::of(info)),
             }),
             None => Err("invalid or revoked API key"),
+        },
+        Credential::KeyId(id) => match store.find_key(&id)? {
+            Some(info) if info.id == id && info.revoked_at.is_none() => Ok(Principal {
+                tenant: Tenant(info.tenant.clone()),
+                key: Some(KeyRef::of(info)),
+            }),
+            _ => Err("the forwarded key is unknown to this node or revoked"),
         },
         Credential::None => Err("an API key is required: Authorization: Bearer KEY"),
         Credential::Other => Err("the Authorization header must be Bearer KEY (an API key)"),

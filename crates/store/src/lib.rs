@@ -469,6 +469,32 @@ pub trait Backend: DomainStore {
     fn session_node(&self, _id: &str) -> Result<Option<SessionNode>> {
         Ok(None)
     }
+    /// Records the room this node has left for new sessions, for the other nodes to place
+    /// sessions by: written with the heartbeat, at once when it changed. Nothing for a
+    /// store of its own.
+    fn report_room(&self, _room: NodeRoom) {}
+    /// The live nodes that reported their room (this one included), each with the room it
+    /// last reported; empty for a store of its own.
+    fn node_rooms(&self) -> Result<Vec<NodePlace>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The room a node has left for new sessions: see [`Backend::report_room`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRoom {
+    /// MiB it can still commit to sandboxes.
+    pub free_memory_mb: u64,
+    /// Sessions it can still start under its session cap; `None`: it has no cap.
+    pub free_sessions: Option<u64>,
+}
+
+/// A live node and its room: see [`Backend::node_rooms`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePlace {
+    /// The node's id (its URL).
+    pub node: String,
+    pub room: NodeRoom,
 }
 
 /// The largest document [`Backend::put_session_extra`] takes: 1 MiB (E2B's sandbox

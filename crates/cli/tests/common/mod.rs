@@ -1,6 +1,7 @@
 //! Helpers shared by the CLI's integration tests: run the real `runcell` binary.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod cluster;
 pub mod serve;
 
 use std::path::{Path, PathBuf};

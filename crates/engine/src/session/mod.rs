@@ -128,6 +128,21 @@ impl SessionManager {
         self.pool.ready()
     }
 
+    /// The room left for new sessions, as a node reports it for placement (docs/scale.md):
+    /// the memory budget not committed (warm sessions count as room, since a create takes
+    /// or evicts one), and the sessions the cap still admits (`None`: no cap).
+    pub fn room(&self) -> runcell_store::NodeRoom {
+        let limits = &self.core.config.limits;
+        let warm = (self.pool.ready() as u64).saturating_mul(limits.defaults.memory_mb);
+        let held = self.core.ledger.committed_mb().saturating_sub(warm);
+        let max = self.max_sessions.load(Ordering::Relaxed);
+        let live = self.map().len() + self.creating.load(Ordering::Acquire);
+        runcell_store::NodeRoom {
+            free_memory_mb: limits.committed_memory_mb.saturating_sub(held),
+            free_sessions: (max > 0).then(|| max.saturating_sub(live) as u64),
+        }
+    }
+
     /// `memory_mb` of the budget, for a sandbox about to start. When it does not fit and
     /// `evict` is set, warm sessions (started only in case) make room first.
     fn reserve(&self, memory_mb: u64, evict: bool) -> Result<Reservation, EngineError> {

@@ -49,6 +49,8 @@ pub struct PgStore {
     target: String,
     /// The node this store writes sessions as, if it is one.
     owner: Option<Owner>,
+    /// The room this node reports with its heartbeat.
+    room: Arc<nodes::RoomCell>,
 }
 
 impl fmt::Debug for PgStore {
@@ -85,6 +87,7 @@ impl PgStore {
             appended: AtomicU64::new(0),
             target,
             owner: None,
+            room: Arc::default(),
         })
     }
 
@@ -108,10 +111,10 @@ impl PgStore {
             node: own(node),
             epoch,
         };
-        let beating = owner.clone();
+        let (beating, room) = (owner.clone(), store.room.clone());
         store
             .pg
-            .spawn(|pool| async move { nodes::heartbeat(pool, beating).await });
+            .spawn(|pool| async move { nodes::heartbeat(pool, beating, room).await });
         store.owner = Some(owner);
         Ok(store)
     }
@@ -451,5 +454,23 @@ impl Backend for PgStore {
         let id = own(id);
         self.pg
             .run(|pool| async move { nodes::session_node(&mut *pool.get().await?, &id).await })
+    }
+
+    fn report_room(&self, room: crate::NodeRoom) {
+        let Some(owner) = &self.owner else { return };
+        if self.room.set(room) {
+            // The first report is written here and now, so a node is placeable as soon as
+            // it serves; later ones go with the heartbeat, woken at once.
+            let owner = owner.clone();
+            // Not written (the database away): the heartbeat writes it at its next beat.
+            let _ = self.pg.run(|pool| async move {
+                nodes::write_room(&*pool.get().await?, &owner, room).await
+            });
+        }
+    }
+
+    fn node_rooms(&self) -> Result<Vec<crate::NodePlace>> {
+        self.pg
+            .run(|pool| async move { nodes::node_rooms(&mut *pool.get().await?).await })
     }
 }

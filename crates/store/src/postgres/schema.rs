@@ -29,6 +29,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../migrations/postgres/0005_key_egress.sql"),
     ),
+    (
+        6,
+        include_str!("../../migrations/postgres/0006_node_room.sql"),
+    ),
 ];
 
 /// `pg_advisory_xact_lock` keys: "runcell" in ASCII, then 1 for migrating, 2 for keying.
