@@ -4,6 +4,8 @@
 //! node run there; and a key's own bounds hold on a request forwarded to another node as
 //! they do at that node.
 
+#[path = "../../server/tests/common/clients.rs"]
+mod clients;
 mod common;
 
 use std::time::Duration;
@@ -52,6 +54,28 @@ fn answered_by(base: &str, key: &str, id: &str) -> String {
         .and_then(|v| v.to_str().ok())
         .expect("x-runcell-node")
         .to_owned()
+}
+
+/// The MCP Python SDK's client at `url` with `key`, making `calls` in one connection: its
+/// report (fixtures/mcp_calls.py).
+fn mcp_calls(url: &str, key: &str, calls: Value) -> Vec<Value> {
+    let out = std::process::Command::new(clients::sdk_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/mcp_calls.py"
+        ))
+        .args([url, key, &calls.to_string()])
+        .output()
+        .expect("run mcp_calls.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "mcp_calls.py failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).expect("report");
+    report["calls"].as_array().expect("calls").clone()
 }
 
 const NODE: [&str; 2] = ["--no-zygote", "--warm-sessions"];
@@ -157,4 +181,181 @@ fn new_sessions_go_to_the_node_with_the_most_room_or_where_pinned() {
             ))),
         "{e}"
     );
+}
+
+/// `POST {base}{path}` with `body`: the status and the body.
+fn post(base: &str, path: &str, key: &str, pin: Option<&str>, body: Value) -> (u16, Value) {
+    let mut r = http()
+        .post(format!("{base}{path}"))
+        .bearer_auth(key)
+        .json(&body);
+    if let Some(p) = pin {
+        r = r.header("x-runcell-node", p);
+    }
+    let r = r.send().expect("post");
+    (r.status().as_u16(), r.json().expect("json"))
+}
+
+/// A key narrowed to no network asks, through a node that is not the session's (or the new
+/// session's) node, for what its bound refuses: the owner refuses it exactly as it does when
+/// asked itself, because the forwarded request names the key and the owner loads its bound.
+/// The unnarrowed key of the same tenant, through the same node, is served (the control).
+#[test]
+fn a_keys_egress_bound_holds_on_requests_forwarded_to_another_node() {
+    let cluster = Cluster::new();
+    let broad = cluster.key("broad", &[]);
+    let narrow = cluster.key("narrow", &["--egress-allow", "none"]);
+    let flags = [NODE[0], NODE[1], "0", "--egress-allow", "example.com"];
+    let a = cluster.node(&flags);
+    let b = cluster.node(&flags);
+    let network = json!({"type": "allowlist", "allowed_domains": ["example.com"]});
+
+    // A session on A that may reach example.com, made with the broad key.
+    let (status, s) = post(
+        &b.serve.base,
+        "/v1/sessions",
+        &broad,
+        Some(a.url()),
+        json!({"network": network}),
+    );
+    assert_eq!(status, 201, "{s}");
+    let id = s["id"].as_str().expect("id").to_owned();
+    assert_eq!(answered_by(&b.serve.base, &broad, &id), a.url());
+
+    // Forking it asks for its network: refused for the narrow key at A, and the same
+    // through B.
+    let fork = format!("/v1/sessions/{id}/fork");
+    let at_owner = post(&a.serve.base, &fork, &narrow, None, json!({}));
+    assert_eq!(at_owner.0, 400, "{}", at_owner.1);
+    assert_eq!(at_owner.1["error"]["code"], "limit_exceeded");
+    let message = at_owner.1["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("example.com") && message.contains("(narrow)"),
+        "{message}"
+    );
+    assert_eq!(
+        post(&b.serve.base, &fork, &narrow, None, json!({})),
+        at_owner
+    );
+    // The broad key forks it through B.
+    let (status, f) = post(&b.serve.base, &fork, &broad, None, json!({}));
+    assert_eq!(status, 201, "{f}");
+
+    // A create asking for that network, pinned to A: the same 400 at A and through B.
+    let body = json!({"network": network});
+    let at_owner = post(
+        &a.serve.base,
+        "/v1/sessions",
+        &narrow,
+        Some(a.url()),
+        body.clone(),
+    );
+    assert_eq!(at_owner.0, 400, "{}", at_owner.1);
+    assert_eq!(at_owner.1["error"]["code"], "limit_exceeded");
+    assert_eq!(
+        post(&b.serve.base, "/v1/sessions", &narrow, Some(a.url()), body),
+        at_owner
+    );
+    // Without a network the narrow key's create through B is made on A.
+    let (status, s) = post(
+        &b.serve.base,
+        "/v1/sessions",
+        &narrow,
+        Some(a.url()),
+        json!({}),
+    );
+    assert_eq!(status, 201, "{s}");
+}
+
+/// An MCP client talking to B calls the tools in a session that A holds (`session_id`): the
+/// calls run on A, state and files carried from call to call and visible through `/v1` of
+/// any node; a session of another tenant stays not found, and a client calling `tool-call`
+/// itself gets the 404 of a route there is not.
+#[test]
+fn mcp_calls_for_a_session_of_another_node_run_there() {
+    let cluster = Cluster::new();
+    let key = cluster.key("ci", &[]);
+    let other = cluster.key("other", &["--tenant", "team-b"]);
+    let flags = [NODE[0], NODE[1], "0"];
+    let a = cluster.node(&flags);
+    let b = cluster.node(&flags);
+    let (status, node, s) = create(&a.serve.base, &key, Some(a.url()), json!({}));
+    assert_eq!((status, node.as_str()), (201, a.url()), "{s}");
+    let id = s["id"].as_str().expect("id").to_owned();
+
+    let calls = mcp_calls(
+        &format!("{}/mcp", b.serve.base),
+        &key,
+        json!([
+            ["python", {"code": "x = 6 * 7", "session_id": id}],
+            ["python", {"code": "x + 1", "session_id": id}],
+            ["bash", {"command": "echo kept > note.txt && hostname >/dev/null; echo done", "session_id": id}],
+            ["text_editor", {"command": "view", "path": "note.txt", "session_id": id}],
+            ["python", {"code": "1 / 0", "session_id": id}],
+        ]),
+    );
+    for c in &calls {
+        assert_eq!(c["structured"]["session_id"], id.as_str(), "{c}");
+    }
+    assert_eq!(calls[0]["is_error"], false, "{}", calls[0]);
+    assert_eq!(
+        calls[1]["structured"]["results"][0]["data"]["text/plain"], "43",
+        "{}",
+        calls[1]
+    );
+    assert!(
+        calls[2]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("done")),
+        "{}",
+        calls[2]
+    );
+    assert!(
+        calls[3]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("kept")),
+        "{}",
+        calls[3]
+    );
+    assert_eq!(calls[4]["is_error"], true, "{}", calls[4]);
+    assert!(
+        calls[4]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("ZeroDivisionError")),
+        "{}",
+        calls[4]
+    );
+    // It ran on A: the file is there, read through /v1 of B (forwarded to A).
+    let r = http()
+        .get(format!("{}/v1/sessions/{id}/files/note.txt", b.serve.base))
+        .bearer_auth(&key)
+        .send()
+        .expect("download");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-runcell-node"], a.url());
+    assert_eq!(r.text().expect("text"), "kept\n");
+
+    // Another tenant's client, through B: A's session is not found, the call runs nowhere.
+    let calls = mcp_calls(
+        &format!("{}/mcp", b.serve.base),
+        &other,
+        json!([["python", {"code": "x", "session_id": id}]]),
+    );
+    assert_eq!(calls[0]["is_error"], true, "{}", calls[0]);
+    assert_eq!(
+        calls[0]["text"],
+        format!("error: session {id} not found"),
+        "{}",
+        calls[0]
+    );
+    // The node-to-node route is not a client's, at either node.
+    for base in [&a.serve.base, &b.serve.base] {
+        let r = http()
+            .post(format!("{base}/v1/sessions/{id}/tool-call"))
+            .bearer_auth(&key)
+            .json(&json!({"name": "python", "arguments": {"code": "1"}}))
+            .send()
+            .expect("post");
+        assert_eq!(r.status(), 404, "through {base}");
+    }
 }

@@ -70,6 +70,10 @@ pub(crate) async fn to_owner(
     let Some(id) = session_of(req.uri().path()).map(str::to_owned) else {
         return served_here(&state, next.run(req).await);
     };
+    if req.uri().path().ends_with("/tool-call") {
+        // Node to node only (crate::mcp): a client's is answered 404 here, never forwarded.
+        return served_here(&state, next.run(req).await);
+    }
     let store = state.store.clone();
     let owner = match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
         Ok(Ok(owner)) => owner,

@@ -64,6 +64,8 @@ struct Conn {
     /// HTTP: the default sessions of requests without an MCP session, shared by every
     /// connection of the server.
     defaults: Option<Arc<DefaultSessions>>,
+    /// HTTP: the server, whose cluster a call for another node's session is forwarded in.
+    app: Option<AppState>,
 }
 
 /// How long an MCP session (protocol revisions with `initialize`) lives without a request.
@@ -122,13 +124,15 @@ impl McpHandler {
                 client,
                 state: tokio::sync::Mutex::new(ConnState::default()),
                 defaults: None,
+                app: None,
             }),
         }
     }
 
-    fn with_defaults(mut self, defaults: Arc<DefaultSessions>) -> McpHandler {
+    fn with_defaults(mut self, defaults: Arc<DefaultSessions>, app: AppState) -> McpHandler {
         if let Some(conn) = Arc::get_mut(&mut self.inner) {
             conn.defaults = Some(defaults);
+            conn.app = Some(app);
         }
         self
     }
@@ -175,45 +179,91 @@ impl McpHandler {
             Ok(s) => s,
             Err(m) => return ToolOutput::error(m),
         };
-        let engine = self.inner.engine.clone();
-        let token = CancelToken::new();
-        let (worker_token, sid) = (token.clone(), session.clone());
-        let call2 = call.clone();
-        let mut run =
-            tokio::task::spawn_blocking(move || engine.run_tool(&sid, &call2, worker_token));
-        let joined = tokio::select! {
-            r = &mut run => r,
-            _ = ctx.ct.cancelled() => {
-                // The client called the request off: interrupt the execution, then report it.
-                let engine = self.inner.engine.clone();
-                let (sid, t) = (session.clone(), token.clone());
-                let _ = tokio::task::spawn_blocking(move || engine.sessions().cancel(&sid, &t)).await;
-                run.await
-            }
-        };
-        let mut out = match joined {
-            Ok(Ok(out)) => out,
-            Ok(Err(EngineError::NotFound(_) | EngineError::SessionEnded(_))) => ToolOutput::error(format!(
-                "session {session} has ended (deleted or idle for too long); call again without session_id to start a new one"
-            )),
-            Ok(Err(e)) => ToolOutput::error(runcell_engine::error_chain(&e)),
-            Err(e) => ToolOutput::error(format!("internal error: {e}")),
-        };
-        if let (Some(m), Some(e)) = (&self.inner.metrics, &out.execution) {
-            m.observe_execution(e);
-        }
+        let mut out = run_in(
+            &self.inner.engine,
+            self.inner.metrics.as_deref(),
+            session,
+            call,
+            ctx.ct.cancelled(),
+        )
+        .await;
         if let Some(note) = note {
             out.text = format!("{note}\n\n{}", out.text);
         }
-        // Every result names its session, for clients that keep several.
-        match &mut out.structured {
-            Some(Value::Object(m)) => {
-                m.insert("session_id".into(), Value::String(session));
-            }
-            s @ None => *s = Some(serde_json::json!({ "session_id": session })),
-            Some(_) => {}
-        }
         out
+    }
+
+    /// A call naming (`session_id`) a session another live node holds, over HTTP in a
+    /// cluster: forwarded to that node, which runs it (`forwarded_tool_call`); `None` for a
+    /// session of this node, or of none (then answered here as usual).
+    async fn elsewhere(
+        &self,
+        request: &CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Option<CallToolResult> {
+        let app = self.inner.app.as_ref()?;
+        let me = app.store.node_id()?.to_owned();
+        let id = request
+            .arguments
+            .as_ref()?
+            .get("session_id")?
+            .as_str()?
+            .to_owned();
+        let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
+        let (engine, store, sid) = (app.engine.clone(), app.store.clone(), id.clone());
+        let owner = tokio::task::spawn_blocking(move || {
+            if engine.sessions().get(&sid).is_ok() {
+                return None;
+            }
+            store.session_node(&sid).ok().flatten()
+        })
+        .await
+        .ok()
+        .flatten()
+        .filter(|o| o.alive && o.node != me)?;
+        let failed =
+            |why: String| CallToolResult::error(vec![ContentBlock::text(format!("error: {why}"))]);
+        // The connection's tenant is checked here as for a local call; the session's is
+        // checked by its node.
+        if let Err(m) = self.owner_of(ctx).await {
+            return Some(failed(m));
+        }
+        let body = serde_json::json!({"name": request.name, "arguments": request.arguments});
+        let mut req = Request::post(format!("/v1/sessions/{id}/tool-call"))
+            .header(axum::http::header::CONTENT_TYPE, "application/json");
+        if let Some(auth) = parts.headers.get(axum::http::header::AUTHORIZATION) {
+            req = req.header(axum::http::header::AUTHORIZATION, auth);
+        }
+        let req = match req.body(axum::body::Body::from(body.to_string())) {
+            Ok(r) => r,
+            Err(e) => return Some(failed(format!("internal error: {e}"))),
+        };
+        // The client calling the request off drops the link, and so the call at its node.
+        let answer = tokio::select! {
+            a = crate::forward::to_node(app, &owner.node, &me, req) => a,
+            _ = ctx.ct.cancelled() => return Some(failed("the call was cancelled".into())),
+        };
+        Some(match answer {
+            Ok(resp) => {
+                let status = resp.status();
+                let bytes =
+                    axum::body::to_bytes(resp.into_body(), runcell_engine::MAX_REQUEST_BYTES << 4)
+                        .await
+                        .unwrap_or_default();
+                match serde_json::from_slice::<CallToolResult>(&bytes) {
+                    Ok(result) if status.is_success() => result,
+                    _ => failed(format!(
+                        "the node holding session {id} ({}) answered {status}: {}",
+                        owner.node,
+                        String::from_utf8_lossy(&bytes)
+                    )),
+                }
+            }
+            Err(why) => failed(format!(
+                "the node holding session {id} ({}) cannot be reached: {why}",
+                owner.node
+            )),
+        })
     }
 
     /// Who is calling: the local owner, or the tenant of the HTTP request (fixed for the
@@ -479,6 +529,9 @@ impl ServerHandler for McpHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        if let Some(result) = self.elsewhere(&request, &context).await {
+            return Ok(result.into());
+        }
         let args = request
             .arguments
             .map(serde_json::Value::Object)
@@ -541,6 +594,106 @@ impl ServerHandler for McpHandler {
     }
 }
 
+/// Runs `call` in `session`, interrupted when `cancelled` resolves or when this future is
+/// dropped (a forwarded call whose forwarding node went away); the output names its session.
+async fn run_in(
+    engine: &Engine,
+    metrics: Option<&Metrics>,
+    session: String,
+    call: ToolCall,
+    cancelled: impl std::future::Future<Output = ()>,
+) -> ToolOutput {
+    /// Interrupts the call unless disarmed: dropped before the call ended.
+    struct Interrupt(Option<(Engine, String, CancelToken)>);
+    impl Drop for Interrupt {
+        fn drop(&mut self) {
+            if let Some((engine, sid, token)) = self.0.take() {
+                tokio::task::spawn_blocking(move || engine.sessions().cancel(&sid, &token));
+            }
+        }
+    }
+    let token = CancelToken::new();
+    let mut interrupt = Interrupt(Some((engine.clone(), session.clone(), token.clone())));
+    let (worker_token, sid, e2) = (token.clone(), session.clone(), engine.clone());
+    let mut run = tokio::task::spawn_blocking(move || e2.run_tool(&sid, &call, worker_token));
+    let joined = tokio::select! {
+        r = &mut run => r,
+        () = cancelled => {
+            // The client called the request off: interrupt the execution, then report it.
+            let (engine, sid, t) = (engine.clone(), session.clone(), token.clone());
+            let _ = tokio::task::spawn_blocking(move || engine.sessions().cancel(&sid, &t)).await;
+            run.await
+        }
+    };
+    interrupt.0 = None;
+    let mut out = match joined {
+        Ok(Ok(out)) => out,
+        Ok(Err(EngineError::NotFound(_) | EngineError::SessionEnded(_))) => ToolOutput::error(format!(
+            "session {session} has ended (deleted or idle for too long); call again without session_id to start a new one"
+        )),
+        Ok(Err(e)) => ToolOutput::error(runcell_engine::error_chain(&e)),
+        Err(e) => ToolOutput::error(format!("internal error: {e}")),
+    };
+    if let (Some(m), Some(e)) = (metrics, &out.execution) {
+        m.observe_execution(e);
+    }
+    // Every result names its session, for clients that keep several.
+    match &mut out.structured {
+        Some(Value::Object(m)) => {
+            m.insert("session_id".into(), Value::String(session));
+        }
+        s @ None => *s = Some(serde_json::json!({ "session_id": session })),
+        Some(_) => {}
+    }
+    out
+}
+
+/// `POST /v1/sessions/{id}/tool-call` `{name, arguments}`: an MCP tool call another node of
+/// the cluster took for a session of this one, answered with the MCP `CallToolResult`. Only
+/// for requests a node forwarded (signed, crate::forward); anyone else: 404, as for any
+/// route there is not.
+async fn forwarded_tool_call(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    forwarded: Option<axum::Extension<crate::cluster::ForwardedTenant>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(axum::Extension(caller)) = forwarded else {
+        return crate::error::ApiError::not_found("route").into_response();
+    };
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let name = body.get("name").and_then(Value::as_str).unwrap_or_default();
+    let args = body.get("arguments").cloned().unwrap_or(Value::Null);
+    let out = match ToolCall::parse(name, args) {
+        Err(m) => ToolOutput::error(m),
+        Ok(call) => {
+            let (engine, sid) = (state.engine.clone(), id.clone());
+            let info = tokio::task::spawn_blocking(move || engine.sessions().get(&sid)).await;
+            match info {
+                Ok(Ok(i)) if i.owner == caller.tenant => {
+                    if matches!(call, ToolCall::Python(_)) && i.language != Language::Python {
+                        ToolOutput::error(format!(
+                            "session {id} runs {}, not Python; use the bash tool, or omit session_id",
+                            i.language.as_str()
+                        ))
+                    } else {
+                        run_in(
+                            &state.engine,
+                            Some(&state.metrics),
+                            i.id,
+                            call,
+                            std::future::pending(),
+                        )
+                        .await
+                    }
+                }
+                _ => ToolOutput::error(format!("session {id} not found")),
+            }
+        }
+    };
+    axum::Json(to_result(out)).into_response()
+}
+
 /// Files produced by a tool call are linked as `runcell://sessions/{id}/files/{path}`.
 const RESOURCE_PREFIX: &str = "runcell://sessions/";
 
@@ -593,7 +746,7 @@ pub fn end_streams() {
 
 /// `POST /mcp` (and the GET/DELETE of streamable HTTP sessions), behind the API keys.
 pub(crate) fn router(state: AppState) -> Router<AppState> {
-    let (engine, metrics) = (state.engine.clone(), state.metrics.clone());
+    let (engine, metrics, app) = (state.engine.clone(), state.metrics.clone(), state.clone());
     // The router's own Host/Origin check (`hosts.rs`) sits in front of `/mcp` like every
     // route, with the listener's port and the operator's `--allowed-hosts`; rmcp's default
     // list (loopback names on any port) would refuse those names and add nothing.
@@ -610,7 +763,7 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
         move || {
             Ok(
                 McpHandler::new(engine.clone(), Some(metrics.clone()), None, "mcp")
-                    .with_defaults(defaults.clone()),
+                    .with_defaults(defaults.clone(), app.clone()),
             )
         },
         sessions.clone(),
@@ -620,6 +773,11 @@ pub(crate) fn router(state: AppState) -> Router<AppState> {
         .route_service("/mcp", service)
         .route_layer(axum::middleware::from_fn_with_state(sessions, jsonrpc))
         .route_layer(axum::middleware::from_fn_with_state(state, authenticate))
+        // Node to node only (its own check), outside `/mcp`'s layers.
+        .route(
+            "/v1/sessions/{id}/tool-call",
+            axum::routing::post(forwarded_tool_call),
+        )
 }
 
 /// What rmcp would answer with a plain-text status or a wrong code, answered in JSON-RPC:
