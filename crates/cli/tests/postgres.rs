@@ -6,9 +6,8 @@
 //! another chain key refuses to start.
 
 mod common;
-#[allow(dead_code, reason = "the store tests use the rest")]
-#[path = "../../store/tests/common/pg.rs"]
-mod pg;
+
+use common::cluster::pg;
 
 use std::path::Path;
 use std::process::Command;

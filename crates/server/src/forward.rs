@@ -13,18 +13,16 @@
 //! dead is answered here (the store reads it `dead`).
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, Method};
+use axum::http::{HeaderName, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::cluster::ForwardedTenant;
 use crate::error::{store_error, ApiError};
-use crate::relay::{RelayError, FORWARDED_BY, FORWARDED_KEY, FORWARDED_TENANT, NODE_SIGNATURE};
-use crate::state::{AppState, Principal};
-
-/// On every answer of a node in a cluster: the node that served it (its id, the URL other
-/// nodes reach it at), so a client can see where a session was placed.
-pub(crate) const SERVED_BY: HeaderName = HeaderName::from_static("x-runcell-node");
+use crate::relay::{
+    served_here, to_node, FORWARDED_BY, FORWARDED_KEY, FORWARDED_TENANT, NODE_SIGNATURE,
+};
+use crate::state::AppState;
 
 /// The session a path is about, if it is one of a session's (`/v1/sessions/{id}[/...]`).
 fn session_of(path: &str) -> Option<&str> {
@@ -91,43 +89,6 @@ pub(crate) async fn to_owner(
                 .into_response()
             }),
         _ => served_here(&state, next.run(req).await),
-    }
-}
-
-/// `answer`, marked as this node's (in a cluster).
-pub(crate) fn served_here(state: &AppState, mut answer: Response) -> Response {
-    if let Some(me) = state.store.node_id() {
-        if let Ok(v) = HeaderValue::from_str(me) {
-            answer.headers_mut().insert(SERVED_BY, v);
-        }
-    }
-    answer
-}
-
-/// Passes `req` on to `node` for its client, authenticated here as it would be there: the
-/// other node takes this node's word for the tenant and the key, never the client's.
-/// `Err(why)`: the node could not be reached.
-pub(crate) async fn to_node(
-    state: &AppState,
-    node: &str,
-    me: &str,
-    req: Request,
-) -> Result<Response, String> {
-    let Some(secret) = state.cluster_secret.clone() else {
-        return Ok(ApiError::unavailable(
-            "this request is for another node, and this node has no cluster secret to \
-             forward with (serve --cluster-secret-file)",
-        )
-        .into_response());
-    };
-    let who = match Principal::of_headers(req.headers(), state).await {
-        Ok(p) => p,
-        Err(e) => return Ok(e.into_response()),
-    };
-    match crate::relay::send(node, me, &who, &secret, req).await {
-        Ok(answer) => Ok(answer),
-        Err(RelayError::Unreachable(why)) => Err(why),
-        Err(RelayError::Internal(e)) => Ok(e.into_response()),
     }
 }
 

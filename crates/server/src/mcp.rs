@@ -240,7 +240,7 @@ impl McpHandler {
         };
         // The client calling the request off drops the link, and so the call at its node.
         let answer = tokio::select! {
-            a = crate::forward::to_node(app, &owner.node, &me, req) => a,
+            a = crate::relay::to_node(app, &owner.node, &me, req) => a,
             _ = ctx.ct.cancelled() => return Some(failed("the call was cancelled".into())),
         };
         Some(match answer {

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use runcell_store::{NodePlace, NodeRoom};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::forward::{served_here, to_node};
+use crate::relay::{served_here, to_node};
 use crate::state::{AppState, Principal};
 
 /// Pins a new session to a node: `x-runcell-node: NODE_URL` (the node's `--node-url`).

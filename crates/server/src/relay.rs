@@ -14,7 +14,8 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::cluster::ClusterSecret;
 use crate::error::ApiError;
-use crate::state::Principal;
+use crate::state::{AppState, Principal};
+use axum::response::IntoResponse;
 
 /// Marks a request one node forwarded to another (its value: the forwarding node), so it is
 /// never forwarded again.
@@ -27,6 +28,10 @@ pub(crate) const FORWARDED_TENANT: HeaderName =
 pub(crate) const FORWARDED_KEY: HeaderName = HeaderName::from_static("x-runcell-forwarded-key");
 /// The node credential: `t=UNIX_SECONDS,s=HEX_HMAC` (see [`ClusterSecret::sign`]).
 pub(crate) const NODE_SIGNATURE: HeaderName = HeaderName::from_static("x-runcell-node-signature");
+
+/// On every answer of a node in a cluster: the node that served it (its id, the URL other
+/// nodes reach it at), so a client can see where a session was placed.
+pub(crate) const SERVED_BY: HeaderName = HeaderName::from_static("x-runcell-node");
 
 pub(crate) fn unix_now() -> i64 {
     chrono::Utc::now().timestamp()
@@ -135,4 +140,41 @@ pub(crate) async fn send(
         .map_err(|e| RelayError::Unreachable(error_chain(&e)))?;
     let (parts, body) = answer.into_parts();
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// `answer`, marked as this node's (in a cluster).
+pub(crate) fn served_here(state: &AppState, mut answer: Response) -> Response {
+    if let Some(me) = state.store.node_id() {
+        if let Ok(v) = HeaderValue::from_str(me) {
+            answer.headers_mut().insert(SERVED_BY, v);
+        }
+    }
+    answer
+}
+
+/// Passes `req` on to `node` for its client, authenticated here as it would be there: the
+/// other node takes this node's word for the tenant and the key, never the client's.
+/// `Err(why)`: the node could not be reached.
+pub(crate) async fn to_node(
+    state: &AppState,
+    node: &str,
+    me: &str,
+    req: Request,
+) -> Result<Response, String> {
+    let Some(secret) = state.cluster_secret.clone() else {
+        return Ok(ApiError::unavailable(
+            "this request is for another node, and this node has no cluster secret to \
+             forward with (serve --cluster-secret-file)",
+        )
+        .into_response());
+    };
+    let who = match Principal::of_headers(req.headers(), state).await {
+        Ok(p) => p,
+        Err(e) => return Ok(e.into_response()),
+    };
+    match send(node, me, &who, &secret, req).await {
+        Ok(answer) => Ok(answer),
+        Err(RelayError::Unreachable(why)) => Err(why),
+        Err(RelayError::Internal(e)) => Ok(e.into_response()),
+    }
 }
