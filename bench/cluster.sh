@@ -60,11 +60,11 @@ for i in $(seq "$nodes"); do
 done
 for u in "${urls[@]}"; do
   for _ in $(seq 1200); do
-    h=$(curl -sf "$u/healthz" || true)
-    [[ $h == *'"state":"ready"'* ]] && break
+    h=$(curl -sf -H "Authorization: Bearer $key" "$u/healthz" || true)
+    [[ $h == *'"state":"ready"'* && $h != *'"warm_sessions":0'* ]] && break
     sleep 0.1
   done
-  [[ $h == *'"state":"ready"'* ]] || { echo "node $u did not get ready" >&2; tail -20 "$work"/node*/log >&2; exit 1; }
+  [[ $h == *'"state":"ready"'* ]] || { echo "node $u did not get ready: $h" >&2; for l in "$work"/node*/log; do echo "== $l" >&2; tail -n 20 "$l" >&2; done; exit 1; }
 done
 echo "runcell: $bin ($("$bin" --version 2>/dev/null || true)); $nodes nodes on one PostgreSQL ($("$pg_bin/postgres" --version))"
 echo "machine: $(nproc) cores; uptime:$(uptime | sed 's/.*load average/ load average/')"

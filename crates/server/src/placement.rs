@@ -62,14 +62,10 @@ pub(crate) async fn create(state: &AppState, me: &str, req: Request, next: Next)
         Err(_) => return ApiError::body_too_large().into_response(),
     };
     let again = || Request::from_parts(parts.clone(), Body::from(body.clone()));
-    let rooms = {
-        let store = state.store.clone();
-        tokio::task::spawn_blocking(move || store.node_rooms()).await
-    };
-    let mut rooms = match rooms {
-        Ok(Ok(rooms)) => rooms,
+    let mut rooms = match rooms(state).await {
+        Some(rooms) => rooms,
         // The store is away: this node's create meets the same store and says so.
-        _ => return served_here(state, next.run(again()).await),
+        None => return served_here(state, next.run(again()).await),
     };
     // This node's own room is known now, not as of its last report.
     rooms.retain(|r| r.node != me);
@@ -111,6 +107,36 @@ pub(crate) async fn create(state: &AppState, me: &str, req: Request, next: Next)
     }
     // No node has room: this one's refusal says why.
     served_here(state, next.run(again()).await)
+}
+
+/// How long the other nodes' rooms, once read, are used for placing creates: the rooms are
+/// as fresh as each node's last write anyway (a node that filled up meanwhile answers 503 and
+/// is passed over), and a burst of creates then costs one read of the store, not one each.
+const ROOMS_FOR: Duration = Duration::from_millis(250);
+
+/// The live nodes' rooms, read from the store at most every [`ROOMS_FOR`]; `None` when the
+/// store cannot be read.
+async fn rooms(state: &AppState) -> Option<Vec<NodePlace>> {
+    // One node per process; keyed by the node all the same (tests may run several).
+    type Cached = Option<(String, std::time::Instant, Vec<NodePlace>)>;
+    static CACHE: std::sync::Mutex<Cached> = std::sync::Mutex::new(None);
+    let me = state.store.node_id().unwrap_or_default().to_owned();
+    let fresh = |c: &Cached| {
+        c.as_ref()
+            .filter(|(node, at, _)| *node == me && at.elapsed() < ROOMS_FOR)
+            .map(|(_, _, r)| r.clone())
+    };
+    if let Some(r) = fresh(&CACHE.lock().unwrap_or_else(|p| p.into_inner())) {
+        return Some(r);
+    }
+    let store = state.store.clone();
+    let read = tokio::task::spawn_blocking(move || store.node_rooms())
+        .await
+        .ok()?
+        .ok()?;
+    *CACHE.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((me, std::time::Instant::now(), read.clone()));
+    Some(read)
 }
 
 fn not_a_node(pin: &str) -> ApiError {
