@@ -292,9 +292,13 @@ fn mcp_calls_for_a_session_of_another_node_run_there() {
             ["bash", {"command": "echo kept > note.txt && hostname >/dev/null; echo done", "session_id": id}],
             ["text_editor", {"command": "view", "path": "note.txt", "session_id": id}],
             ["python", {"code": "1 / 0", "session_id": id}],
+            ["@read", {"uri": format!("runcell://sessions/{id}/files/note.txt")}],
         ]),
     );
-    for c in &calls {
+    // A file link of A's session, read through B.
+    assert_eq!(calls[5]["text"], "kept\n", "{}", calls[5]);
+    let calls = &calls[..5];
+    for c in calls {
         assert_eq!(c["structured"]["session_id"], id.as_str(), "{c}");
     }
     assert_eq!(calls[0]["is_error"], false, "{}", calls[0]);

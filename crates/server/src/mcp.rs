@@ -201,8 +201,6 @@ impl McpHandler {
         request: &CallToolRequestParams,
         ctx: &RequestContext<RoleServer>,
     ) -> Option<CallToolResult> {
-        let app = self.inner.app.as_ref()?;
-        let me = app.store.node_id()?.to_owned();
         let id = request
             .arguments
             .as_ref()?
@@ -210,17 +208,9 @@ impl McpHandler {
             .as_str()?
             .to_owned();
         let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
-        let (engine, store, sid) = (app.engine.clone(), app.store.clone(), id.clone());
-        let owner = tokio::task::spawn_blocking(move || {
-            if engine.sessions().get(&sid).is_ok() {
-                return None;
-            }
-            store.session_node(&sid).ok().flatten()
-        })
-        .await
-        .ok()
-        .flatten()
-        .filter(|o| o.alive && o.node != me)?;
+        let (app, me, node) = self.owner_elsewhere(&id).await?;
+        let owner = runcell_store::SessionNode { node, alive: true };
+        let app = &app;
         let failed =
             |why: String| CallToolResult::error(vec![ContentBlock::text(format!("error: {why}"))]);
         // The connection's tenant is checked here as for a local call; the session's is
@@ -262,6 +252,61 @@ impl McpHandler {
             Err(why) => failed(format!(
                 "the node holding session {id} ({}) cannot be reached: {why}",
                 owner.node
+            )),
+        })
+    }
+
+    /// The other live node holding session `id`, when this node is one of a cluster and
+    /// does not hold it itself: this node's state and id, and that node's.
+    async fn owner_elsewhere(&self, id: &str) -> Option<(AppState, String, String)> {
+        let app = self.inner.app.as_ref()?;
+        let me = app.store.node_id()?.to_owned();
+        let (engine, store, sid) = (app.engine.clone(), app.store.clone(), id.to_owned());
+        let owner = tokio::task::spawn_blocking(move || {
+            if engine.sessions().get(&sid).is_ok() {
+                return None;
+            }
+            store.session_node(&sid).ok().flatten()
+        })
+        .await
+        .ok()
+        .flatten()
+        .filter(|o| o.alive && o.node != me)?;
+        Some((app.clone(), me, owner.node))
+    }
+
+    /// A file link's contents from the node holding its session (its `/v1` download, for
+    /// the client's tenant and key); `None` for a session of this node, or of none.
+    async fn file_elsewhere(
+        &self,
+        id: &str,
+        path: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Option<Result<Vec<u8>, String>> {
+        let (app, me, node) = self.owner_elsewhere(id).await?;
+        let parts = ctx.extensions.get::<axum::http::request::Parts>()?;
+        let mut req = Request::get(format!("/v1/sessions/{id}/files/{}", encode_path(path)));
+        if let Some(auth) = parts.headers.get(axum::http::header::AUTHORIZATION) {
+            req = req.header(axum::http::header::AUTHORIZATION, auth);
+        }
+        let req = req.body(axum::body::Body::empty()).ok()?;
+        Some(match crate::relay::to_node(&app, &node, &me, req).await {
+            Ok(resp) => {
+                let status = resp.status();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                    .await
+                    .map_err(|e| e.to_string());
+                match bytes {
+                    Ok(b) if status.is_success() => Ok(b.to_vec()),
+                    Ok(b) => Err(format!(
+                        "the node holding session {id} ({node}) answered {status}: {}",
+                        String::from_utf8_lossy(&b)
+                    )),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(why) => Err(format!(
+                "the node holding session {id} ({node}) cannot be reached: {why}"
             )),
         })
     }
@@ -565,17 +610,22 @@ impl ServerHandler for McpHandler {
             .ok_or_else(|| {
                 McpError::resource_not_found(format!("unknown resource {}", request.uri), None)
             })?;
-        let engine = self.inner.engine.clone();
-        let p = path.clone();
-        let data = tokio::task::spawn_blocking(move || match engine.sessions().get(&session) {
-            Ok(info) if info.owner == owner => engine.read_file(&session, &p),
-            _ => Err(EngineError::NotFound(runcell_engine::Resource::Session {
-                id: session,
-            })),
-        })
-        .await
-        .map_err(|e| McpError::internal_error(e.to_string(), None))?
-        .map_err(|e| McpError::resource_not_found(runcell_engine::error_chain(&e), None))?;
+        let data = match self.file_elsewhere(&session, &path, &context).await {
+            Some(read) => read.map_err(|m| McpError::resource_not_found(m, None))?,
+            None => {
+                let engine = self.inner.engine.clone();
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || match engine.sessions().get(&session) {
+                    Ok(info) if info.owner == owner => engine.read_file(&session, &p),
+                    _ => Err(EngineError::NotFound(runcell_engine::Resource::Session {
+                        id: session,
+                    })),
+                })
+                .await
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?
+                .map_err(|e| McpError::resource_not_found(runcell_engine::error_chain(&e), None))?
+            }
+        };
         use base64::Engine as _;
         let mime = runcell_engine::mime_of(&path);
         let textual = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");
@@ -692,6 +742,18 @@ async fn forwarded_tool_call(
         }
     };
     axum::Json(to_result(out)).into_response()
+}
+
+/// `path` for a URL's path: every byte but unreserved ones and `/` percent-encoded.
+fn encode_path(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Files produced by a tool call are linked as `runcell://sessions/{id}/files/{path}`.
