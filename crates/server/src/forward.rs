@@ -1,16 +1,18 @@
 //! Requests for a session another node holds, forwarded to that node. With several nodes on
 //! one PostgreSQL database (docs/scale.md) each session lives on the node that made it; any
 //! node takes a request for it (`/v1/sessions/{id}/...`) and, when the store names another
-//! live node as the owner, authenticates the client itself, and passes the request on with
-//! the tenant it found and a node credential instead of the client's key: an HMAC-SHA256,
-//! under the secret every node of the cluster shares (`serve --cluster-secret-file`), of the
-//! forwarding node, the tenant, the method, the path and the time. The owner checks that
-//! credential and serves the asserted tenant; a client that sends those headers itself
-//! cannot sign them, and is refused with 401. It streams the answer back, over connections
-//! kept open between requests. Neither body is buffered: an upload or an NDJSON stream goes
-//! through as it comes (a client that goes away drops the answer, and so the connection to
-//! the owner, which then sees its client gone). A session whose owner is
-//! dead is answered here (the store reads it `dead`).
+//! live node as the owner, authenticates the client itself, and passes the request on
+//! (crate::relay) with the tenant and the key id it found and a node credential instead of
+//! the client's key: an HMAC-SHA256, under the secret every node of the cluster shares
+//! (`serve --cluster-secret-file`), of the forwarding node, the tenant, the key id, the
+//! method, the path and the time. The owner checks that credential, loads the key itself (so
+//! its bounds hold as for a request made there) and serves the asserted tenant; a client that
+//! sends those headers itself cannot sign them, and is refused with 401. It streams the
+//! answer back, over connections kept open between requests. Neither body is buffered: an
+//! upload or an NDJSON stream goes through as it comes (a client that goes away drops the
+//! answer, and so the connection to the owner, which then sees its client gone). A session
+//! whose owner is dead is answered here (the store reads it `dead`). New sessions are placed
+//! by crate::placement.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, Method};
