@@ -154,7 +154,7 @@ mod tests {
     #[test]
     fn only_the_server_and_its_zygote_get_the_servers_allocator() {
         let yes: &[&[u8]] = &[
-            b"runcell\0serve\0--listen\0127.0.0.1:0\0",
+            b"runcell\0serve\0--listen\0[::1]:0\0",
             b"/x/runcell\0--data-dir\0/d\0serve\0",
             b"runcell\0__zygote\0",
         ];
