@@ -3,13 +3,14 @@
 //! [`NODE_TIMEOUT`] is dead, and its sessions read as `dead` through every node (the
 //! sessions' queries in `records.rs` compare against the database's clock).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::pool::{PgConn, Pool};
 use super::records::Owner;
-use crate::error::Result;
-use crate::SessionNode;
+use crate::error::{Result, StoreError};
+use crate::{Lease, SessionNode, LEASE};
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -32,27 +33,131 @@ pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
     Ok(row.try_get(0)?)
 }
 
-/// Beats for `owner` until the store's runtime stops (the store is dropped). A beat that
-/// cannot be written (the database away) is retried at the next; a node whose epoch was
-/// superseded (its id registered again, by a newer process) stops beating, so it goes dead
-/// and the newer one's sessions are not kept alive by it.
-pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Ok(c) = pool.get().await else { continue };
-        let beat = c
-            .client
-            .execute(
-                "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND epoch = $2",
-                &[&owner.node, &owner.epoch],
-            )
-            .await;
-        if matches!(beat, Ok(0)) {
-            return;
+/// How long one beat may take before it counts as failed (and its connection is dropped).
+const BEAT_WAIT: Duration = Duration::from_secs(2);
+
+/// This node's lease on its sessions (see [`crate::Lease`]), as the heartbeat renews it.
+#[derive(Debug)]
+pub(super) struct LeaseClock {
+    epoch: i64,
+    /// When the last beat the database confirmed was sent (or the registration).
+    renewed: Mutex<Instant>,
+    /// The database no longer counts this epoch as alive: for good.
+    lost: AtomicBool,
+}
+
+impl LeaseClock {
+    /// A lease renewed at `at` (when the registration was sent).
+    pub(super) fn new(epoch: i64, at: Instant) -> LeaseClock {
+        LeaseClock {
+            epoch,
+            renewed: Mutex::new(at),
+            lost: AtomicBool::new(false),
         }
     }
+
+    pub(super) fn state(&self) -> Lease {
+        if self.lost.load(Ordering::Acquire) {
+            return Lease::Lost { epoch: self.epoch };
+        }
+        let renewed_ago = self
+            .renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed();
+        if renewed_ago < LEASE {
+            Lease::Held
+        } else {
+            Lease::Lapsed {
+                renewed_ago,
+                epoch: self.epoch,
+            }
+        }
+    }
+
+    fn renewed_at(&self, sent: Instant) {
+        let mut r = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
+        *r = (*r).max(sent);
+    }
+
+    pub(super) fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+}
+
+/// Beats for `owner` until the store's runtime stops (the store is dropped), on a
+/// connection of its own (a pool busy with slow calls does not delay it). Each beat the
+/// database confirms renews `lease`; a beat that fails or takes over [`BEAT_WAIT`] renews
+/// nothing and is tried again at the next tick, on a new connection.
+///
+/// A beat only counts while this epoch is still alive in the database's eyes (the same
+/// node id and epoch, heard from within [`NODE_TIMEOUT`]): a node the others already called
+/// dead, or whose id a newer process registered again, has lost its epoch; it stops
+/// beating, so it stays dead and its sessions are not kept alive by it.
+pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner, lease: Arc<LeaseClock>) {
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn: Option<PgConn> = None;
+    loop {
+        tick.tick().await;
+        let sent = Instant::now();
+        let beat = tokio::time::timeout(BEAT_WAIT, async {
+            let c = match conn.take().filter(|c| !c.client.is_closed()) {
+                Some(c) => c,
+                None => pool.connect().await?,
+            };
+            let n = c
+                .client
+                .execute(
+                    "UPDATE nodes SET heartbeat_at = now()
+                     WHERE id = $1 AND epoch = $2
+                       AND heartbeat_at > now() - interval '10 seconds'",
+                    &[&owner.node, &owner.epoch],
+                )
+                .await?;
+            Ok::<_, StoreError>((c, n))
+        })
+        .await;
+        match beat {
+            Ok(Ok((c, 1))) => {
+                lease.renewed_at(sent);
+                conn = Some(c);
+            }
+            Ok(Ok((_, _))) => {
+                say_lost(&owner);
+                lease.lose();
+                return;
+            }
+            // Unreachable or too slow: no renewal; the next beat connects again.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+}
+
+/// Said once, for the node's operator: it must be restarted.
+fn say_lost(owner: &Owner) {
+    tracing::error!(
+        node = %owner.node,
+        epoch = owner.epoch,
+        "{}",
+        crate::lease::lost(owner.epoch)
+    );
+}
+
+/// Whether `owner`'s epoch is alive in the database's eyes: its node row has that epoch and
+/// beat within [`NODE_TIMEOUT`]. Asked where an owner writes, in the write's transaction.
+pub(super) async fn epoch_alive(
+    client: &impl tokio_postgres::GenericClient,
+    owner: &Owner,
+) -> Result<bool> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2
+                                 AND heartbeat_at > now() - interval '10 seconds')",
+            &[&owner.node, &owner.epoch],
+        )
+        .await?
+        .try_get(0)?)
 }
 
 /// The node owning session `id`, and whether it is alive.

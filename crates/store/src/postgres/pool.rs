@@ -28,6 +28,9 @@ pub(super) const POOL_SIZE: usize = 8;
 const CHECKOUT_WAIT: Duration = Duration::from_secs(10);
 /// How long opening a connection may take (when the URL does not say `connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one call may take in all (waiting for a connection, connecting, the queries):
+/// the longest a request waits on a database that stopped answering.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The runtime the driver runs on, and the pool.
 pub(super) struct Pg {
@@ -110,16 +113,43 @@ impl Pg {
 
     /// Runs `call` with a connection, on the store's runtime, and waits for it here. A panic
     /// inside goes on in the caller.
+    ///
+    /// A call that takes longer than [`CALL_TIMEOUT`] fails as unavailable: a database cut
+    /// off without a reset (a partition, a stopped server) never answers, and a request
+    /// must not wait for it forever.
     pub(super) fn run<T, F, Fut>(&self, call: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Pool>) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        self.run_within(CALL_TIMEOUT, call)
+    }
+
+    /// [`Pg::run`] with its own bound (verifying a long chain may take longer).
+    pub(super) fn run_within<T, F, Fut>(&self, bound: Duration, call: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Pool>) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let pool = self.pool.clone();
         let fut = AssertUnwindSafe(call(self.pool.clone())).catch_unwind();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle().spawn(async move {
-            let _ = tx.send(fut.await);
+            let r = match tokio::time::timeout(bound, fut).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // The call's connection went back to the pool when the call was
+                    // dropped; it may be the stuck one.
+                    pool.drop_idle();
+                    Ok(Err(StoreError::Unavailable {
+                        reason: format!("the database did not answer within {} s", bound.as_secs()),
+                        source: None,
+                    }))
+                }
+            };
+            let _ = tx.send(r);
         });
         match rx.recv() {
             Ok(Ok(result)) => result,
@@ -169,29 +199,41 @@ impl Pool {
         };
         let conn = match reused {
             Some(c) => c,
-            None => {
-                let (client, connection) =
-                    self.config
-                        .connect(NoTls)
-                        .await
-                        .map_err(|e| StoreError::Unavailable {
-                            reason: "cannot connect to PostgreSQL".into(),
-                            source: Some(e),
-                        })?;
-                // The connection's I/O; it ends when the client is dropped or the socket
-                // breaks, and the client then reports itself closed.
-                tokio::spawn(connection);
-                PgConn {
-                    client,
-                    statements: HashMap::new(),
-                }
-            }
+            None => self.connect().await?,
         };
         Ok(Conn {
             conn: Some(conn),
             pool: self.clone(),
             _permit: permit,
         })
+    }
+
+    /// A new connection of its own, outside the pool (the heartbeat's).
+    pub(super) async fn connect(&self) -> Result<PgConn> {
+        let (client, connection) =
+            self.config
+                .connect(NoTls)
+                .await
+                .map_err(|e| StoreError::Unavailable {
+                    reason: "cannot connect to PostgreSQL".into(),
+                    source: Some(e),
+                })?;
+        // The connection's I/O; it ends when the client is dropped or the socket breaks, and
+        // the client then reports itself closed.
+        tokio::spawn(connection);
+        Ok(PgConn {
+            client,
+            statements: HashMap::new(),
+        })
+    }
+
+    /// Drops every idle connection: after a call timed out, the others may hang as well
+    /// (a database cut off without a reset), and new ones find out at once.
+    fn drop_idle(&self) {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 }
 
