@@ -10,7 +10,9 @@
 //! has lost its epoch for good: the database refuses its writes, and only a restart (a new
 //! epoch) serves again.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, StoreError};
 
@@ -67,4 +69,53 @@ pub(crate) fn lost(epoch: i64) -> String {
          be restarted to serve again",
         crate::NODE_TIMEOUT.as_secs()
     )
+}
+
+/// This node's lease on its sessions (see [`crate::Lease`]), as the heartbeat renews it.
+#[derive(Debug)]
+pub(crate) struct LeaseClock {
+    epoch: i64,
+    /// When the last beat the database confirmed was sent (or the registration).
+    renewed: Mutex<Instant>,
+    /// The database no longer counts this epoch as alive: for good.
+    lost: AtomicBool,
+}
+
+impl LeaseClock {
+    /// A lease renewed at `at` (when the registration was sent).
+    pub(crate) fn new(epoch: i64, at: Instant) -> LeaseClock {
+        LeaseClock {
+            epoch,
+            renewed: Mutex::new(at),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn state(&self) -> Lease {
+        if self.lost.load(Ordering::Acquire) {
+            return Lease::Lost { epoch: self.epoch };
+        }
+        let renewed_ago = self
+            .renewed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed();
+        if renewed_ago < LEASE {
+            Lease::Held
+        } else {
+            Lease::Lapsed {
+                renewed_ago,
+                epoch: self.epoch,
+            }
+        }
+    }
+
+    pub(crate) fn renewed_at(&self, sent: Instant) {
+        let mut r = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
+        *r = (*r).max(sent);
+    }
+
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
 }

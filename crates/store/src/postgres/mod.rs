@@ -53,7 +53,7 @@ pub struct PgStore {
     /// The node this store writes sessions as, if it is one.
     owner: Option<Owner>,
     /// That node's lease on its sessions, as its heartbeat renews it.
-    lease: Option<Arc<nodes::LeaseClock>>,
+    lease: Option<Arc<crate::lease::LeaseClock>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -115,11 +115,12 @@ impl PgStore {
             node: own(node),
             epoch,
         };
-        let lease = Arc::new(nodes::LeaseClock::new(epoch, sent));
+        let lease = Arc::new(crate::lease::LeaseClock::new(epoch, sent));
         let (beating, renewing) = (owner.clone(), lease.clone());
         store
             .pg
             .spawn(|pool| async move { nodes::heartbeat(pool, beating, renewing).await });
+        store.pg.guard_with(lease.clone());
         store.owner = Some(owner);
         store.lease = Some(lease);
         Ok(store)

@@ -3,14 +3,14 @@
 //! [`NODE_TIMEOUT`] is dead, and its sessions read as `dead` through every node (the
 //! sessions' queries in `records.rs` compare against the database's clock).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pool::{PgConn, Pool};
 use super::records::Owner;
 use crate::error::{Result, StoreError};
-use crate::{Lease, SessionNode, LEASE};
+use crate::lease::LeaseClock;
+use crate::SessionNode;
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -35,55 +35,8 @@ pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
 
 /// How long one beat may take before it counts as failed (and its connection is dropped).
 const BEAT_WAIT: Duration = Duration::from_secs(2);
-
-/// This node's lease on its sessions (see [`crate::Lease`]), as the heartbeat renews it.
-#[derive(Debug)]
-pub(super) struct LeaseClock {
-    epoch: i64,
-    /// When the last beat the database confirmed was sent (or the registration).
-    renewed: Mutex<Instant>,
-    /// The database no longer counts this epoch as alive: for good.
-    lost: AtomicBool,
-}
-
-impl LeaseClock {
-    /// A lease renewed at `at` (when the registration was sent).
-    pub(super) fn new(epoch: i64, at: Instant) -> LeaseClock {
-        LeaseClock {
-            epoch,
-            renewed: Mutex::new(at),
-            lost: AtomicBool::new(false),
-        }
-    }
-
-    pub(super) fn state(&self) -> Lease {
-        if self.lost.load(Ordering::Acquire) {
-            return Lease::Lost { epoch: self.epoch };
-        }
-        let renewed_ago = self
-            .renewed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .elapsed();
-        if renewed_ago < LEASE {
-            Lease::Held
-        } else {
-            Lease::Lapsed {
-                renewed_ago,
-                epoch: self.epoch,
-            }
-        }
-    }
-
-    fn renewed_at(&self, sent: Instant) {
-        let mut r = self.renewed.lock().unwrap_or_else(PoisonError::into_inner);
-        *r = (*r).max(sent);
-    }
-
-    pub(super) fn lose(&self) {
-        self.lost.store(true, Ordering::Release);
-    }
-}
+/// How soon a failed beat is tried again.
+const RETRY: Duration = Duration::from_millis(250);
 
 /// Beats for `owner` until the store's runtime stops (the store is dropped), on a
 /// connection of its own (a pool busy with slow calls does not delay it). Each beat the
@@ -128,8 +81,13 @@ pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner, lease: Arc<LeaseClo
                 lease.lose();
                 return;
             }
-            // Unreachable or too slow: no renewal; the next beat connects again.
-            Ok(Err(_)) | Err(_) => {}
+            // Unreachable or too slow: no renewal. Tried again soon, on a new connection,
+            // rather than a whole beat later: once the database answers again, the lease
+            // is renewed before the others' 10 s are up, if it still can be.
+            Ok(Err(_)) | Err(_) => {
+                tokio::time::sleep(RETRY).await;
+                tick.reset_immediately();
+            }
         }
     }
 }

@@ -13,14 +13,17 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::pin::pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use futures_util::future::{select, Either};
 use futures_util::FutureExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, Config, NoTls, Statement};
 
 use crate::error::{Result, StoreError};
+use crate::lease::LeaseClock;
 
 /// Connections one store keeps open at most. Three nodes take 24 of PostgreSQL's default 100.
 pub(super) const POOL_SIZE: usize = 8;
@@ -31,12 +34,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one call may take in all (waiting for a connection, connecting, the queries):
 /// the longest a request waits on a database that stopped answering.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often a call in progress looks whether its node's lease still holds.
+const LEASE_CHECK: Duration = Duration::from_millis(100);
 
 /// The runtime the driver runs on, and the pool.
 pub(super) struct Pg {
     /// Always `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
     pool: Arc<Pool>,
+    /// A node's lease: a call fails as soon as it lapses (see [`Pg::run`]).
+    lease: OnceLock<Arc<LeaseClock>>,
 }
 
 impl Drop for Pg {
@@ -93,7 +100,19 @@ impl Pg {
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(POOL_SIZE)),
         });
-        Ok((Pg { rt: Some(rt), pool }, target))
+        Ok((
+            Pg {
+                rt: Some(rt),
+                pool,
+                lease: OnceLock::new(),
+            },
+            target,
+        ))
+    }
+
+    /// From now on, calls fail once `lease` is not held (a node's store).
+    pub(super) fn guard_with(&self, lease: Arc<LeaseClock>) {
+        let _ = self.lease.set(lease);
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
@@ -116,7 +135,10 @@ impl Pg {
     ///
     /// A call that takes longer than [`CALL_TIMEOUT`] fails as unavailable: a database cut
     /// off without a reset (a partition, a stopped server) never answers, and a request
-    /// must not wait for it forever.
+    /// must not wait for it forever. A node's call also fails, with the lease's
+    /// [`StoreError::Fenced`], as soon as its lease is not held: a node cut off from the
+    /// database answers within its lease, before the others could call it dead, rather
+    /// than after the call's bound.
     pub(super) fn run<T, F, Fut>(&self, call: F) -> Result<T>
     where
         T: Send + 'static,
@@ -134,21 +156,43 @@ impl Pg {
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         let pool = self.pool.clone();
+        let lease = self.lease.get().cloned();
+        if let Some(l) = &lease {
+            l.state().check()?;
+        }
         let fut = AssertUnwindSafe(call(self.pool.clone())).catch_unwind();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle().spawn(async move {
-            let r = match tokio::time::timeout(bound, fut).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // The call's connection went back to the pool when the call was
-                    // dropped; it may be the stuck one.
-                    pool.drop_idle();
-                    Ok(Err(StoreError::Unavailable {
-                        reason: format!("the database did not answer within {} s", bound.as_secs()),
-                        source: None,
-                    }))
+            let lapsed = async move {
+                match lease {
+                    Some(l) => loop {
+                        if let Err(e) = l.state().check() {
+                            break e;
+                        }
+                        tokio::time::sleep(LEASE_CHECK).await;
+                    },
+                    None => std::future::pending().await,
                 }
             };
+            let call = tokio::time::timeout(bound, fut);
+            let r = match select(pin!(call), pin!(lapsed)).await {
+                Either::Left((Ok(r), _)) => r,
+                Either::Left((Err(_), _)) => Ok(Err(StoreError::Unavailable {
+                    reason: format!("the database did not answer within {} s", bound.as_secs()),
+                    source: None,
+                })),
+                Either::Right((fenced, _)) => Ok(Err(fenced)),
+            };
+            if matches!(
+                r,
+                Ok(Err(
+                    StoreError::Unavailable { source: None, .. } | StoreError::Fenced(_)
+                ))
+            ) {
+                // The call's connection went back to the pool when the call was dropped;
+                // it may be a stuck one, and so may the others.
+                pool.drop_idle();
+            }
             let _ = tx.send(r);
         });
         match rx.recv() {
