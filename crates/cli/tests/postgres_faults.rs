@@ -13,7 +13,7 @@ mod common;
 mod pg;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,12 +26,8 @@ use serde_json::{json, Value};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-faults";
 
-/// The flags every node and command of one test shares, `url` its database.
+/// The global flags every node and command of one test shares, `url` its database.
 fn shared(url: &str, keys: &Path) -> Vec<String> {
-    let secret = keys.join("cluster.secret");
-    if !secret.exists() {
-        std::fs::write(&secret, format!("{SECRET}\n")).expect("write the cluster secret");
-    }
     vec![
         "--database".into(),
         url.into(),
@@ -39,8 +35,6 @@ fn shared(url: &str, keys: &Path) -> Vec<String> {
         keys.join("audit-chain.key").display().to_string(),
         "--audit-signing-key-file".into(),
         keys.join("audit-signing.key").display().to_string(),
-        "--cluster-secret-file".into(),
-        secret.display().to_string(),
     ]
 }
 
@@ -63,13 +57,18 @@ fn new_key(url: &str, keys: &Path) -> String {
 }
 
 /// `runcell serve` as node `http://127.0.0.1:PORT` on `url`.
-fn node(data: &Path, url: &str, keys: &Path) -> common::serve::Serve {
+fn node(data: &Path, url: &str, keys: &Path, log: &Log) -> common::serve::Serve {
+    let log = log.clone();
     let port = common::serve::free_port();
     let me = format!("http://127.0.0.1:{port}");
+    let secret = keys.join("cluster.secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).expect("write the cluster secret");
     let mut child = runcell(data)
+        .args(shared(url, keys))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--node-url", &me, "--no-zygote", "--warm-sessions", "0"])
-        .args(shared(url, keys))
+        .arg("--cluster-secret-file")
+        .arg(&secret)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("serve");
@@ -80,9 +79,18 @@ fn node(data: &Path, url: &str, keys: &Path) -> common::serve::Serve {
             break;
         }
     }
-    std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        lines
+            .map_while(Result::ok)
+            .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+            .for_each(|l| kept.lock().expect("log").push(l))
+    });
     common::serve::Serve::adopt(child, me)
 }
+
+/// What a node logged as errors and warnings, for a failure's message.
+type Log = Arc<Mutex<Vec<String>>>;
 
 fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
@@ -242,9 +250,10 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
     let key = new_key(&direct, keys.path());
     let data_a = data_dir("runcell-faults-a-");
     let _unmount_a = UnmountOnDrop(data_a.to_path_buf());
-    let a = node(&data_a, &through, keys.path());
+    let log: Log = Arc::default();
+    let a = node(&data_a, &through, keys.path(), &log);
     let data_b = data_dir("runcell-faults-b-");
-    let b = node(&data_b, &direct, keys.path());
+    let b = node(&data_b, &direct, keys.path(), &log);
     let c = http();
 
     let s: Value = c
@@ -444,7 +453,8 @@ fn postgresql_restarting_under_http_load_fails_requests_clearly_and_loses_nothin
     let keys = tempfile::tempdir().expect("tempdir");
     let key = new_key(&url, keys.path());
     let data = data_dir("runcell-faults-r-");
-    let n = node(&data, &url, keys.path());
+    let log: Log = Arc::default();
+    let n = node(&data, &url, keys.path(), &log);
 
     // What every client saw: (what, status), and the executions acknowledged.
     let seen: Arc<Mutex<Vec<(String, u16)>>> = Arc::default();
@@ -544,7 +554,8 @@ fn postgresql_restarting_under_http_load_fails_requests_clearly_and_loses_nothin
     for (kind, status) in &seen {
         assert!(
             [200, 201, 503].contains(status),
-            "{kind}: {status} (all: {seen:?})"
+            "{kind}: {status} (all: {seen:?}); the node logged:\n{}",
+            log.lock().expect("log").join("\n")
         );
     }
     eprintln!(
