@@ -15,6 +15,7 @@ mod nodes;
 mod pool;
 mod records;
 mod schema;
+mod tls;
 
 use std::fmt;
 use std::path::Path;

@@ -21,9 +21,12 @@ use futures_util::future::{select, Either};
 use futures_util::FutureExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{Client, Config, NoTls, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{Result, StoreError};
 use crate::lease::LeaseClock;
+
+use super::tls;
 
 /// Connections one store keeps open at most. Three nodes take 24 of PostgreSQL's default 100.
 pub(super) const POOL_SIZE: usize = 8;
@@ -62,9 +65,12 @@ impl Pg {
     /// connection is opened yet. Also returns where it points (database and hosts, never the
     /// password), for messages.
     pub(super) fn new(url: &str) -> Result<(Pg, String)> {
+        let (url, mode, root) = tls::split(url)?;
         let mut config: Config = url
             .parse()
             .map_err(|_| StoreError::Invalid("the database URL is not a PostgreSQL URL".into()))?;
+        config.ssl_mode(mode.ssl_mode());
+        let tls = tls::connector(mode, root.as_deref())?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -97,6 +103,8 @@ impl Pg {
             })?;
         let pool = Arc::new(Pool {
             config,
+            tls,
+            mode,
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(POOL_SIZE)),
         });
@@ -210,6 +218,9 @@ impl Pg {
 /// Open connections not in use, and permits for at most [`POOL_SIZE`] in use or idle.
 pub(super) struct Pool {
     config: Config,
+    /// How connections are encrypted (`None`: `sslmode=disable`).
+    tls: Option<MakeRustlsConnect>,
+    mode: tls::Mode,
     idle: Mutex<Vec<PgConn>>,
     slots: Arc<Semaphore>,
 }
@@ -254,17 +265,46 @@ impl Pool {
 
     /// A new connection of its own, outside the pool (the heartbeat's).
     pub(super) async fn connect(&self) -> Result<PgConn> {
-        let (client, connection) =
-            self.config
-                .connect(NoTls)
-                .await
-                .map_err(|e| StoreError::Unavailable {
-                    reason: "cannot connect to PostgreSQL".into(),
-                    source: Some(e),
-                })?;
+        let refused = |e: tokio_postgres::Error| {
+            // TLS refused (a certificate that does not verify, a server without TLS where
+            // it is required) is said as such: it will not pass by retrying.
+            let tls = {
+                let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+                let mut found = false;
+                while let Some(c) = cur {
+                    found |= c.is::<rustls::Error>() || c.to_string().contains("TLS");
+                    cur = c.source();
+                }
+                found
+            };
+            let reason = if tls {
+                format!(
+                    "cannot connect to PostgreSQL: TLS failed (sslmode={})",
+                    self.mode.as_str()
+                )
+            } else {
+                "cannot connect to PostgreSQL".into()
+            };
+            StoreError::Unavailable {
+                reason,
+                source: Some(e),
+            }
+        };
         // The connection's I/O; it ends when the client is dropped or the socket breaks, and
         // the client then reports itself closed.
-        tokio::spawn(connection);
+        let client = match &self.tls {
+            None => {
+                let (client, connection) = self.config.connect(NoTls).await.map_err(refused)?;
+                tokio::spawn(connection);
+                client
+            }
+            Some(tls) => {
+                let (client, connection) =
+                    self.config.connect(tls.clone()).await.map_err(refused)?;
+                tokio::spawn(connection);
+                client
+            }
+        };
         Ok(PgConn {
             client,
             statements: HashMap::new(),
