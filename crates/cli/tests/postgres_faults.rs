@@ -285,6 +285,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
         }
     });
     let message = refused(answer, "A's session while cut off");
+    eprintln!("cut off: {message}");
     assert!(
         message.starts_with("this node cannot prove it still owns its sessions: it has not renewed its lease with the database for"),
         "{message}"
@@ -375,6 +376,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
                 .then_some(message)
         },
     );
+    eprintln!("declared dead: {lost}");
     assert!(
         lost.starts_with(
             "this node no longer owns its sessions: the cluster declared its epoch 1 dead"

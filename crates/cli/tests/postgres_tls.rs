@@ -153,7 +153,10 @@ fn a_node_connects_with_verify_full_and_refuses_another_ca_at_start() {
         "{err}"
     );
     // A CA of the same name, not the same key: the signature does not verify.
-    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
+    assert!(
+        err.contains("invalid peer certificate: BadSignature"),
+        "{err}"
+    );
     // Without TLS: the server refuses a plain connection, and that is what is shown.
     let err = refused(url("sslmode=disable".into()));
     assert!(err.contains("no encryption"), "{err}");

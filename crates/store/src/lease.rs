@@ -3,7 +3,7 @@
 //!
 //! Every heartbeat that the database confirms renews the lease for [`LEASE`], counted from
 //! when the beat was *sent* on this node's own clock, so the lease always ends before the
-//! database's clock can call the node dead ([`crate::NODE_TIMEOUT`], counted from when the
+//! database's clock can call the node dead ([`NODE_TIMEOUT`], counted from when the
 //! beat *arrived*). Between the two, no other node may take a session of this one yet, and
 //! this one no longer acts on them: there is no moment at which two nodes both think they
 //! own a session. A node the database has called dead (or whose id a newer process took)
@@ -15,6 +15,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::error::{Result, StoreError};
+
+/// Silence after which a node is dead (the `interval '10 seconds'` of the PostgreSQL
+/// backend's queries, on the database's clock).
+pub const NODE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a confirmed heartbeat lets a node act on its sessions: three beats (2 s apart)
 /// may be lost before it stops, and it stops 4 s before other nodes call it dead (10 s), room
@@ -36,7 +40,7 @@ pub enum Lease {
         epoch: i64,
     },
     /// The database no longer counts this epoch as alive: it was silent past
-    /// [`crate::NODE_TIMEOUT`] (its sessions were reported dead), or its id was registered
+    /// [`NODE_TIMEOUT`] (its sessions were reported dead), or its id was registered
     /// again by a newer process. It never serves its sessions again.
     Lost {
         /// This node's (former) epoch.
@@ -54,7 +58,7 @@ impl Lease {
                  lease with the database for {} s (epoch {epoch}; a node silent for {} s is \
                  declared dead); retry shortly",
                 renewed_ago.as_secs(),
-                crate::NODE_TIMEOUT.as_secs()
+                NODE_TIMEOUT.as_secs()
             ))),
             Lease::Lost { epoch } => Err(StoreError::Fenced(lost(epoch))),
         }
@@ -67,7 +71,7 @@ pub(crate) fn lost(epoch: i64) -> String {
         "this node no longer owns its sessions: the cluster declared its epoch {epoch} dead \
          (its heartbeat stopped for over {} s) or a newer process took its node id; it must \
          be restarted to serve again",
-        crate::NODE_TIMEOUT.as_secs()
+        NODE_TIMEOUT.as_secs()
     )
 }
 

@@ -8,9 +8,8 @@ use futures_util::StreamExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, Row};
 
-use super::nodes;
 use super::pool::PgConn;
-use super::records::Owner;
+use super::records::{self, Owner};
 use crate::audit::{chain_mac, ChainFields, ChainKey, Expect, StoredRow, TenantWalk, GENESIS_HASH};
 use crate::error::{Result, StoreError};
 use crate::pending::PendingAppend;
@@ -37,7 +36,7 @@ pub(super) async fn append_batch(
     let (client, mut st) = c.split();
     let tx = client.transaction().await?;
     if let Some(owner) = owner {
-        if !nodes::epoch_alive(&tx, owner).await? {
+        if !records::epoch_alive(&tx, owner).await? {
             return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
         }
         let sessions: Vec<&str> = batch

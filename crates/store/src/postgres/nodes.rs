@@ -14,8 +14,7 @@ use crate::SessionNode;
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
-/// Silence after which a node is dead (the `interval '10 seconds'` of `records.rs`).
-pub const NODE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::lease::NODE_TIMEOUT;
 
 /// Registers `node` and returns its new epoch.
 pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
@@ -100,22 +99,6 @@ fn say_lost(owner: &Owner) {
         "{}",
         crate::lease::lost(owner.epoch)
     );
-}
-
-/// Whether `owner`'s epoch is alive in the database's eyes: its node row has that epoch and
-/// beat within [`NODE_TIMEOUT`]. Asked where an owner writes, in the write's transaction.
-pub(super) async fn epoch_alive(
-    client: &impl tokio_postgres::GenericClient,
-    owner: &Owner,
-) -> Result<bool> {
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2
-                                 AND heartbeat_at > now() - interval '10 seconds')",
-            &[&owner.node, &owner.epoch],
-        )
-        .await?
-        .try_get(0)?)
 }
 
 /// The node owning session `id`, and whether it is alive.

@@ -314,6 +314,22 @@ pub(super) struct Owner {
     pub(super) epoch: i64,
 }
 
+/// Whether `owner`'s epoch is alive in the database's eyes: its node row has that epoch and
+/// beat within [`crate::NODE_TIMEOUT`]. Asked where an owner writes, in the write's transaction.
+pub(super) async fn epoch_alive(
+    client: &impl tokio_postgres::GenericClient,
+    owner: &Owner,
+) -> Result<bool> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2
+                                 AND heartbeat_at > now() - interval '10 seconds')",
+            &[&owner.node, &owner.epoch],
+        )
+        .await?
+        .try_get(0)?)
+}
+
 fn owner_parts(owner: Option<&Owner>) -> (Option<&str>, Option<i64>) {
     (owner.map(|o| o.node.as_str()), owner.map(|o| o.epoch))
 }
@@ -406,7 +422,7 @@ pub(super) async fn put_session(
         .await?;
     if changed == 0 {
         if let Some(owner) = owner {
-            if !super::nodes::epoch_alive(client, owner).await? {
+            if !epoch_alive(client, owner).await? {
                 return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
             }
         }
@@ -457,7 +473,7 @@ pub(super) async fn update_session_status(
         .await?;
     if n == 0 {
         if let Some(owner) = owner {
-            if !super::nodes::epoch_alive(client, owner).await? {
+            if !epoch_alive(client, owner).await? {
                 return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
             }
         }
