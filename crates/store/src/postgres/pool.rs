@@ -183,20 +183,18 @@ impl Pg {
                 }
             };
             let call = tokio::time::timeout(bound, fut);
-            let r = match select(pin!(call), pin!(lapsed)).await {
-                Either::Left((Ok(r), _)) => r,
-                Either::Left((Err(_), _)) => Ok(Err(StoreError::Unavailable {
-                    reason: format!("the database did not answer within {} s", bound.as_secs()),
-                    source: None,
-                })),
-                Either::Right((fenced, _)) => Ok(Err(fenced)),
+            let (r, abandoned) = match select(pin!(call), pin!(lapsed)).await {
+                Either::Left((Ok(r), _)) => (r, false),
+                Either::Left((Err(_), _)) => (
+                    Ok(Err(StoreError::Unavailable {
+                        reason: format!("the database did not answer within {} s", bound.as_secs()),
+                        source: None,
+                    })),
+                    true,
+                ),
+                Either::Right((fenced, _)) => (Ok(Err(fenced)), true),
             };
-            if matches!(
-                r,
-                Ok(Err(
-                    StoreError::Unavailable { source: None, .. } | StoreError::Fenced(_)
-                ))
-            ) {
+            if abandoned {
                 // The call's connection went back to the pool when the call was dropped;
                 // it may be a stuck one, and so may the others.
                 pool.drop_idle();
