@@ -224,8 +224,10 @@ fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T 
 ///
 /// Cut for longer, with a cell running on A: B lists the session `dead`; healed, A has lost
 /// its epoch for good: its session-bound requests, creates and `/healthz` say so, and the
-/// cell's execution, which ends after the cluster called A dead, is refused by the database
-/// itself (its stream ends with that 503) and is not in the audit chain.
+/// cell's execution, which ends after the cluster called A dead, is not recorded (its stream
+/// ends with that 503) and is not in the audit chain. (That the database itself refuses such
+/// a write, whatever the node believes, is store/tests/postgres.rs's
+/// `the_database_refuses_a_node_it_called_dead_and_sessions_held_elsewhere`.)
 #[test]
 fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_acts_again() {
     let server = pg::pg_server();
@@ -398,7 +400,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
         .expect("healthz");
     assert_eq!(r.status(), 503);
     assert_eq!(r.json::<Value>().expect("json")["status"], "lost");
-    // The cell ran to its end on A, but the database refused to record it.
+    // The cell ran to its end on A, which did not record it: it no longer owns the session.
     let events = streamed.join().expect("stream thread");
     let end = events.last().expect("end");
     assert_eq!(end["type"], "end", "{events:?}");
