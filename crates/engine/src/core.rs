@@ -281,9 +281,23 @@ impl Core {
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
         match self.session_store() {
             Some(store) => crate::records::tenant_policy(store, owner).map_err(|source| {
-                EngineError::TenantPolicy {
-                    owner: owner.to_owned(),
-                    source,
+                // A database that cannot answer now (restarting, cut off, or this node's
+                // lease lapsed) is the store's word (503), not a broken policy.
+                match source.downcast::<runcell_store::StoreError>() {
+                    Ok(e)
+                        if e.is_unavailable()
+                            || matches!(*e, runcell_store::StoreError::Fenced(_)) =>
+                    {
+                        EngineError::Store(*e)
+                    }
+                    Ok(e) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source: e,
+                    },
+                    Err(source) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source,
+                    },
                 }
             }),
             None => Ok(Default::default()),

@@ -41,6 +41,15 @@ pub(crate) async fn to_owner(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // A node that cannot prove it still owns its sessions (its lease with the database
+    // lapsed: runcell_store::Lease) acts on none, at once and without asking the database,
+    // which is likely what it cannot reach.
+    let creates = req.method() == axum::http::Method::POST && req.uri().path() == "/v1/sessions";
+    if creates || session_of(req.uri().path()).is_some() {
+        if let Err(e) = state.store.lease().check() {
+            return store_error(e).into_response();
+        }
+    }
     let h = req.headers();
     if h.contains_key(&FORWARDED_BY)
         || h.contains_key(&FORWARDED_TENANT)

@@ -34,6 +34,7 @@ mod checkpoint;
 mod error;
 mod group;
 mod handle;
+mod lease;
 mod pending;
 mod postgres;
 mod sqlite;
@@ -47,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, StoreError};
 pub use handle::Store;
+pub use lease::{Lease, LEASE};
 pub use postgres::{PgStore, NODE_TIMEOUT};
 pub use sqlite::{Durability, SqliteStore};
 
@@ -295,6 +297,14 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
 
     /// The tenant's settings (none set: no quota, the server's default start).
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings>;
+
+    // ---- the node's lease on its sessions (nodes sharing a database) ----
+
+    /// Whether this node may act on the sessions it holds, and make new ones, now (see
+    /// [`Lease`]); always [`Lease::Held`] for a store of its own. Answered from memory.
+    fn lease(&self) -> Lease {
+        Lease::Held
+    }
 
     // ---- sessions ----
 

@@ -271,6 +271,7 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         crate::bounds::check_metadata(&req.metadata)?;
         crate::bounds::check_env(&req.env)?;
+        self.leased()?;
         // Checked (and its proxy state made) before anything is allocated; nothing starts yet.
         let egress = self.core.network.session(&req.network)?;
         let _slot = self.creation_slot()?;
@@ -552,7 +553,11 @@ impl SessionManager {
     }
 
     /// A live session; a paused one is resumed first (any request resumes it).
+    ///
+    /// Only while this node holds its lease on its sessions (nodes sharing a database): a
+    /// node that cannot prove it still owns them does not act on them ([`Self::leased`]).
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        self.leased()?;
         if let Some(e) = self.map().get(id) {
             return Ok(e.clone());
         }
@@ -563,6 +568,16 @@ impl SessionManager {
             .get(id)
             .cloned()
             .ok_or_else(|| EngineError::no_session(id))
+    }
+
+    /// `Ok` unless this node shares a database with others and cannot prove, now, that it
+    /// still owns its sessions (its lease lapsed or its epoch was declared dead): then a
+    /// [`runcell_store::StoreError::Fenced`] saying why, and nothing is done.
+    pub fn leased(&self) -> Result<(), EngineError> {
+        match self.core.session_store() {
+            Some(store) => store.lease().check().map_err(EngineError::Store),
+            None => Ok(()),
+        }
     }
 
     /// A live or paused session (in memory: no I/O).
@@ -761,7 +776,10 @@ impl SessionManager {
     /// else's running execution is left alone.
     pub fn cancel(&self, id: &str, token: &CancelToken) {
         token.set();
-        let Ok(entry) = self.entry(id) else { return };
+        // Not `entry`: a client gone away still stops its cell while the lease lapsed.
+        let Some(entry) = self.map().get(id).cloned() else {
+            return;
+        };
         let s = entry.lock();
         if s.running.as_ref().is_some_and(|r| r.same(token)) {
             if let Some(h) = &s.handle {

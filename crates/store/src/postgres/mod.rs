@@ -15,6 +15,7 @@ mod nodes;
 mod pool;
 mod records;
 mod schema;
+mod tls;
 
 use std::fmt;
 use std::path::Path;
@@ -36,6 +37,9 @@ pub use nodes::NODE_TIMEOUT;
 use pool::Pg;
 use records::Owner;
 
+/// How long verifying the audit chains may take.
+const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// PostgreSQL storage: a pool of connections to one database, shared with other nodes.
 pub struct PgStore {
     pg: Pg,
@@ -49,7 +53,9 @@ pub struct PgStore {
     target: String,
     /// The node this store writes sessions as, if it is one.
     owner: Option<Owner>,
-    /// The room this node reports with its heartbeat.
+    /// That node's lease on its sessions, as its heartbeat renews it.
+    lease: Option<Arc<crate::lease::LeaseClock>>,
+    /// The room this node reports for placing new sessions.
     room: Arc<nodes::RoomCell>,
 }
 
@@ -87,6 +93,7 @@ impl PgStore {
             appended: AtomicU64::new(0),
             target,
             owner: None,
+            lease: None,
             room: Arc::default(),
         })
     }
@@ -104,6 +111,7 @@ impl PgStore {
         }
         let mut store = PgStore::open(url, chain_key_file)?;
         let id = own(node);
+        let sent = std::time::Instant::now();
         let epoch = store
             .pg
             .run(|pool| async move { nodes::register(&pool, &id).await })?;
@@ -111,11 +119,18 @@ impl PgStore {
             node: own(node),
             epoch,
         };
-        let (beating, room) = (owner.clone(), store.room.clone());
+        let lease = Arc::new(crate::lease::LeaseClock::new(epoch, sent));
+        let (beating, renewing) = (owner.clone(), lease.clone());
         store
             .pg
-            .spawn(|pool| async move { nodes::heartbeat(pool, beating, room).await });
+            .spawn(|pool| async move { nodes::heartbeat(pool, beating, renewing).await });
+        store.pg.guard_with(lease.clone());
+        let (writing, room) = (owner.clone(), store.room.clone());
+        store
+            .pg
+            .spawn(|pool| async move { nodes::write_rooms(pool, writing, room).await });
         store.owner = Some(owner);
+        store.lease = Some(lease);
         Ok(store)
     }
 
@@ -132,10 +147,10 @@ impl PgStore {
     /// Commits `batch` in one transaction, or row by row if that fails: one result per row.
     fn commit(&self, batch: Vec<PendingAppend<'static>>) -> Vec<Result<AuditEntry>> {
         let n = batch.len();
-        let key = self.key.clone();
+        let (key, owner) = (self.key.clone(), self.owner.clone());
         let results = self.pg.run(|pool| async move {
             let mut c = pool.get().await?;
-            Ok(chain::commit_appends(&mut c, &key, &batch).await)
+            Ok(chain::commit_appends(&mut c, &key, &batch, owner.as_ref()).await)
         });
         match results {
             Ok(r) => r,
@@ -159,6 +174,12 @@ fn own(s: &str) -> String {
 }
 
 impl DomainStore for PgStore {
+    fn lease(&self) -> crate::Lease {
+        self.lease
+            .as_ref()
+            .map_or(crate::Lease::Held, |l| l.state())
+    }
+
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
         let tenant = own(tenant);
         self.pg.run(|pool| async move {
@@ -314,7 +335,8 @@ impl DomainStore for PgStore {
 
     fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport> {
         let (tenant, expected, key) = (tenant.map(own), expected.to_vec(), self.key.clone());
-        self.pg.run(|pool| async move {
+        // A whole chain is read: longer than one request's bound.
+        self.pg.run_within(VERIFY_TIMEOUT, |pool| async move {
             let mut c = pool.get().await?;
             chain::verify(&mut c, &key, tenant.as_deref(), &expected).await
         })
@@ -460,9 +482,9 @@ impl Backend for PgStore {
         let Some(owner) = &self.owner else { return };
         if self.room.set(room) {
             // The first report is written here and now, so a node is placeable as soon as
-            // it serves; later ones go with the heartbeat, woken at once.
+            // it serves; later ones by the room writer, woken at once. Not written here (the
+            // database away): the writer retries it.
             let owner = owner.clone();
-            // Not written (the database away): the heartbeat writes it at its next beat.
             let _ = self.pg.run(|pool| async move {
                 nodes::write_room(&*pool.get().await?, &owner, room).await
             });

@@ -4,17 +4,17 @@
 //! sessions' queries in `records.rs` compare against the database's clock).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::pool::{PgConn, Pool};
 use super::records::Owner;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
+use crate::lease::LeaseClock;
 use crate::{NodePlace, NodeRoom, SessionNode};
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
-/// Silence after which a node is dead (the `interval '10 seconds'` of `records.rs`).
-pub const NODE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::lease::NODE_TIMEOUT;
 
 /// Registers `node` and returns its new epoch.
 pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
@@ -32,7 +32,7 @@ pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
     Ok(row.try_get(0)?)
 }
 
-/// The room this node last reported, and a wake-up for the heartbeat when it changed.
+/// The room this node last reported, and a wake-up for its writer when it changed.
 #[derive(Debug, Default)]
 pub(super) struct RoomCell {
     room: std::sync::Mutex<Option<NodeRoom>>,
@@ -40,16 +40,14 @@ pub(super) struct RoomCell {
 }
 
 impl RoomCell {
-    /// Keeps `room`; wakes the heartbeat only when it differs from the last one. Whether it
-    /// is the first.
+    /// Keeps `room`; wakes the writer only when it differs from the last one. Whether it is
+    /// the first.
     pub(super) fn set(&self, room: NodeRoom) -> bool {
         let mut cur = self.room.lock().unwrap_or_else(|p| p.into_inner());
         let first = cur.is_none();
         if *cur != Some(room) {
             *cur = Some(room);
-            if !first {
-                self.changed.notify_one();
-            }
+            self.changed.notify_one();
         }
         first
     }
@@ -59,39 +57,96 @@ impl RoomCell {
     }
 }
 
-/// Beats for `owner` until the store's runtime stops (the store is dropped), writing the
-/// room in `room` with each beat, and at once when it changes (so other nodes stop placing
-/// sessions on a node that just filled up within one write, not a heartbeat later). A beat
-/// that cannot be written (the database away) is retried at the next; a node whose epoch was
-/// superseded (its id registered again, by a newer process) stops beating, so it goes dead
-/// and the newer one's sessions are not kept alive by it.
-pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner, room: Arc<RoomCell>) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Writes the room in `room` whenever it changes, until the store's runtime stops (so other
+/// nodes stop placing sessions on a node that just filled up within one write); a write that
+/// fails is tried again a second later. Only the room's columns: liveness is the heartbeat's
+/// alone.
+pub(super) async fn write_rooms(pool: Arc<Pool>, owner: Owner, room: Arc<RoomCell>) {
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = room.changed.notified() => {}
-        }
-        let Ok(c) = pool.get().await else { continue };
-        let beat = match room.get() {
-            None => c
-                .client
-                .execute(
-                    "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND epoch = $2",
-                    &[&owner.node, &owner.epoch],
-                )
-                .await
-                .map_err(|_| ()),
-            Some(r) => write_room(&c, &owner, r).await.map_err(|_| ()),
-        };
-        if matches!(beat, Ok(0)) {
-            return;
+        room.changed.notified().await;
+        while let Some(r) = room.get() {
+            let written = match pool.get().await {
+                Ok(c) => write_room(&c, &owner, r).await.is_ok(),
+                Err(_) => false,
+            };
+            if written {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
 }
 
-/// Writes `room` as `owner`'s, with a beat: how many rows (0: the epoch was superseded).
+/// How long one beat may take before it counts as failed (and its connection is dropped).
+const BEAT_WAIT: Duration = Duration::from_secs(2);
+/// How soon a failed beat is tried again.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// Beats for `owner` until the store's runtime stops (the store is dropped), on a
+/// connection of its own (a pool busy with slow calls does not delay it). Each beat the
+/// database confirms renews `lease`; a beat that fails or takes over [`BEAT_WAIT`] renews
+/// nothing and is tried again at the next tick, on a new connection.
+///
+/// A beat only counts while this epoch is still alive in the database's eyes (the same
+/// node id and epoch, heard from within [`NODE_TIMEOUT`]): a node the others already called
+/// dead, or whose id a newer process registered again, has lost its epoch; it stops
+/// beating, so it stays dead and its sessions are not kept alive by it.
+pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner, lease: Arc<LeaseClock>) {
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn: Option<PgConn> = None;
+    loop {
+        tick.tick().await;
+        let sent = Instant::now();
+        let beat = tokio::time::timeout(BEAT_WAIT, async {
+            let c = match conn.take().filter(|c| !c.client.is_closed()) {
+                Some(c) => c,
+                None => pool.connect().await?,
+            };
+            let n = c
+                .client
+                .execute(
+                    "UPDATE nodes SET heartbeat_at = now()
+                     WHERE id = $1 AND epoch = $2
+                       AND heartbeat_at > now() - interval '10 seconds'",
+                    &[&owner.node, &owner.epoch],
+                )
+                .await?;
+            Ok::<_, StoreError>((c, n))
+        })
+        .await;
+        match beat {
+            Ok(Ok((c, 1))) => {
+                lease.renewed_at(sent);
+                conn = Some(c);
+            }
+            Ok(Ok((_, _))) => {
+                say_lost(&owner);
+                lease.lose();
+                return;
+            }
+            // Unreachable or too slow: no renewal. Tried again soon, on a new connection,
+            // rather than a whole beat later: once the database answers again, the lease
+            // is renewed before the others' 10 s are up, if it still can be.
+            Ok(Err(_)) | Err(_) => {
+                tokio::time::sleep(RETRY).await;
+                tick.reset_immediately();
+            }
+        }
+    }
+}
+
+/// Said once, for the node's operator: it must be restarted.
+fn say_lost(owner: &Owner) {
+    tracing::error!(
+        node = %owner.node,
+        epoch = owner.epoch,
+        "{}",
+        crate::lease::lost(owner.epoch)
+    );
+}
+
+/// Writes `room` as `owner`'s: how many rows (0: the epoch was superseded).
 pub(super) async fn write_room(c: &PgConn, owner: &Owner, room: NodeRoom) -> Result<u64> {
     let memory = i64::try_from(room.free_memory_mb).unwrap_or(i64::MAX);
     let sessions = room
@@ -99,8 +154,7 @@ pub(super) async fn write_room(c: &PgConn, owner: &Owner, room: NodeRoom) -> Res
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX));
     Ok(c.client
         .execute(
-            "UPDATE nodes SET heartbeat_at = now(), free_memory_mb = $3, free_sessions = $4,
-                              room_at = now()
+            "UPDATE nodes SET free_memory_mb = $3, free_sessions = $4, room_at = now()
              WHERE id = $1 AND epoch = $2",
             &[&owner.node, &owner.epoch, &memory, &sessions],
         )
