@@ -8,9 +8,8 @@
 //! execution a client was told succeeded is in the audit chain, which verifies.
 
 mod common;
-#[allow(dead_code, reason = "the store tests use the rest")]
-#[path = "../../store/tests/common/pg.rs"]
-mod pg;
+
+use common::cluster::pg;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener};

@@ -4,9 +4,8 @@
 //! TLS handshake failed and why; without TLS the server's own refusal is shown.
 
 mod common;
-#[allow(dead_code, reason = "the store tests use the rest")]
-#[path = "../../store/tests/common/pg.rs"]
-mod pg;
+
+use common::cluster::pg;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
