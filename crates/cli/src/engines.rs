@@ -48,6 +48,7 @@ pub(crate) fn serving_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
+    snapshots: Option<std::sync::Arc<dyn runcell_engine::snapshots::SnapshotStore>>,
     limits: runcell_engine::LimitPolicy,
     workspaces_on_disk: bool,
     network: runcell_engine::NetworkConfig,
@@ -57,6 +58,7 @@ pub(crate) fn serving_engine(
     config.workspaces_on_disk = workspaces_on_disk;
     config.network = network;
     config.image_signer = image_signer;
+    config.snapshots = snapshots;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)
 }
 

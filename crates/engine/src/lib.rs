@@ -29,8 +29,10 @@ mod replay;
 mod restored;
 mod rich;
 mod session;
+pub mod snapshots;
 mod spares;
 mod stamp;
+mod takeover;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;
