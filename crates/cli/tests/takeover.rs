@@ -226,7 +226,7 @@ fn a_dead_nodes_session_resumes_elsewhere(
     assert_eq!(restored["lost_executions"], json!([lost_id]), "{restored}");
     assert!(restored.get("files_only").is_none(), "{restored}");
 
-    // One owner: exactly one of the live nodes holds its workspace now.
+    // One owner: exactly one of the live nodes (`data_of`) holds its workspace now.
     let owners: Vec<&str> = data_of
         .iter()
         .filter(|(_, d)| d.join("workspaces").join(&sid).exists())
@@ -279,6 +279,10 @@ fn a_dead_nodes_session_resumes_elsewhere(
         .map(|(n, _)| *n)
         .collect();
     assert_eq!(owners_after, owners, "the owner did not change");
+    assert!(
+        !data_a.join("workspaces").join(&sid).exists(),
+        "A removed its own copy at its start: the session is not its any more"
+    );
 }
 
 /// Three nodes and a directory they share (here a local one: an NFS or RWX volume in a real
@@ -307,7 +311,7 @@ fn a_dead_nodes_session_resumes_on_another_node_from_a_shared_directory() {
         || node(&data_a, port_a, &flags, &[]),
         &b,
         Some(&c),
-        &[("a", &*data_a), ("b", &*data_b), ("c", &*data_c)],
+        &[("b", &*data_b), ("c", &*data_c)],
         &key,
         |k| dir.join(k).exists(),
     );
@@ -387,7 +391,7 @@ fn a_dead_nodes_session_resumes_on_another_node_from_s3() {
         || node(&data_a, port_a, &flags, &env),
         &b,
         None,
-        &[("a", &*data_a), ("b", &*data_b)],
+        &[("b", &*data_b)],
         &key,
         |k| {
             http()

@@ -91,11 +91,32 @@ impl Paused {
 
 /// Every paused session of an engine.
 #[derive(Default)]
-pub(crate) struct PausedSessions(Mutex<HashMap<String, Arc<Paused>>>);
+pub(crate) struct PausedSessions(
+    Mutex<HashMap<String, Arc<Paused>>>,
+    /// Sessions this node is taking over from a dead node (takeover.rs): the database names
+    /// this node their owner a moment before they are here.
+    Mutex<std::collections::HashSet<String>>,
+);
 
 impl PausedSessions {
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Paused>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `id` as being taken over; `false` if it already is (by another request).
+    pub(crate) fn start_taking(&self, id: &str) -> bool {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned())
+    }
+
+    pub(crate) fn done_taking(&self, id: &str) {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    pub(crate) fn is_taking(&self, id: &str) -> bool {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<SessionInfo> {

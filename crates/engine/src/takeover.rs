@@ -129,9 +129,33 @@ impl SessionManager {
         let Some(desc) = description(&*core.snapshots, id) else {
             return Ok(None);
         };
-        let Some(mut info) = crate::records::session_of_record(&rec, SessionStatus::Paused) else {
+        let Some(info) = crate::records::session_of_record(&rec, SessionStatus::Paused) else {
             return Ok(None);
         };
+        // Requests for it that reach this node meanwhile (another node's, which lost the race
+        // and forwards here) wait until it is here ([`SessionManager::taking_over`]).
+        if !self.paused().start_taking(id) {
+            // Another request here is taking it: its outcome is this one's.
+            while self.paused().is_taking(id) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            return Ok(self.get(id).ok().filter(|i| i.owner == owner));
+        }
+        let taken = self.take_over_marked(store, owner, id, dead_node, info, desc);
+        self.paused().done_taking(id);
+        taken
+    }
+
+    fn take_over_marked(
+        &self,
+        store: &dyn runcell_store::DomainStore,
+        owner: &str,
+        id: &str,
+        dead_node: &str,
+        mut info: SessionInfo,
+        desc: crate::durable::Description,
+    ) -> Result<Option<SessionInfo>, EngineError> {
+        let core = self.core().clone();
         // The one step two nodes cannot both pass: the loser sees the winner as the owner.
         if !store
             .take_over_session(id, dead_node)
@@ -174,6 +198,12 @@ impl SessionManager {
             },
         );
         Ok(Some(info))
+    }
+
+    /// Whether session `id` is being taken over here right now: a request for it waits until
+    /// it is done (the session is then here, or stays where the database says).
+    pub fn taking_over(&self, id: &str) -> bool {
+        self.paused().is_taking(id)
     }
 
     /// Whether this engine keeps snapshots where other nodes read them (and so may take

@@ -78,6 +78,14 @@ pub(crate) async fn to_owner(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // A session this node is taking over from a dead one: its database row already names
+    // this node, but it is here only once its workspace is rebuilt. Bounded by the takeover
+    // itself (a workspace's files from the shared store).
+    if let Some(id) = session_of(req.uri().path()) {
+        while state.engine.sessions().taking_over(id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let h = req.headers();
     if h.contains_key(&FORWARDED_BY)
         || h.contains_key(&FORWARDED_TENANT)
