@@ -139,7 +139,12 @@ pub struct ServeArgs {
     /// A directory every node mounts (NFS, a ReadWriteMany volume) for durable sessions'
     /// snapshots and, beside them, their workspace files: a live node resumes a dead node's
     /// sessions from there [default: the data dir's snapshots/, this node's alone].
-    #[arg(long, value_name = "PATH", env = "RUNCELL_SNAPSHOT_DIR", conflicts_with = "snapshot_store")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "RUNCELL_SNAPSHOT_DIR",
+        conflicts_with = "snapshot_store"
+    )]
     snapshot_dir: Option<PathBuf>,
     /// `s3://BUCKET[/PREFIX]`: --snapshot-dir's part in S3-compatible object storage, with the
     /// AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL

@@ -74,7 +74,10 @@ impl ObjectSnapshots {
         let endpoint = std::env::var("AWS_ENDPOINT_URL")
             .or_else(|_| std::env::var("AWS_ENDPOINT"))
             .ok();
-        if endpoint.as_deref().is_some_and(|e| e.starts_with("http://")) {
+        if endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
+        {
             builder = builder.with_allow_http(true);
         }
         let s3 = builder
@@ -239,7 +242,10 @@ mod tests {
     fn urls() {
         assert_eq!(parse_url("s3://b").unwrap(), ("b".into(), "".into()));
         assert_eq!(parse_url("s3://b/").unwrap(), ("b".into(), "".into()));
-        assert_eq!(parse_url("s3://b/p/q/").unwrap(), ("b".into(), "p/q".into()));
+        assert_eq!(
+            parse_url("s3://b/p/q/").unwrap(),
+            ("b".into(), "p/q".into())
+        );
         for bad in ["", "b/p", "gs://b", "s3://", "s3:///p"] {
             assert!(parse_url(bad).is_err(), "{bad:?}");
         }

@@ -164,9 +164,10 @@ impl Core {
             .clone()
             .map(|a| Auditor::start(a, cells_running.clone()))
             .transpose()?;
-        let snapshots = config.snapshots.clone().unwrap_or_else(|| {
-            Arc::new(crate::snapshots::DirSnapshots::local(&config.data_dir))
-        });
+        let snapshots = config
+            .snapshots
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::snapshots::DirSnapshots::local(&config.data_dir)));
         Ok(Core {
             snapshots,
             zygote: Arc::new(ZygoteSlot::new()),

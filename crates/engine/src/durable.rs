@@ -31,9 +31,9 @@ use crate::error::{NoSpace, Unresumable};
 use crate::limits::Admit;
 use crate::model::Language;
 use crate::paused::{discard_snapshot, Paused, PausedWorkspace};
-use crate::snapshots::{description_key, env_key, snap_key, SnapshotStore};
 use crate::restored::{Restored, Skipped};
 use crate::session::{SessionInfo, SessionManager, SessionStatus};
+use crate::snapshots::{description_key, env_key, snap_key, SnapshotStore};
 use crate::EngineError;
 
 /// The layout of `<id>.json` and of how the host keeps snapshots; a snapshot described in
@@ -87,7 +87,12 @@ fn store_error(action: &'static str, key: &str) -> impl FnOnce(std::io::Error) -
 fn keep_env(store: &dyn SnapshotStore, id: &str, env: &[(String, String)]) {
     let json = serde_json::to_vec(env).unwrap_or_default();
     let key = env_key(id);
-    if store.get_bytes(&key).ok().flatten().is_some_and(|old| old == json) {
+    if store
+        .get_bytes(&key)
+        .ok()
+        .flatten()
+        .is_some_and(|old| old == json)
+    {
         return;
     }
     if let Err(e) = store.put_bytes(&key, &json) {

@@ -116,7 +116,10 @@ impl PausedSessions {
     }
 
     pub(crate) fn is_taking(&self, id: &str) -> bool {
-        self.1.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<SessionInfo> {
@@ -185,7 +188,12 @@ impl PausedSessions {
 pub(crate) fn discard_snapshot(core: &crate::core::Core, id: &str) {
     use crate::snapshots::{description_key, env_key, files_key, snap_key};
     // The description first: a node that finds no description reads no snapshot.
-    for key in [description_key(id), snap_key(id), env_key(id), files_key(id)] {
+    for key in [
+        description_key(id),
+        snap_key(id),
+        env_key(id),
+        files_key(id),
+    ] {
         if let Err(e) = core.snapshots.delete(&key) {
             tracing::warn!(session = %id, key, error = %e, "cannot remove a snapshot");
         }

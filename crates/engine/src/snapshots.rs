@@ -203,7 +203,10 @@ mod tests {
 
         // Replaced whole, and no temporary file left beside it.
         store.put_bytes("ses_1.snap", b"new").expect("put");
-        assert_eq!(store.get_bytes("ses_1.snap").expect("get").as_deref(), Some(&b"new"[..]));
+        assert_eq!(
+            store.get_bytes("ses_1.snap").expect("get").as_deref(),
+            Some(&b"new"[..])
+        );
         let names: Vec<String> = std::fs::read_dir(tmp.path().join("snapshots"))
             .expect("dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -211,7 +214,9 @@ mod tests {
         assert_eq!(names, ["ses_1.snap"]);
 
         store.delete("ses_1.snap").expect("delete");
-        store.delete("ses_1.snap").expect("deleting twice is no error");
+        store
+            .delete("ses_1.snap")
+            .expect("deleting twice is no error");
         assert!(store.open("ses_1.snap").expect("open").is_none());
 
         for bad in ["", "../x", "a/b", ".hidden", "x\0y", "ses 1"] {

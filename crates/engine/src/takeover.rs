@@ -58,17 +58,25 @@ pub(crate) fn keep_files(
     tmp.rewind().map_err(tar_error)?;
     store
         .put(&files_key(id), &mut tmp)
-        .map_err(crate::core::io_error("keep the workspace's files", Path::new(&files_key(id))))
+        .map_err(crate::core::io_error(
+            "keep the workspace's files",
+            Path::new(&files_key(id)),
+        ))
 }
 
 /// Writes the files [`keep_files`] kept into `ws` (a new, empty workspace), each beneath its
 /// root as the sandbox user (a path that would leave it, or a link on the way, is refused by
 /// the workspace); entries other than regular files are skipped, and none larger than the
 /// workspace is read. Returns how many files were written; none kept: 0.
-fn restore_files(store: &dyn SnapshotStore, id: &str, ws: &Workspace) -> Result<usize, EngineError> {
-    let Some(file) = store
-        .open(&files_key(id))
-        .map_err(crate::core::io_error("read the workspace's files", Path::new(&files_key(id))))?
+fn restore_files(
+    store: &dyn SnapshotStore,
+    id: &str,
+    ws: &Workspace,
+) -> Result<usize, EngineError> {
+    let Some(file) = store.open(&files_key(id)).map_err(crate::core::io_error(
+        "read the workspace's files",
+        Path::new(&files_key(id)),
+    ))?
     else {
         return Ok(0);
     };
@@ -79,7 +87,11 @@ fn restore_files(store: &dyn SnapshotStore, id: &str, ws: &Workspace) -> Result<
         if entry.header().entry_type() != tar::EntryType::Regular {
             continue;
         }
-        let path = entry.path().map_err(tar_error)?.to_string_lossy().into_owned();
+        let path = entry
+            .path()
+            .map_err(tar_error)?
+            .to_string_lossy()
+            .into_owned();
         if entry.size() > ws.size_bytes() {
             return Err(EngineError::InsufficientStorage(
                 crate::error::NoSpace::Snapshot {
@@ -234,7 +246,8 @@ mod tests {
         let ws = tmpfs("from");
         let from = tmp.path().join("from");
         ws.write_file("a.txt", b"alpha").expect("write");
-        ws.write_file("d/e/b.bin", &[0u8, 1, 2, 255]).expect("write");
+        ws.write_file("d/e/b.bin", &[0u8, 1, 2, 255])
+            .expect("write");
         std::os::unix::fs::symlink("/etc/passwd", from.join("link")).expect("symlink");
         keep_files(&store, "ses_x", &ws, tmp.path()).expect("keep");
 
@@ -242,8 +255,14 @@ mod tests {
         let to = tmp.path().join("to");
         assert_eq!(restore_files(&store, "ses_x", &back).expect("restore"), 2);
         assert_eq!(std::fs::read(to.join("a.txt")).expect("a"), b"alpha");
-        assert_eq!(std::fs::read(to.join("d/e/b.bin")).expect("b"), [0u8, 1, 2, 255]);
-        assert!(std::fs::symlink_metadata(to.join("link")).is_err(), "links are not kept");
+        assert_eq!(
+            std::fs::read(to.join("d/e/b.bin")).expect("b"),
+            [0u8, 1, 2, 255]
+        );
+        assert!(
+            std::fs::symlink_metadata(to.join("link")).is_err(),
+            "links are not kept"
+        );
         assert_eq!(restore_files(&store, "ses_none", &back).expect("none"), 0);
     }
 }
