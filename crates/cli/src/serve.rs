@@ -650,7 +650,6 @@ pub fn serve(
         data_dir,
         &store,
         preload,
-        snapshots,
         limits,
         !args.workspaces_in_memory,
         runcell_engine::NetworkConfig {
@@ -671,8 +670,11 @@ pub fn serve(
             .concat(),
             pip_index_url: args.pip_index_url.or_else(|| file.pip_index_url.clone()),
         },
-        // Every PNG and JPEG result carries a C2PA manifest signed by this server.
-        Some(crate::c2pa::image_signer(&signer)?),
+        crate::engines::ServingExtras {
+            // Every PNG and JPEG result carries a C2PA manifest signed by this server.
+            image_signer: Some(crate::c2pa::image_signer(&signer)?),
+            snapshots,
+        },
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);

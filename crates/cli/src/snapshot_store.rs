@@ -240,10 +240,10 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert_eq!(parse_url("s3://b").unwrap(), ("b".into(), "".into()));
-        assert_eq!(parse_url("s3://b/").unwrap(), ("b".into(), "".into()));
+        assert_eq!(parse_url("s3://b").expect("url"), ("b".into(), "".into()));
+        assert_eq!(parse_url("s3://b/").expect("url"), ("b".into(), "".into()));
         assert_eq!(
-            parse_url("s3://b/p/q/").unwrap(),
+            parse_url("s3://b/p/q/").expect("url"),
             ("b".into(), "p/q".into())
         );
         for bad in ["", "b/p", "gs://b", "s3://", "s3:///p"] {
