@@ -158,6 +158,17 @@ impl SessionManager {
         let info = idle.info();
         let store = self.core().snapshots.clone();
         let last_execution = self.last_execution(&info);
+        // In a store other nodes read, a node that lost the session (taken over while this
+        // node could not beat: a partition, a long stall) must not write over the new owner's
+        // snapshot: the owner's conditional update, refused to an earlier owner, says whether
+        // it is still this node's.
+        if store.shared() && !self.still_owned(&info)? {
+            return Err(EngineError::Unresumable(Unresumable::SnapshotFailed {
+                id: info.id.clone(),
+                reason: "another node has taken the session over; this node no longer owns it"
+                    .into(),
+            }));
+        }
         let Some(kernel) = idle.kernel() else {
             return Ok(Err("the session's kernel was not running".into()));
         };
@@ -204,6 +215,17 @@ impl SessionManager {
             .map_err(store_error("write a snapshot", &description_key(&info.id)))?;
         tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
+    }
+
+    /// Whether the store still names this node the owner of the (idle, live) session: its
+    /// status written again as it is, which only the owner may do. No store: it is.
+    fn still_owned(&self, info: &SessionInfo) -> Result<bool, EngineError> {
+        let Some(store) = self.core().session_store() else {
+            return Ok(true);
+        };
+        store
+            .update_session_status(&info.id, "ready", info.last_active_at, info.expires_at)
+            .map_err(crate::records::store_error)
     }
 
     /// The session's most recent recorded execution.

@@ -23,7 +23,9 @@ fn a_dead_nodes_session_is_taken_over_by_one_live_node() {
     a.put_session(&session("t", "ses_a", 1)).expect("put on a");
     // The owner beats: nobody takes it. Nor is a session taken from a node that is not its.
     assert!(!b.take_over_session("ses_a", A).expect("take"));
-    assert!(!b.take_over_session("ses_a", "http://node-c:8080").expect("take"));
+    assert!(!b
+        .take_over_session("ses_a", "http://node-c:8080")
+        .expect("take"));
     assert!(!b.take_over_session("ses_none", A).expect("take"));
 
     drop(a);
@@ -41,7 +43,9 @@ fn a_dead_nodes_session_is_taken_over_by_one_live_node() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // Still not taken from the wrong node.
-    assert!(!c.take_over_session("ses_a", "http://node-b:8080").expect("take"));
+    assert!(!c
+        .take_over_session("ses_a", "http://node-b:8080")
+        .expect("take"));
     // b and c at once: one wins.
     let (won_b, won_c) = std::thread::scope(|s| {
         let tb = s.spawn(|| b.take_over_session("ses_a", A).expect("take on b"));
