@@ -199,7 +199,7 @@ impl SessionManager {
         // Another node resuming it needs its files too: kept beside the snapshot, before the
         // description that says the snapshot is there.
         if store.shared() {
-            crate::takeover::keep_files(&*store, &info.id, &ws, &self.core().config.data_dir)?;
+            crate::kept_files::keep_files(&*store, &info.id, &ws, &self.core().config.data_dir)?;
         }
         let desc = Description {
             layout: LAYOUT,

@@ -15,6 +15,7 @@ mod error;
 mod execution;
 mod files;
 mod hashing;
+mod kept_files;
 mod launch;
 mod limits;
 mod mcp_tools;
