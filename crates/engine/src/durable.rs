@@ -69,6 +69,10 @@ pub(crate) struct Description {
     /// The snapshot's size, as the kernel reported it.
     #[serde(default)]
     bytes: u64,
+    /// The signature of the workspace files kept beside it (a shared store only:
+    /// kept_files.rs), so unchanged files are not stored again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) files: Option<String>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -198,9 +202,20 @@ impl SessionManager {
         })?;
         // Another node resuming it needs its files too: kept beside the snapshot, before the
         // description that says the snapshot is there.
-        if store.shared() {
-            crate::kept_files::keep_files(&*store, &info.id, &ws, &self.core().config.data_dir)?;
-        }
+        let files = if store.shared() {
+            let kept = description(&*store, &info.id).and_then(|d| d.files);
+            let data_dir = &self.core().config.data_dir;
+            Some(crate::kept_files::keep_files(
+                &*store,
+                &info.id,
+                &ws,
+                data_dir,
+                kept.as_deref(),
+            )?)
+        } else {
+            None
+        };
+
         let desc = Description {
             layout: LAYOUT,
             language: info.language.as_str().to_owned(),
@@ -208,6 +223,7 @@ impl SessionManager {
             last_execution,
             skipped: report.skipped.into_iter().map(Skipped::from).collect(),
             bytes: report.bytes,
+            files,
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
         store

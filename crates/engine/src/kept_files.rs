@@ -18,17 +18,44 @@ fn tar_error(e: std::io::Error) -> EngineError {
     }
 }
 
+/// What the workspace's files are now, as a walk sees them (every path, size and
+/// modification time, hashed): the same after a cell that wrote nothing, so an idle
+/// snapshot of such a session stores its files no second time.
+fn signature(snap: &runcell_sandbox::Snapshot) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for (path, stat) in &snap.files {
+        let ns = stat
+            .modified
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(stat.size.to_le_bytes());
+        h.update(ns.to_le_bytes());
+    }
+    h.update([u8::from(snap.complete)]);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Keeps every regular file of session `id`'s workspace in `store` (`<id>.files.tar`), read
 /// beneath the workspace's root (never through a link: symlinks, FIFOs and devices the
 /// session made are left out, as a fork leaves them). Built in an unnamed file under the data
 /// dir's `tmp/` and stored in one piece, so the store holds the previous set or this one.
+/// Returns the files' signature; when it is `kept` (the one the last snapshot's description
+/// recorded) the files are there already and nothing is written.
 pub(crate) fn keep_files(
     store: &dyn SnapshotStore,
     id: &str,
     ws: &Workspace,
     data_dir: &Path,
-) -> Result<(), EngineError> {
+    kept: Option<&str>,
+) -> Result<String, EngineError> {
     let snap = ws.snapshot().map_err(EngineError::unavailable)?;
+    let sig = signature(&snap);
+    if kept == Some(sig.as_str()) {
+        return Ok(sig);
+    }
     let tmp = tempfile::tempfile_in(data_dir.join("tmp")).map_err(tar_error)?;
     let mut tar = tar::Builder::new(tmp);
     for path in snap.files.keys() {
@@ -50,7 +77,8 @@ pub(crate) fn keep_files(
         .map_err(crate::core::io_error(
             "keep the workspace's files",
             Path::new(&files_key(id)),
-        ))
+        ))?;
+    Ok(sig)
 }
 
 /// Writes the files [`keep_files`] kept into `ws` (a new, empty workspace), each beneath its
@@ -123,7 +151,22 @@ mod tests {
         ws.write_file("d/e/b.bin", &[0u8, 1, 2, 255])
             .expect("write");
         std::os::unix::fs::symlink("/etc/passwd", from.join("link")).expect("symlink");
-        keep_files(&store, "ses_x", &ws, tmp.path()).expect("keep");
+        let sig = keep_files(&store, "ses_x", &ws, tmp.path(), None).expect("keep");
+        // Unchanged files are not written again; changed ones are.
+        let kept = tmp.path().join("shared/ses_x.files.tar");
+        let before = std::fs::read(&kept).expect("kept");
+        std::fs::remove_file(&kept).expect("remove");
+        assert_eq!(
+            keep_files(&store, "ses_x", &ws, tmp.path(), Some(&sig)).expect("keep"),
+            sig
+        );
+        assert!(!kept.exists(), "unchanged: not written again");
+        ws.write_file("a.txt", b"alpha, changed").expect("write");
+        let sig2 = keep_files(&store, "ses_x", &ws, tmp.path(), Some(&sig)).expect("keep");
+        assert_ne!(sig2, sig);
+        ws.write_file("a.txt", b"alpha").expect("write back");
+        keep_files(&store, "ses_x", &ws, tmp.path(), Some(&sig2)).expect("keep");
+        assert_eq!(std::fs::read(&kept).expect("kept").len(), before.len());
 
         let back = tmpfs("to");
         let to = tmp.path().join("to");
