@@ -22,9 +22,28 @@ use serde_json::{json, Value};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-takeover";
 
+/// An API key of `tenant` on the database of `flags`.
+fn api_key(flags: &[String], tenant: &str) -> String {
+    let out = runcell(&data_dir("runcell-tk-k-"))
+        .args(flags)
+        .args(["keys", "create", "--name", tenant, "--tenant", tenant])
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("key")
+        .to_owned()
+}
+
 /// A database of its own on the test's PostgreSQL, audit keys and a cluster secret in `keys`,
-/// and one API key: the flags every node takes, and the key.
-fn cluster(keys: &Path) -> (Vec<String>, String) {
+/// and two API keys: the flags every node takes, team-a's key and team-b's.
+fn cluster(keys: &Path) -> (Vec<String>, String, String) {
     let server = pg::pg_server();
     let conninfo = server.new_database();
     let db = conninfo.rsplit("dbname=").next().expect("dbname");
@@ -45,21 +64,7 @@ fn cluster(keys: &Path) -> (Vec<String>, String) {
     ]
     .map(str::to_owned)
     .to_vec();
-    let out = runcell(&data_dir("runcell-tk-k-"))
-        .args(&flags)
-        .args(["keys", "create", "--name", "ci"])
-        .output()
-        .expect("keys create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .expect("key")
-        .to_owned();
+    let (key, other_key) = (api_key(&flags, "team-a"), api_key(&flags, "team-b"));
     let mut node_flags = flags;
     node_flags.extend(
         [
@@ -71,7 +76,7 @@ fn cluster(keys: &Path) -> (Vec<String>, String) {
         ]
         .map(str::to_owned),
     );
-    (node_flags, key)
+    (node_flags, key, other_key)
 }
 
 /// `runcell serve` on `port` as node `http://127.0.0.1:PORT`, with `env` set.
@@ -181,6 +186,7 @@ fn a_dead_nodes_session_resumes_elsewhere(
     c: Option<&Serve>,
     data_of: &[(&str, &Path)],
     key: &str,
+    other_key: &str,
     kept: impl Fn(&str) -> bool,
 ) {
     let (status, s) = call(
@@ -227,6 +233,31 @@ fn a_dead_nodes_session_resumes_elsewhere(
         Duration::from_secs(30),
         || listed_status(&b.base, key, &sid).as_deref() == Some("dead"),
     );
+    // Only the session's own tenant moves it: another tenant's request is a 404, one with no
+    // key a 401, and neither takes it over (still dead, on no live node's disk; the takeover
+    // below is the positive control).
+    let url = format!("{}/v1/sessions/{sid}/execute", b.base);
+    let (status, e) = call(
+        reqwest::Method::POST,
+        &url,
+        other_key,
+        Some(json!({"code": "x"})),
+    );
+    assert_eq!(
+        (status, e["error"]["code"].clone()),
+        (404, json!("not_found")),
+        "{e}"
+    );
+    let r = http()
+        .post(&url)
+        .json(&json!({"code": "x"}))
+        .send()
+        .expect("no key");
+    assert_eq!(r.status(), 401);
+    assert_eq!(listed_status(&b.base, key, &sid).as_deref(), Some("dead"));
+    assert!(data_of
+        .iter()
+        .all(|(_, d)| !d.join("workspaces").join(&sid).exists()));
     // Through B and C at once: one takes it over, the other forwards to it.
     let through: Vec<&Serve> = std::iter::once(b).chain(c).collect();
     let replies: Vec<Value> = std::thread::scope(|scope| {
@@ -326,7 +357,7 @@ fn a_dead_nodes_session_resumes_elsewhere(
 #[test]
 fn a_dead_nodes_session_resumes_on_another_node_from_a_shared_directory() {
     let keys = tempfile::tempdir().expect("tempdir");
-    let (mut flags, key) = cluster(keys.path());
+    let (mut flags, key, other_key) = cluster(keys.path());
     let shared = tempfile::Builder::new()
         .prefix("runcell-tk-shared-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -352,6 +383,7 @@ fn a_dead_nodes_session_resumes_on_another_node_from_a_shared_directory() {
         Some(&c),
         &[("b", &*data_b), ("c", &*data_c)],
         &key,
+        &other_key,
         |k| dir.join(k).exists(),
     );
     // The snapshot's files are the server's alone.
@@ -422,7 +454,7 @@ fn a_dead_nodes_session_resumes_on_another_node_from_s3() {
         ("AWS_DEFAULT_REGION", "us-east-1".to_owned()),
     ];
     let keys = tempfile::tempdir().expect("tempdir");
-    let (mut flags, key) = cluster(keys.path());
+    let (mut flags, key, other_key) = cluster(keys.path());
     flags.extend(["--snapshot-store", "s3://runcell-snapshots/cluster-1"].map(str::to_owned));
     let data_a = data_dir("runcell-tk-s3a-");
     let _unmount_a = UnmountOnDrop(data_a.to_path_buf());
@@ -439,6 +471,7 @@ fn a_dead_nodes_session_resumes_on_another_node_from_s3() {
         None,
         &[("b", &*data_b)],
         &key,
+        &other_key,
         // The bucket's listing (moto refuses an unsigned HEAD, not an unsigned listing).
         |k| bucket_keys(&endpoint).contains(&format!("cluster-1/{k}")),
     );
