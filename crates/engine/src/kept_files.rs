@@ -182,4 +182,55 @@ mod tests {
         );
         assert_eq!(restore_files(&store, "ses_none", &back).expect("none"), 0);
     }
+
+    /// A store others can write to (a shared directory, a bucket) may hold a crafted tar: a
+    /// path out of the workspace is refused, nothing lands outside it, links are not made; the
+    /// plain file before it (the positive control) is written.
+    #[test]
+    fn a_crafted_tar_writes_nothing_outside_the_workspace() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = DirSnapshots::shared(tmp.path().join("shared"));
+        let mut tar = tar::Builder::new(Vec::new());
+        let entry = |name: &[u8], kind: tar::EntryType, size: u64| {
+            let mut h = tar::Header::new_old();
+            h.as_old_mut().name[..name.len()].copy_from_slice(name);
+            h.set_entry_type(kind);
+            h.set_size(size);
+            h.set_mode(0o644);
+            h.set_cksum();
+            h
+        };
+        tar.append(
+            &entry(b"inside.txt", tar::EntryType::Regular, 2),
+            &b"ok"[..],
+        )
+        .expect("append");
+        let mut link = entry(b"link", tar::EntryType::Symlink, 0);
+        link.set_link_name("/etc/passwd").expect("link name");
+        link.set_cksum();
+        tar.append(&link, &b""[..]).expect("append");
+        tar.append(
+            &entry(b"../escape.txt", tar::EntryType::Regular, 3),
+            &b"out"[..],
+        )
+        .expect("append");
+        let bytes = tar.into_inner().expect("tar");
+        store.put_bytes("ses_h.files.tar", &bytes).expect("put");
+
+        let leases = std::path::PathBuf::from("/run/runcell/uids");
+        let lease = runcell_sandbox::UidLease::acquire(&leases).expect("lease");
+        let ws = Workspace::create(&tmp.path().join("ws"), 16 << 20, lease).expect("workspace");
+        let e = restore_files(&store, "ses_h", &ws).expect_err("a path out of the workspace");
+        assert!(
+            crate::chain(&e).contains("'..' is not allowed"),
+            "{}",
+            crate::chain(&e)
+        );
+        assert_eq!(
+            std::fs::read(tmp.path().join("ws/inside.txt")).expect("inside"),
+            b"ok"
+        );
+        assert!(std::fs::symlink_metadata(tmp.path().join("ws/link")).is_err());
+        assert!(!tmp.path().join("escape.txt").exists());
+    }
 }
