@@ -16,6 +16,7 @@ mod replay;
 mod run;
 mod runtime;
 mod serve;
+mod snapshot_store;
 mod tools;
 mod verify;
 

@@ -57,6 +57,9 @@ pub struct EngineConfig {
     /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
     /// images are returned as the kernel sent them (`runcell run`, `repl`).
     pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
+    /// Where durable sessions' snapshots are kept (`crate::snapshots`); none: the data
+    /// dir's `snapshots/`, which no other node reads.
+    pub snapshots: Option<Arc<dyn crate::snapshots::SnapshotStore>>,
 }
 
 impl EngineConfig {
@@ -71,6 +74,7 @@ impl EngineConfig {
             workspaces_on_disk: true,
             network: Default::default(),
             image_signer: None,
+            snapshots: None,
         }
     }
 
@@ -109,6 +113,8 @@ pub(crate) struct Core {
     pub(crate) network: crate::network::Network,
     /// The server's MCP dispatcher, given to every session cell (mcp_tools.rs).
     pub(crate) mcp_tools: crate::mcp_tools::McpTools,
+    /// Where snapshots are kept (the config's store, or the data dir's own).
+    pub(crate) snapshots: Arc<dyn crate::snapshots::SnapshotStore>,
 }
 
 impl Core {
@@ -158,7 +164,12 @@ impl Core {
             .clone()
             .map(|a| Auditor::start(a, cells_running.clone()))
             .transpose()?;
+        let snapshots = config
+            .snapshots
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::snapshots::DirSnapshots::local(&config.data_dir)));
         Ok(Core {
+            snapshots,
             zygote: Arc::new(ZygoteSlot::new()),
             config,
             sandbox,

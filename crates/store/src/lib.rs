@@ -327,6 +327,14 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
     fn delete_session(&self, id: &str) -> Result<bool>;
     /// Sessions of every tenant whose status is one of `statuses`, oldest first.
     fn sessions_with_status(&self, statuses: &[&str]) -> Result<Vec<SessionRecord>>;
+    /// Makes session `id`, owned by `dead_node`, this node's (with this node's epoch, status
+    /// `paused`), if `dead_node` still owns it and has not beaten within [`NODE_TIMEOUT`]:
+    /// one conditional update, so of several nodes taking it at once one wins (`true`) and the
+    /// others see `false`; the dead node, should it come back, can no longer change it. A
+    /// store of one node (SQLite) has nothing to take: `false`.
+    fn take_over_session(&self, _id: &str, _dead_node: &str) -> Result<bool> {
+        Ok(false)
+    }
 
     // ---- uploads ----
 

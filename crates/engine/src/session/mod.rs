@@ -156,7 +156,7 @@ impl SessionManager {
     }
 
     /// A new, empty workspace for session `id`, on a uid of its own.
-    fn new_workspace(
+    pub(crate) fn new_workspace(
         &self,
         id: &str,
         limits: &SessionLimits,
@@ -239,7 +239,7 @@ impl SessionManager {
     }
 
     /// Idle expiry: a sweep every second; it stops with the manager.
-    fn start_sweeper(&self) {
+    pub(crate) fn start_sweeper(&self) {
         let weak = self.me.clone();
         self.sweeper.call_once(|| {
             let spawned = thread::Builder::new()
@@ -818,7 +818,7 @@ impl SessionManager {
         // and the caller can retry; the other way round the session would be gone yet still
         // recorded, and come back `dead` at the next start.
         let forgotten = self.forget(id)?;
-        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core, id);
         match self.take(id) {
             Some(entry) => {
                 self.end(entry);
@@ -840,7 +840,7 @@ impl SessionManager {
             }
             None => self.end_paused(id),
         };
-        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core, id);
         let forgotten = self.forget(id).unwrap_or_else(|e| {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
             false
@@ -899,7 +899,7 @@ impl SessionManager {
             if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
-                crate::paused::discard_snapshot(&self.core.config.data_dir, &id);
+                crate::paused::discard_snapshot(&self.core, &id);
                 tracing::info!(session = %id, "idle session expired");
                 if let Err(e) = self.forget(&id) {
                     // The next start finds its workspace gone: it is reported dead until its

@@ -15,6 +15,7 @@ mod nodes;
 mod pool;
 mod records;
 mod schema;
+mod takeover;
 mod tls;
 
 use std::fmt;
@@ -214,6 +215,16 @@ impl DomainStore for PgStore {
         let (tenant, id, owner) = (own(tenant), own(id), self.owner.clone());
         self.pg.run(|pool| async move {
             records::get_session(&mut *pool.get().await?, &tenant, &id, owner.as_ref()).await
+        })
+    }
+
+    fn take_over_session(&self, id: &str, dead_node: &str) -> Result<bool> {
+        let Some(owner) = self.owner.clone() else {
+            return Ok(false);
+        };
+        let (id, dead_node) = (own(id), own(dead_node));
+        self.pg.run(|pool| async move {
+            takeover::take_over(&mut *pool.get().await?, &id, &dead_node, &owner).await
         })
     }
 
