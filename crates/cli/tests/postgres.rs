@@ -119,11 +119,13 @@ fn two_nodes_on_one_postgres_share_keys_executions_and_the_audit_chain() {
     let s: Value = c
         .post(format!("{}/v1/sessions", a.base))
         .bearer_auth(&key)
+        // Made on A (placement would pick any node with room).
+        .header("x-runcell-node", "http://node-a")
         .json(&json!({}))
         .send()
         .and_then(|r| r.json())
         .expect("session on A");
-    let sid = s["id"].as_str().expect("session id").to_owned();
+    let sid = s["id"].as_str().unwrap_or_else(|| panic!("{s}")).to_owned();
     let e: Value = c
         .post(format!("{}/v1/sessions/{sid}/execute", a.base))
         .bearer_auth(&key)
@@ -310,6 +312,8 @@ fn three_nodes_route_session_requests_to_their_owner() {
     let s: Value = c
         .post(format!("{}/v1/sessions", a.base))
         .bearer_auth(&key)
+        // Made on A (placement would pick any node with room).
+        .header("x-runcell-node", a.base.as_str())
         .json(&json!({}))
         .send()
         .and_then(|r| r.json())
@@ -462,6 +466,7 @@ fn three_nodes_route_session_requests_to_their_owner() {
     let on_b: Value = c
         .post(format!("{}/v1/sessions", b.base))
         .bearer_auth(&key)
+        .header("x-runcell-node", b.base.as_str())
         .json(&json!({"metadata": {"node": "b"}}))
         .send()
         .and_then(|r| r.json())

@@ -260,6 +260,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
     let s: Value = c
         .post(format!("{}/v1/sessions", a.base))
         .bearer_auth(&key)
+        .header("x-runcell-node", a.base.as_str())
         .json(&json!({}))
         .send()
         .and_then(|r| r.json())
@@ -298,6 +299,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
     let r = c
         .post(format!("{}/v1/sessions", a.base))
         .bearer_auth(&key)
+        .header("x-runcell-node", a.base.as_str())
         .json(&json!({}))
         .send()
         .expect("create on A");
@@ -389,6 +391,7 @@ fn a_node_cut_off_from_postgresql_stops_serving_and_once_declared_dead_never_act
     let r = c
         .post(format!("{}/v1/sessions", a.base))
         .bearer_auth(&key)
+        .header("x-runcell-node", a.base.as_str())
         .json(&json!({}))
         .send()
         .expect("create on A");

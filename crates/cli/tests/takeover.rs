@@ -121,7 +121,13 @@ fn http() -> reqwest::blocking::Client {
 }
 
 fn call(method: reqwest::Method, url: &str, key: &str, body: Option<Value>) -> (u16, Value) {
-    let mut r = http().request(method, url).bearer_auth(key);
+    let mut r = http().request(method.clone(), url).bearer_auth(key);
+    // A session is made on the node asked (placement would pick any node with room).
+    if let Some(node) = url.strip_suffix("/v1/sessions") {
+        if method == reqwest::Method::POST {
+            r = r.header("x-runcell-node", node);
+        }
+    }
     if let Some(b) = body {
         r = r.json(&b);
     }
