@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
+    /// Python one-shot sandboxes (`POST /v1/execute`, `/v1/batch`) kept made ahead of demand
+    /// from each zygote, each used by one run and destroyed after it; 0 makes every one-shot's
+    /// sandbox on demand, from the sessions' zygote only [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
+    warm_one_shots: Option<u16>,
     /// Runs one `POST /v1/batch` may hold (1-1000) [default: 1000].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_batch_runs: Option<u16>,
@@ -413,6 +418,10 @@ pub fn serve(
     if warm_sessions > 64 {
         return Err(invalid("warm_sessions must be at most 64"));
     }
+    let warm_one_shots = args.warm_one_shots.or(file.warm_one_shots).unwrap_or(4);
+    if warm_one_shots > 64 {
+        return Err(invalid("warm_one_shots must be at most 64"));
+    }
     let max_batch_runs = args.max_batch_runs.or(file.max_batch_runs).unwrap_or(1000);
     if !(1..=1000).contains(&max_batch_runs) {
         return Err(invalid("max_batch_runs must be 1 to 1000"));
@@ -663,6 +672,7 @@ pub fn serve(
     }
     // Only now: a warm session must not take the uid of a workspace being recovered.
     engine.sessions().start_warm_pool(warm_sessions.into());
+    engine.start_one_shot_pool(warm_one_shots.into());
     engine.sessions().start_spare_workspaces();
 
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -144,6 +144,14 @@ impl ZygoteSlot {
         None
     }
 
+    /// The live zygote, if there is one; starts nothing.
+    pub(crate) fn live(&self) -> Option<Arc<Zygote>> {
+        match &*self.lock() {
+            State::Ready(z) if z.is_alive() => Some(z.clone()),
+            _ => None,
+        }
+    }
+
     /// Marks the zygote as unusable after a failed fork, so the next session restarts it.
     pub(crate) fn failed(&self, error: String) {
         let mut state = self.lock();
