@@ -380,8 +380,14 @@ impl Core {
             return None;
         }
         let core = Arc::clone(self);
-        self.light_zygote
-            .live_or_start(move || core.start_zygote_with(Vec::new()))
+        self.light_zygote.live_or_start(move || {
+            core.start_zygote_with(
+                crate::zygote::LIGHT_PRELOAD
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect(),
+            )
+        })
     }
 
     /// The light zygote's pid while it is ready.

@@ -1308,10 +1308,13 @@ def _release_free_memory():
 
 
 def reseed():
-    """Fresh seeds for `random` and numpy's global RNG (after a zygote fork, states are shared)."""
-    import random
-
-    random.seed(os.urandom(32))
+    """Fresh seeds for `random` and numpy's global RNG (after a zygote fork, states are shared).
+    Only modules the fork holds already: one imported later seeds itself from os.urandom, and
+    importing `random` here would cost every run that never uses it (~2 ms: hashlib, OpenSSL).
+    """
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed(os.urandom(32))
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         try:

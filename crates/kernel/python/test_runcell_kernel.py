@@ -445,6 +445,23 @@ class ExecutionTests(KernelTestCase):
             other.close()
         self.assertNotEqual(a, b)
 
+    def test_reseed_imports_nothing_and_reseeds_what_is_loaded(self):
+        # In a fresh interpreter (the test process has imported random long ago): reseed leaves
+        # `random` unimported (it would seed itself on import), and reseeds it once loaded.
+        code = (
+            "import sys, runcell_kernel\n"
+            "runcell_kernel.reseed()\n"
+            "print('random' in sys.modules)\n"
+            "import random\n"
+            "random.seed(0); a = random.random()\n"
+            "random.seed(0); runcell_kernel.reseed(); b = random.random()\n"
+            "print(a != b)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout
+        self.assertEqual(out, "False\nTrue\n")
+
     def test_forked_child_does_not_speak_the_protocol(self):
         code = "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')"
         outcome = self.run_ok(code)
