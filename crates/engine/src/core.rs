@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
     /// images are returned as the kernel sent them (`runcell run`, `repl`).
     pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
+    /// Where durable sessions' snapshots are kept (`crate::snapshots`); none: the data
+    /// dir's `snapshots/`, which no other node reads.
+    pub snapshots: Option<Arc<dyn crate::snapshots::SnapshotStore>>,
 }
 
 impl EngineConfig {
@@ -72,6 +75,7 @@ impl EngineConfig {
             workspaces_on_disk: true,
             network: Default::default(),
             image_signer: None,
+            snapshots: None,
         }
     }
 
@@ -118,6 +122,8 @@ pub(crate) struct Core {
     pub(crate) third_party: std::sync::OnceLock<std::collections::HashSet<String>>,
     /// Prepared one-shot sandboxes and the reaper (crate::oneshot_pool).
     pub(crate) one_shots: crate::oneshot_pool::OneShotPool,
+    /// Where snapshots are kept (the config's store, or the data dir's own).
+    pub(crate) snapshots: Arc<dyn crate::snapshots::SnapshotStore>,
 }
 
 impl Core {
@@ -167,7 +173,12 @@ impl Core {
             .clone()
             .map(|a| Auditor::start(a, cells_running.clone()))
             .transpose()?;
+        let snapshots = config
+            .snapshots
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::snapshots::DirSnapshots::local(&config.data_dir)));
         Ok(Core {
+            snapshots,
             zygote: Arc::new(ZygoteSlot::new()),
             config,
             sandbox,
@@ -293,9 +304,23 @@ impl Core {
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
         match self.session_store() {
             Some(store) => crate::records::tenant_policy(store, owner).map_err(|source| {
-                EngineError::TenantPolicy {
-                    owner: owner.to_owned(),
-                    source,
+                // A database that cannot answer now (restarting, cut off, or this node's
+                // lease lapsed) is the store's word (503), not a broken policy.
+                match source.downcast::<runcell_store::StoreError>() {
+                    Ok(e)
+                        if e.is_unavailable()
+                            || matches!(*e, runcell_store::StoreError::Fenced(_)) =>
+                    {
+                        EngineError::Store(*e)
+                    }
+                    Ok(e) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source: e,
+                    },
+                    Err(source) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source,
+                    },
                 }
             }),
             None => Ok(Default::default()),
