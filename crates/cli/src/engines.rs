@@ -44,17 +44,20 @@ pub(crate) fn audited_engine(
 
 /// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
 /// missing), and its sessions, uploads and executions recorded in the data dir's database.
+#[allow(clippy::too_many_arguments)] // one per `serve` setting it carries
 pub(crate) fn serving_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
     limits: runcell_engine::LimitPolicy,
     workspaces_on_disk: bool,
+    merge_session_pages: bool,
     network: runcell_engine::NetworkConfig,
     image_signer: Option<std::sync::Arc<dyn runcell_engine::ImageSigner>>,
 ) -> anyhow::Result<runcell_engine::Engine> {
     let mut config = config_with_runtime(data_dir, preload, limits)?;
     config.workspaces_on_disk = workspaces_on_disk;
+    config.merge_session_pages = merge_session_pages;
     config.network = network;
     config.image_signer = image_signer;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)

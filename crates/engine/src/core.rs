@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
     /// images are returned as the kernel sent them (`runcell run`, `repl`).
     pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
+    /// Marks the zygote's memory mergeable, so that the host's KSM daemon may merge the
+    /// byte-identical pages that sessions copied from it (`serve --merge-session-pages`;
+    /// off by default: merged pages let one session time whether another holds a page).
+    pub merge_session_pages: bool,
 }
 
 impl EngineConfig {
@@ -71,6 +75,7 @@ impl EngineConfig {
             workspaces_on_disk: true,
             network: Default::default(),
             image_signer: None,
+            merge_session_pages: false,
         }
     }
 
@@ -370,7 +375,13 @@ impl Core {
         let version = crate::zygote::python_version(runtime)?;
         let kernel_dir = self.kernel_dir().map_err(|e| chain(&e))?;
         let preload = self.config.preload.clone().unwrap_or_default();
-        let config = crate::launch::zygote_config(runtime, kernel_dir, &version, preload);
+        let config = crate::launch::zygote_config(
+            runtime,
+            kernel_dir,
+            &version,
+            preload,
+            self.config.merge_session_pages,
+        );
         Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
             .map_err(|e| chain(&e))
     }
