@@ -40,14 +40,16 @@ def own_cgroup_dirs():
     """This process's memory cgroup directories (v1 and v2). A server started by the same
     script lives in the same cgroup and makes its sandboxes' cgroups below it: sandboxes of
     other servers on the host (elsewhere in the tree) are not counted."""
-    dirs = []
+    v1 = v2 = None
     for line in open("/proc/self/cgroup"):
         _, controllers, path = line.rstrip("\n").split(":", 2)
         if "memory" in controllers.split(","):
-            dirs.append("/sys/fs/cgroup/memory" + path.rstrip("/"))
+            v1 = "/sys/fs/cgroup/memory" + path.rstrip("/")
         elif controllers == "":
-            dirs.append("/sys/fs/cgroup" + path.rstrip("/"))
-    return dirs
+            v2 = "/sys/fs/cgroup" + path.rstrip("/")
+    # With the v1 memory controller mounted, the v2 line ("0::/") names the unified root,
+    # under which every cgroup of the host lies.
+    return [v1] if v1 else [v2] if v2 else []
 
 
 def sandbox_cgroup_bytes():
@@ -91,12 +93,19 @@ def main():
     ksm = None
     if os.environ.get("DENSITY_KSM_WAIT") == "1":
         # Sessions marked mergeable (serve --merge-session-pages): measured once the KSM
-        # daemon has scanned everything twice (a page is merged on the scan after the one
-        # that first saw it), so the figures are what the host settles at.
+        # daemon has settled, i.e. a whole scan merged less than 1% more (a page is merged at
+        # the earliest on the scan after the one that first saw it; two scans are not always
+        # enough while the daemon is short of CPU), at most 30 minutes.
         c.conn.close()
-        t0, scans = time.perf_counter(), ksm_value("full_scans")
-        while ksm_value("full_scans") < scans + 2 and time.perf_counter() - t0 < 1800:
+        t0 = time.perf_counter()
+        scans, profit = ksm_value("full_scans"), ksm_value("general_profit")
+        settled = 0
+        while settled < 2 and time.perf_counter() - t0 < 1800:
             time.sleep(2)
+            if ksm_value("full_scans") > scans:
+                now = ksm_value("general_profit")
+                settled = settled + 1 if now - profit < max(profit, 1) / 100 else 0
+                scans, profit = ksm_value("full_scans"), now
         ksm = {"seconds_waited": round(time.perf_counter() - t0, 1),
                "pages_sharing": ksm_value("pages_sharing"),
                "pages_shared": ksm_value("pages_shared"),
