@@ -79,9 +79,10 @@ for entry in "${bins[@]}"; do
   base=http://127.0.0.1:$port
   say "$bin ${flags[*]}: $n sessions (uptime: $(uptime | sed 's/.*load/load/'))"
   # Sessions reserve their memory limit (1 GiB) against the host by default: a density run
-  # is about what they really use, so the bound is lifted.
+  # is about what they really use, so the bound is lifted. They pause after 300 s idle by
+  # default, which a run waiting for KSM outlasts: the wait is for them alive.
   RUST_LOG=warn "$bin" serve --listen "127.0.0.1:$port" --data-dir "$data" \
-    --max-committed-memory-mb 1000000 "${flags[@]}" \
+    --max-committed-memory-mb 1000000 --default-pause-after-s 7200 "${flags[@]}" \
     >"$work/server-$i.out" 2>"$work/server-$i.log" </dev/null &
   server_pid=$!
   h=
