@@ -8,11 +8,16 @@
 #      `"start": "cold"`, p50/p95/p99 as an HTTP client sees them; POST /v1/batch of N print(1)
 #      runs at concurrency 2, 4 and 8 (runs/s); every run in its own sandbox, and the audit log
 #      checked to hold every one (bench/oneshots.py).
-# Usage: bench/oneshot.sh [CLI_RUNS=60] [BATCH_RUNS=2000]
+# Usage: bench/oneshot.sh [--cli-only] [CLI_RUNS=60] [BATCH_RUNS=2000]
 #   (root; apt-get install hyperfine bubblewrap). RUNCELL_BIN: a runcell binary (default: cargo
-#   build --release); RUNCELL_BENCH_DATA: the runtime cache (default /var/tmp/runcell-bench).
+#   build --release); RUNCELL_BASE_BIN: a second one timed beside it in the same hyperfine run
+#   (e.g. main's, to compare a branch); RUNCELL_BENCH_DATA: the runtime cache (default
+#   /var/tmp/runcell-bench). --cli-only: the CLI part alone, plus its phases
+#   (bench/oneshot_phases.py, from the scheduler's tracepoints).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cli_only=
+if [[ ${1:-} == --cli-only ]]; then cli_only=1; shift; fi
 runs=${1:-60}
 batch=${2:-2000}
 say() { printf '[oneshot] %s\n' "$*" >&2; }
@@ -45,13 +50,33 @@ prog=$work/print1.py
 echo 'print(1)' >"$prog"
 cli=$work/cli
 mkdir -p "$cli"; ln -s "$(realpath "$cache")/runtimes" "$cli/runtimes"
+# The interpreter `runcell run` starts: the runtime's python3 (a venv over the system's
+# python3.11, with its site-packages and .pth files). Bare, it is the fair baseline.
+runtime_py=$(ls -d "$(realpath "$cache")"/runtimes/python-*/bin/python3 | head -1)
+base=()
+if [[ -n ${RUNCELL_BASE_BIN:-} ]]; then
+  base=(-n 'runcell run FILE (cold, base)' "$(realpath "$RUNCELL_BASE_BIN") run $prog")
+fi
 say "CLI: hyperfine, $runs runs each"
 RUNCELL_DATA_DIR=$cli hyperfine -N --warmup 5 --runs "$runs" --export-markdown "$out-cli.md" \
   -n 'python3 -c print(1)' '/usr/bin/python3 -c print(1)' \
   -n 'python3 FILE' "/usr/bin/python3 $prog" \
+  -n 'runtime python3 FILE (bare)' "$runtime_py $prog" \
   -n 'bwrap (user,pid,net,ipc,uts,cgroup ns; ro /usr)' \
      "bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev --tmpfs /tmp --ro-bind $prog /p.py /usr/bin/python3 /p.py" \
-  -n 'runcell run FILE (cold)' "$bin run $prog" >/dev/null
+  -n 'runcell run FILE (cold)' "$bin run $prog" "${base[@]}" >/dev/null
+if [[ -n $cli_only ]]; then
+  say "CLI phases: bench/oneshot_phases.py, $runs runs each"
+  phase_bins=("$bin")
+  [[ -n ${RUNCELL_BASE_BIN:-} ]] && phase_bins+=("$(realpath "$RUNCELL_BASE_BIN")")
+  RUNCELL_DATA_DIR=$cli /usr/bin/python3 bench/oneshot_phases.py "$runs" "$prog" "$runtime_py" \
+    "${phase_bins[@]}" >"$out-phases.md"
+  { echo "CLI (hyperfine; \`runcell run\` has no server, so no zygote), $(uptime):"; echo
+    cat "$out-cli.md"; echo; echo "Phases (bench/oneshot_phases.py):"; echo
+    cat "$out-phases.md"; } | tee "$out.md"
+  say "results: $out.md"
+  exit 0
+fi
 
 say "API: a fresh server with the zygote"
 data=$work/server

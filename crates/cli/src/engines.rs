@@ -42,24 +42,33 @@ pub(crate) fn audited_engine(
     Ok(runcell_engine::Engine::audited(config, store.domain())?)
 }
 
+/// What a server hands its engine besides limits and network.
+pub(crate) struct ServingExtras {
+    /// Signs every PNG and JPEG result (C2PA).
+    pub(crate) image_signer: Option<std::sync::Arc<dyn runcell_engine::ImageSigner>>,
+    /// Where durable sessions' snapshots are kept (`--snapshot-dir`, `--snapshot-store`).
+    pub(crate) snapshots: Option<std::sync::Arc<dyn runcell_engine::snapshots::SnapshotStore>>,
+    /// The zygote's memory marked for KSM (`--merge-session-pages`).
+    pub(crate) merge_session_pages: bool,
+}
+
 /// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
 /// missing), and its sessions, uploads and executions recorded in the data dir's database.
-#[allow(clippy::too_many_arguments)] // one per `serve` setting it carries
 pub(crate) fn serving_engine(
     data_dir: &std::path::Path,
     store: &runcell_store::Store,
     preload: Option<Vec<String>>,
     limits: runcell_engine::LimitPolicy,
     workspaces_on_disk: bool,
-    merge_session_pages: bool,
     network: runcell_engine::NetworkConfig,
-    image_signer: Option<std::sync::Arc<dyn runcell_engine::ImageSigner>>,
+    extras: ServingExtras,
 ) -> anyhow::Result<runcell_engine::Engine> {
     let mut config = config_with_runtime(data_dir, preload, limits)?;
     config.workspaces_on_disk = workspaces_on_disk;
-    config.merge_session_pages = merge_session_pages;
     config.network = network;
-    config.image_signer = image_signer;
+    config.merge_session_pages = extras.merge_session_pages;
+    config.image_signer = extras.image_signer;
+    config.snapshots = extras.snapshots;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)
 }
 

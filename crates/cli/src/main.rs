@@ -16,6 +16,7 @@ mod replay;
 mod run;
 mod runtime;
 mod serve;
+mod snapshot_store;
 mod tools;
 mod verify;
 
@@ -102,10 +103,14 @@ struct DoctorArgs {
 
 /// mimalloc for the server's own allocations: under load glibc's allocator (with its
 /// `malloc_consolidate` passes) was ~8 µs of each execution's CPU; mimalloc gave 2-8% more
-/// executions per second (docs/benchmarks.md). Python in the sandboxes keeps its own allocator:
+/// executions per second (docs/benchmarks.md). Only there: every other command (`runcell run`
+/// above all) and the sandbox helpers keep the C library's, since mimalloc's start (a 1 GiB
+/// arena on zeroed 2 MiB pages) cost `runcell run` ~1 ms before its sandbox was even cloned
+/// (runcell_sandbox::alloc). Python in the sandboxes keeps its own allocator either way:
 /// libpython calls the C library's `malloc`, not this one.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: runcell_sandbox::alloc::ServerOnly<mimalloc::MiMalloc> =
+    runcell_sandbox::alloc::ServerOnly(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     // When started as the sandbox init helper this never returns. It must come before anything

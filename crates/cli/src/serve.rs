@@ -143,6 +143,21 @@ pub struct ServeArgs {
     /// the secret itself instead.
     #[arg(long, value_name = "FILE", env = "RUNCELL_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
+    /// A directory every node mounts (NFS, a ReadWriteMany volume) for durable sessions'
+    /// snapshots and, beside them, their workspace files: a live node resumes a dead node's
+    /// sessions from there [default: the data dir's snapshots/, this node's alone].
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "RUNCELL_SNAPSHOT_DIR",
+        conflicts_with = "snapshot_store"
+    )]
+    snapshot_dir: Option<PathBuf>,
+    /// `s3://BUCKET[/PREFIX]`: --snapshot-dir's part in S3-compatible object storage, with the
+    /// AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL
+    /// for MinIO and the like; an http:// endpoint is allowed as given).
+    #[arg(long, value_name = "URL", env = "RUNCELL_SNAPSHOT_STORE")]
+    snapshot_store: Option<String>,
     /// An MCP server whose tools sessions' code may call (`from runcell_tools.mcp import
     /// NAME`), repeatable: `NAME=COMMAND ARGS...` (stdio: a program runcell starts on this host,
     /// the line split into words as a shell would, never run by one) or `NAME=URL` (streamable
@@ -633,13 +648,20 @@ pub fn serve(
         defaults = ?limits.defaults,
         "session limits"
     );
+    let snapshots = snapshot_store(
+        data_dir,
+        args.snapshot_dir.clone(),
+        args.snapshot_store.as_deref(),
+    )?;
+    if snapshots.is_some() && store.node_id().is_none() {
+        tracing::warn!("a shared snapshot store without nodes (--database postgres://...): no other node will resume this node's sessions");
+    }
     let engine = crate::engines::serving_engine(
         data_dir,
         &store,
         preload,
         limits,
         !args.workspaces_in_memory,
-        args.merge_session_pages,
         runcell_engine::NetworkConfig {
             allow_domains: [
                 args.egress_allow,
@@ -658,8 +680,12 @@ pub fn serve(
             .concat(),
             pip_index_url: args.pip_index_url.or_else(|| file.pip_index_url.clone()),
         },
-        // Every PNG and JPEG result carries a C2PA manifest signed by this server.
-        Some(crate::c2pa::image_signer(&signer)?),
+        crate::engines::ServingExtras {
+            // Every PNG and JPEG result carries a C2PA manifest signed by this server.
+            image_signer: Some(crate::c2pa::image_signer(&signer)?),
+            snapshots,
+            merge_session_pages: args.merge_session_pages,
+        },
     )?;
     engine.sweep_stale_cgroups();
     engine.sessions().set_max_sessions(capacity.max_sessions);
@@ -763,6 +789,28 @@ async fn shutdown_signal() {
     }
     // Open MCP event streams would keep graceful shutdown waiting forever.
     runcell_server::mcp::end_streams();
+}
+
+/// The snapshot store `--snapshot-dir` or `--snapshot-store` names; none: the data dir's own.
+fn snapshot_store(
+    data_dir: &Path,
+    dir: Option<PathBuf>,
+    url: Option<&str>,
+) -> anyhow::Result<Option<std::sync::Arc<dyn runcell_engine::snapshots::SnapshotStore>>> {
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("--snapshot-dir {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), "snapshots kept in a directory the nodes share");
+        return Ok(Some(std::sync::Arc::new(
+            runcell_engine::snapshots::DirSnapshots::shared(dir),
+        )));
+    }
+    let Some(url) = url else { return Ok(None) };
+    let tmp = data_dir.join("tmp");
+    std::fs::create_dir_all(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let store = crate::snapshot_store::ObjectSnapshots::open(url, tmp)?;
+    tracing::info!(url, "snapshots kept in object storage the nodes share");
+    Ok(Some(std::sync::Arc::new(store)))
 }
 
 /// The cluster secret from `--cluster-secret-file`, else `RUNCELL_CLUSTER_SECRET`, if either.

@@ -61,6 +61,9 @@ pub struct EngineConfig {
     /// byte-identical pages that sessions copied from it (`serve --merge-session-pages`;
     /// off by default: merged pages let one session time whether another holds a page).
     pub merge_session_pages: bool,
+    /// Where durable sessions' snapshots are kept (`crate::snapshots`); none: the data
+    /// dir's `snapshots/`, which no other node reads.
+    pub snapshots: Option<Arc<dyn crate::snapshots::SnapshotStore>>,
 }
 
 impl EngineConfig {
@@ -76,6 +79,7 @@ impl EngineConfig {
             network: Default::default(),
             image_signer: None,
             merge_session_pages: false,
+            snapshots: None,
         }
     }
 
@@ -114,6 +118,8 @@ pub(crate) struct Core {
     pub(crate) network: crate::network::Network,
     /// The server's MCP dispatcher, given to every session cell (mcp_tools.rs).
     pub(crate) mcp_tools: crate::mcp_tools::McpTools,
+    /// Where snapshots are kept (the config's store, or the data dir's own).
+    pub(crate) snapshots: Arc<dyn crate::snapshots::SnapshotStore>,
 }
 
 impl Core {
@@ -163,7 +169,12 @@ impl Core {
             .clone()
             .map(|a| Auditor::start(a, cells_running.clone()))
             .transpose()?;
+        let snapshots = config
+            .snapshots
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::snapshots::DirSnapshots::local(&config.data_dir)));
         Ok(Core {
+            snapshots,
             zygote: Arc::new(ZygoteSlot::new()),
             config,
             sandbox,
@@ -286,9 +297,23 @@ impl Core {
     ) -> Result<crate::limits::TenantPolicy, EngineError> {
         match self.session_store() {
             Some(store) => crate::records::tenant_policy(store, owner).map_err(|source| {
-                EngineError::TenantPolicy {
-                    owner: owner.to_owned(),
-                    source,
+                // A database that cannot answer now (restarting, cut off, or this node's
+                // lease lapsed) is the store's word (503), not a broken policy.
+                match source.downcast::<runcell_store::StoreError>() {
+                    Ok(e)
+                        if e.is_unavailable()
+                            || matches!(*e, runcell_store::StoreError::Fenced(_)) =>
+                    {
+                        EngineError::Store(*e)
+                    }
+                    Ok(e) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source: e,
+                    },
+                    Err(source) => EngineError::TenantPolicy {
+                        owner: owner.to_owned(),
+                        source,
+                    },
                 }
             }),
             None => Ok(Default::default()),

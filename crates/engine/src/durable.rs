@@ -4,8 +4,9 @@
 //! A paused session has no sandbox, no kernel and no memory reserved: only its workspace
 //! (its filesystem, mounted, reclaimable page cache) and its language state, a snapshot the
 //! kernel wrote (`python/runcell_snapshot.py`, the bash kernel's,
-//! `javascript/runcell_js_snapshot.js`), kept under the data dir at
-//! `snapshots/<id>.snap` with a description beside it (`<id>.json`). Resuming forks a kernel
+//! `javascript/runcell_js_snapshot.js`), kept in the engine's snapshot store (snapshots.rs:
+//! the data dir's `snapshots/`, or a store the nodes share) as `<id>.snap` with a
+//! description beside it (`<id>.json`, written last). Resuming forks a kernel
 //! from the zygote, copies the snapshot into the workspace, has the kernel read it back and
 //! removes it. The host only moves the snapshot's bytes: pickles are code, and are read only
 //! inside the sandbox.
@@ -29,12 +30,10 @@ use crate::core::io_error;
 use crate::error::{NoSpace, Unresumable};
 use crate::limits::Admit;
 use crate::model::Language;
-use crate::paused::{
-    description_file, discard_snapshot, env_file, snapshot_file, snapshots_dir, Paused,
-    PausedWorkspace,
-};
+use crate::paused::{discard_snapshot, Paused, PausedWorkspace};
 use crate::restored::{Restored, Skipped};
 use crate::session::{SessionInfo, SessionManager, SessionStatus};
+use crate::snapshots::{description_key, env_key, snap_key, SnapshotStore};
 use crate::EngineError;
 
 /// The layout of `<id>.json` and of how the host keeps snapshots; a snapshot described in
@@ -59,83 +58,69 @@ pub(crate) const IDLE_SNAPSHOT_AFTER: Duration = Duration::from_secs(3);
 const MAX_LOST: usize = 1000;
 /// What `<id>.json` says of the snapshot beside it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Description {
+pub(crate) struct Description {
     layout: u32,
     language: String,
     taken_at: DateTime<Utc>,
     /// The session's last execution the snapshot includes (ids sort by time).
-    last_execution: Option<String>,
+    pub(crate) last_execution: Option<String>,
     /// Names the pause could not save.
     skipped: Vec<Skipped>,
     /// The snapshot's size, as the kernel reported it.
     #[serde(default)]
     bytes: u64,
+    /// The signature of the workspace files kept beside it (a shared store only:
+    /// kept_files.rs), so unchanged files are not stored again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) files: Option<String>,
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Writes `data` to `path` whole or not at all: a temporary file renamed over it. Not synced:
-/// a pause must be quick, a server killed with -9 loses nothing of the page cache, and a
-/// power loss right after it leaves a file the kernel finds truncated (the session then
-/// resumes with its files only, and says so).
-fn write_durably(path: &Path, data: &[u8]) -> Result<(), EngineError> {
-    write_durably_from(path, &mut std::io::Cursor::new(data))
+/// A store's I/O error as the engine's (a full store: 507, the session keeps running).
+fn store_error(action: &'static str, key: &str) -> impl FnOnce(std::io::Error) -> EngineError {
+    io_error(action, Path::new(key))
 }
 
-/// [`write_durably`] from a reader: a file is copied by the kernel (`copy_file_range` or
-/// `sendfile`, which `std::io::copy` uses between files), never through a buffer of ours:
-/// the server allocates and faults in nothing for a 10 MB snapshot.
-fn write_durably_from(path: &Path, from: &mut impl std::io::Read) -> Result<(), EngineError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| std::io::copy(from, &mut f))
-        .map_err(io_error("write a snapshot", &tmp));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(io_error("rename", path))
-}
-
-/// Keeps a session's `env` beside its snapshot (`<id>.env`, JSON pairs, mode 0600: values
-/// may be the user's secrets) for a server that starts again. Written at each pause and idle
+/// Keeps a session's `env` beside its snapshot (`<id>.env`, JSON pairs; values may be the
+/// user's secrets, which the store keeps readable by the server alone) for a server that
+/// starts again, or another node that takes the session over. Written at each pause and idle
 /// snapshot, only when it changed (it never does after the create).
-fn keep_env(data_dir: &Path, id: &str, env: &[(String, String)]) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = env_file(data_dir, id);
+fn keep_env(store: &dyn SnapshotStore, id: &str, env: &[(String, String)]) {
     let json = serde_json::to_vec(env).unwrap_or_default();
-    if std::fs::read(&path).is_ok_and(|old| old == json) {
+    let key = env_key(id);
+    if store
+        .get_bytes(&key)
+        .ok()
+        .flatten()
+        .is_some_and(|old| old == json)
+    {
         return;
     }
-    let tmp = path.with_extension(format!("envtmp{}", std::process::id()));
-    let written = std::fs::create_dir_all(snapshots_dir(data_dir))
-        .and_then(|_| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-        })
-        .and_then(|mut f| f.write_all(&json))
-        .and_then(|_| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
+    if let Err(e) = store.put_bytes(&key, &json) {
         tracing::warn!(session = %id, error = %e, "cannot keep the session's env for a restart");
     }
 }
 
 /// A kept `env` ([`keep_env`]); none when it was never kept or cannot be read.
-fn kept_env(data_dir: &Path, id: &str) -> Vec<(String, String)> {
-    std::fs::read(env_file(data_dir, id))
+pub(crate) fn kept_env(store: &dyn SnapshotStore, id: &str) -> Vec<(String, String)> {
+    store
+        .get_bytes(&env_key(id))
         .ok()
+        .flatten()
         .and_then(|d| serde_json::from_slice(&d).ok())
         .unwrap_or_default()
+}
+
+/// The description of session `id`'s snapshot, if the store has one it can read.
+pub(crate) fn description(store: &dyn SnapshotStore, id: &str) -> Option<Description> {
+    store
+        .get_bytes(&description_key(id))
+        .ok()
+        .flatten()
+        .and_then(|d| serde_json::from_slice(&d).ok())
 }
 
 /// How long a pause's or a resume's snapshot may take (it runs the session's own
@@ -175,8 +160,19 @@ impl SessionManager {
         idle: &mut crate::session::pause::Idle,
     ) -> Result<Result<Description, String>, EngineError> {
         let info = idle.info();
-        let data_dir = self.core().config.data_dir.clone();
+        let store = self.core().snapshots.clone();
         let last_execution = self.last_execution(&info);
+        // In a store other nodes read, a node that lost the session (taken over while this
+        // node could not beat: a partition, a long stall) must not write over the new owner's
+        // snapshot: the owner's conditional update, refused to an earlier owner, says whether
+        // it is still this node's.
+        if store.shared() && !self.still_owned(&info)? {
+            return Err(EngineError::Unresumable(Unresumable::SnapshotFailed {
+                id: info.id.clone(),
+                reason: "another node has taken the session over; this node no longer owns it"
+                    .into(),
+            }));
+        }
         let Some(kernel) = idle.kernel() else {
             return Ok(Err("the session's kernel was not running".into()));
         };
@@ -190,7 +186,9 @@ impl SessionManager {
             .open_file(&in_workspace(&info.id))
             .map_err(EngineError::unavailable)
             .and_then(|(mut file, _)| {
-                write_durably_from(&snapshot_file(&data_dir, &info.id), &mut file)
+                store
+                    .put(&snap_key(&info.id), &mut file)
+                    .map_err(store_error("write a snapshot", &snap_key(&info.id)))
             });
         let _ = ws.delete(&in_workspace(&info.id));
         moved.map_err(|e| match e {
@@ -202,6 +200,22 @@ impl SessionManager {
             }
             e => e,
         })?;
+        // Another node resuming it needs its files too: kept beside the snapshot, before the
+        // description that says the snapshot is there.
+        let files = if store.shared() {
+            let kept = description(&*store, &info.id).and_then(|d| d.files);
+            let data_dir = &self.core().config.data_dir;
+            Some(crate::kept_files::keep_files(
+                &*store,
+                &info.id,
+                &ws,
+                data_dir,
+                kept.as_deref(),
+            )?)
+        } else {
+            None
+        };
+
         let desc = Description {
             layout: LAYOUT,
             language: info.language.as_str().to_owned(),
@@ -209,11 +223,25 @@ impl SessionManager {
             last_execution,
             skipped: report.skipped.into_iter().map(Skipped::from).collect(),
             bytes: report.bytes,
+            files,
         };
         let json = serde_json::to_vec(&desc).unwrap_or_default();
-        write_durably(&description_file(&data_dir, &info.id), &json)?;
+        store
+            .put_bytes(&description_key(&info.id), &json)
+            .map_err(store_error("write a snapshot", &description_key(&info.id)))?;
         tracing::debug!(session = %info.id, bytes = report.bytes, kernel_ms = ms(kernel_took), kernel_own_ms = ms(report.duration), copy_ms = ms(t.elapsed() - kernel_took), "snapshot taken");
         Ok(Ok(desc))
+    }
+
+    /// Whether the store still names this node the owner of the (idle, live) session: its
+    /// status written again as it is, which only the owner may do. No store: it is.
+    fn still_owned(&self, info: &SessionInfo) -> Result<bool, EngineError> {
+        let Some(store) = self.core().session_store() else {
+            return Ok(true);
+        };
+        store
+            .update_session_status(&info.id, "ready", info.last_active_at, info.expires_at)
+            .map_err(crate::records::store_error)
     }
 
     /// The session's most recent recorded execution.
@@ -246,7 +274,7 @@ impl SessionManager {
             // Paused meanwhile by another request, whose pause this one waited for.
             Err(e) => return self.paused().get(id).ok_or(e),
         };
-        keep_env(&self.core().config.data_dir, id, idle.env());
+        keep_env(&*self.core().snapshots, id, idle.env());
         let snapshot = self.take_snapshot(&mut idle)?;
         let snapshotted = t.elapsed();
         let mut info = idle.info();
@@ -423,15 +451,12 @@ impl SessionManager {
     /// back. Never fails: a snapshot that cannot be read leaves the files only, and says why.
     fn restore_into(&self, kernel: &mut Kernel, ws: &Workspace, info: &SessionInfo) -> Restored {
         let t0 = std::time::Instant::now();
-        let data_dir = &self.core().config.data_dir;
+        let store = &*self.core().snapshots;
         let files_only = |why: String| Restored {
             files_only: Some(why),
             ..Default::default()
         };
-        let desc: Description = match std::fs::read(description_file(data_dir, &info.id))
-            .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok())
-        {
+        let desc: Description = match description(store, &info.id) {
             Some(d) => d,
             None => return files_only("no snapshot of its variables was taken".into()),
         };
@@ -441,7 +466,9 @@ impl SessionManager {
                 desc.layout, desc.language
             ));
         }
-        let opened = std::fs::File::open(snapshot_file(data_dir, &info.id))
+        let opened = store
+            .open(&snap_key(&info.id))
+            .and_then(|f| f.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
             .and_then(|f| f.metadata().map(|m| (f, m.len())));
         let (mut file, len) = match opened {
             Ok(f) => f,
@@ -494,7 +521,7 @@ impl SessionManager {
             let Ok(mut idle) = self.idle(&s.id) else {
                 continue;
             };
-            keep_env(&self.core().config.data_dir, &s.id, idle.env());
+            keep_env(&*self.core().snapshots, &s.id, idle.env());
             match self.take_snapshot(&mut idle) {
                 Ok(_) => {
                     taken.insert(s.id.clone(), s.last_active_at);
@@ -553,17 +580,15 @@ impl SessionManager {
         was_paused: bool,
         egress: Option<runcell_egress::SessionEgress>,
     ) {
-        let data_dir = &self.core().config.data_dir;
-        let desc: Option<Description> = std::fs::read(description_file(data_dir, &info.id))
-            .ok()
-            .and_then(|d| serde_json::from_slice(&d).ok());
+        let store = &*self.core().snapshots;
+        let desc = description(store, &info.id);
         let lost = if was_paused {
             Vec::new()
         } else {
             self.executions_after(&info, desc.as_ref().and_then(|d| d.last_execution.clone()))
         };
         info.status = SessionStatus::Paused;
-        let env = kept_env(data_dir, &info.id);
+        let env = kept_env(store, &info.id);
         self.paused().insert(
             info.id.clone(),
             Paused {
@@ -580,7 +605,7 @@ impl SessionManager {
     }
 
     /// The session's recorded executions after `last` (all of them without one), oldest first.
-    fn executions_after(&self, info: &SessionInfo, last: Option<String>) -> Vec<String> {
+    pub(crate) fn executions_after(&self, info: &SessionInfo, last: Option<String>) -> Vec<String> {
         let Some(records) = self.core().records.as_ref() else {
             return Vec::new();
         };
@@ -628,7 +653,7 @@ impl SessionManager {
                 }
             }
         }
-        discard_snapshot(&self.core().config.data_dir, id);
+        discard_snapshot(self.core(), id);
         true
     }
 
@@ -668,18 +693,14 @@ impl SessionManager {
                 ..Default::default()
             },
             (Ok(()), Ok(_)) => {
-                let data_dir = self.core().config.data_dir.clone();
+                let store = &*self.core().snapshots;
                 for (from, to) in [
-                    (
-                        snapshot_file(&data_dir, id),
-                        snapshot_file(&data_dir, &new.id),
-                    ),
-                    (
-                        description_file(&data_dir, id),
-                        description_file(&data_dir, &new.id),
-                    ),
+                    (snap_key(id), snap_key(&new.id)),
+                    (description_key(id), description_key(&new.id)),
                 ] {
-                    let _ = std::fs::copy(from, to);
+                    if let Ok(Some(mut f)) = store.open(&from) {
+                        let _ = store.put(&to, &mut f);
+                    }
                 }
                 let mut idle = self.idle(&new.id)?;
                 let info = idle.info();

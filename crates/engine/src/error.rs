@@ -368,6 +368,29 @@ impl RecordError {
     pub fn store(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         RecordError::Store(Arc::new(e))
     }
+
+    fn store_error(&self) -> Option<&runcell_store::StoreError> {
+        match self {
+            RecordError::Store(e) => e.downcast_ref::<runcell_store::StoreError>(),
+            _ => None,
+        }
+    }
+
+    /// Whether the store could not be reached (a database restarting or cut off): nothing
+    /// was recorded, and the same request may work in a moment.
+    pub fn store_unavailable(&self) -> bool {
+        self.store_error()
+            .is_some_and(runcell_store::StoreError::is_unavailable)
+    }
+
+    /// Why the store refused to record for this node, if it did because the node can no
+    /// longer prove it owns the session ([`runcell_store::StoreError::Fenced`]).
+    pub fn fenced(&self) -> Option<String> {
+        match self.store_error() {
+            Some(runcell_store::StoreError::Fenced(m)) => Some(m.clone()),
+            _ => None,
+        }
+    }
 }
 
 impl From<RecordError> for EngineError {

@@ -15,6 +15,7 @@ mod error;
 mod execution;
 mod files;
 mod hashing;
+mod kept_files;
 mod launch;
 mod limits;
 mod mcp_tools;
@@ -29,8 +30,10 @@ mod replay;
 mod restored;
 mod rich;
 mod session;
+pub mod snapshots;
 mod spares;
 mod stamp;
+mod takeover;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod tools;

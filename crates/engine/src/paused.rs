@@ -3,7 +3,6 @@
 //! Pausing and resuming them is `durable.rs`'s.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -92,11 +91,35 @@ impl Paused {
 
 /// Every paused session of an engine.
 #[derive(Default)]
-pub(crate) struct PausedSessions(Mutex<HashMap<String, Arc<Paused>>>);
+pub(crate) struct PausedSessions(
+    Mutex<HashMap<String, Arc<Paused>>>,
+    /// Sessions this node is taking over from a dead node (takeover.rs): the database names
+    /// this node their owner a moment before they are here.
+    Mutex<std::collections::HashSet<String>>,
+);
 
 impl PausedSessions {
     fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Paused>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `id` as being taken over; `false` if it already is (by another request).
+    pub(crate) fn start_taking(&self, id: &str) -> bool {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned())
+    }
+
+    pub(crate) fn done_taking(&self, id: &str) {
+        self.1.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    pub(crate) fn is_taking(&self, id: &str) -> bool {
+        self.1
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<SessionInfo> {
@@ -161,30 +184,20 @@ impl PausedSessions {
     }
 }
 
-/// Where the snapshots of an engine's sessions are kept.
-pub(crate) fn snapshots_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("snapshots")
-}
-
-pub(crate) fn snapshot_file(data_dir: &Path, id: &str) -> PathBuf {
-    snapshots_dir(data_dir).join(format!("{id}.snap"))
-}
-
-pub(crate) fn description_file(data_dir: &Path, id: &str) -> PathBuf {
-    snapshots_dir(data_dir).join(format!("{id}.json"))
-}
-
-/// The session's `env` (as given at its create), kept for a server that starts again: a
-/// session it brings back starts its kernel with the same environment.
-pub(crate) fn env_file(data_dir: &Path, id: &str) -> PathBuf {
-    snapshots_dir(data_dir).join(format!("{id}.env"))
-}
-
 /// Removes a session's snapshot and what is kept beside it (it ended).
-pub(crate) fn discard_snapshot(data_dir: &Path, id: &str) {
-    let _ = std::fs::remove_file(snapshot_file(data_dir, id));
-    let _ = std::fs::remove_file(description_file(data_dir, id));
-    let _ = std::fs::remove_file(env_file(data_dir, id));
+pub(crate) fn discard_snapshot(core: &crate::core::Core, id: &str) {
+    use crate::snapshots::{description_key, env_key, files_key, snap_key};
+    // The description first: a node that finds no description reads no snapshot.
+    for key in [
+        description_key(id),
+        snap_key(id),
+        env_key(id),
+        files_key(id),
+    ] {
+        if let Err(e) = core.snapshots.delete(&key) {
+            tracing::warn!(session = %id, key, error = %e, "cannot remove a snapshot");
+        }
+    }
     // The session's kept network policy ends with it too.
-    crate::network::forget_policy(data_dir, id);
+    crate::network::forget_policy(&core.config.data_dir, id);
 }

@@ -6,6 +6,7 @@
 //! steps in the same order as `pid1.rs`.
 #![cfg(target_os = "linux")]
 
+pub mod alloc;
 mod caps;
 pub mod cgroup;
 mod direct;

@@ -221,6 +221,16 @@ impl From<EngineError> for ApiError {
             EngineError::InsufficientStorage(m) => ApiError::no_space(m.to_string()),
             EngineError::Cancelled => ApiError::ended("the execution was cancelled before it ran"),
             EngineError::Store(s) if s.is_unavailable() => ApiError::unavailable(DB_DOWN),
+            // The node cannot prove it owns its sessions: another node, or this one once it
+            // renews its lease, can serve.
+            EngineError::Store(runcell_store::StoreError::Fenced(m)) => ApiError::unavailable(m),
+            EngineError::NotRecorded(r) if r.store_unavailable() => ApiError::unavailable(
+                "the execution ran but could not be recorded: the database is unavailable \
+                 (restarting or unreachable), so it is not acknowledged; retry shortly",
+            ),
+            EngineError::NotRecorded(r) if r.fenced().is_some() => {
+                ApiError::unavailable(r.fenced().unwrap_or_default())
+            }
             EngineError::IsolationMissing { .. }
             | EngineError::Unavailable(_)
             | EngineError::NoThread { .. }
@@ -317,6 +327,7 @@ pub(crate) fn store_error(e: runcell_store::StoreError) -> ApiError {
         StoreError::NotFound(m) => ApiError::not_found(m),
         e if e.is_storage_full() => ApiError::no_space(NO_SPACE),
         e if e.is_unavailable() => ApiError::unavailable(DB_DOWN),
+        StoreError::Fenced(m) => ApiError::unavailable(m),
         other => ApiError::internal(runcell_engine::error_chain(&other)),
     }
 }

@@ -9,8 +9,9 @@
 //! cannot sign them, and is refused with 401. It streams the answer back, over connections
 //! kept open between requests. Neither body is buffered: an upload or an NDJSON stream goes
 //! through as it comes (a client that goes away drops the answer, and so the connection to
-//! the owner, which then sees its client gone). A session whose owner is
-//! dead is answered here (the store reads it `dead`).
+//! the owner, which then sees its client gone). A session whose owner is dead is answered
+//! here: taken over and resumed from the snapshot store the nodes share, when they share one
+//! (the engine's takeover.rs), else `dead` as the store reads it.
 
 use std::time::Duration;
 
@@ -77,6 +78,23 @@ pub(crate) async fn to_owner(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // A node that cannot prove it still owns its sessions (its lease with the database
+    // lapsed: runcell_store::Lease) acts on none, at once and without asking the database,
+    // which is likely what it cannot reach.
+    let creates = req.method() == axum::http::Method::POST && req.uri().path() == "/v1/sessions";
+    if creates || session_of(req.uri().path()).is_some() {
+        if let Err(e) = state.store.lease().check() {
+            return store_error(e).into_response();
+        }
+    }
+    // A session this node is taking over from a dead one: its database row already names
+    // this node, but it is here only once its workspace is rebuilt. Bounded by the takeover
+    // itself (a workspace's files from the shared store).
+    if let Some(id) = session_of(req.uri().path()) {
+        while state.engine.sessions().taking_over(id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let h = req.headers();
     if h.contains_key(&FORWARDED_BY)
         || h.contains_key(&FORWARDED_TENANT)
@@ -96,12 +114,36 @@ pub(crate) async fn to_owner(
     let Some(id) = session_of(req.uri().path()).map(str::to_owned) else {
         return next.run(req).await;
     };
-    let store = state.store.clone();
-    let owner = match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
-        Ok(Ok(owner)) => owner,
-        Ok(Err(e)) => return store_error(e).into_response(),
-        Err(e) => return ApiError::internal(e).into_response(),
+    let mut owner = match owner_of(&state, &id).await {
+        Ok(owner) => owner,
+        Err(e) => return e.into_response(),
     };
+    // A dead owner's session comes here when the nodes share their snapshots: taken over
+    // (one node wins), then served here, where the request resumes it. Otherwise, or when
+    // another node won, it is answered as the store now has it.
+    if let Some(o) = owner.as_ref().filter(|o| !o.alive && o.node != me) {
+        if state.engine.sessions().shares_snapshots() {
+            let tenant = match crate::state::Principal::of_headers(req.headers(), &state).await {
+                Ok(p) => p.tenant.0,
+                Err(e) => return e.into_response(),
+            };
+            let (engine, dead, sid) = (state.engine.clone(), o.node.clone(), id.clone());
+            let taken = tokio::task::spawn_blocking(move || {
+                engine.sessions().take_over(&tenant, &sid, &dead)
+            })
+            .await;
+            match taken {
+                Ok(Ok(Some(_))) => return next.run(req).await,
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => return ApiError::from(e).into_response(),
+                Err(e) => return ApiError::internal(e).into_response(),
+            }
+            owner = match owner_of(&state, &id).await {
+                Ok(owner) => owner,
+                Err(e) => return e.into_response(),
+            };
+        }
+    }
     match owner {
         Some(o) if o.alive && o.node != me => {
             let Some(secret) = state.cluster_secret.clone() else {
@@ -122,6 +164,18 @@ pub(crate) async fn to_owner(
                 .unwrap_or_else(IntoResponse::into_response)
         }
         _ => next.run(req).await,
+    }
+}
+
+/// The node owning session `id`, read from the store off the reactor.
+async fn owner_of(
+    state: &AppState,
+    id: &str,
+) -> Result<Option<runcell_store::SessionNode>, ApiError> {
+    let (store, id) = (state.store.clone(), id.to_owned());
+    match tokio::task::spawn_blocking(move || store.session_node(&id)).await {
+        Ok(r) => r.map_err(store_error),
+        Err(e) => Err(ApiError::internal(e)),
     }
 }
 

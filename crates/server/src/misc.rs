@@ -12,6 +12,7 @@ use crate::state::{AppState, Tenant};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    /// `ok`; `lost` (with 503) when this node's epoch was declared dead by the cluster.
     pub status: &'static str,
     /// The preloaded zygote Python sessions are forked from (`off`, `starting`, `ready`,
     /// `failed`); without a ready one, sessions start cold. Only with a valid key once keys
@@ -28,24 +29,39 @@ pub struct Health {
 /// For a probe, never refused: once keys exist, a caller without a valid one learns only that
 /// the server is up (the zygote's pid and preloaded modules, the pool's size, are for the
 /// operator).
+///
+/// A node sharing a database whose epoch the cluster declared dead (it was cut off from the
+/// database past 10 s) answers 503 with status `lost`: it no longer serves its sessions, and
+/// a liveness probe should restart it (docs/scale.md).
 #[utoipa::path(get, path = "/healthz", tag = "operations",
-    responses((status = 200, body = Health, description = "the server is up")))]
+    responses((status = 200, body = Health, description = "the server is up"),
+        (status = 503, body = Health, description = "`lost`: this node's epoch was declared dead by the cluster; restart it")))]
 pub async fn healthz(
     State(state): State<AppState>,
     tenant: Result<Tenant, ApiError>,
-) -> Json<Health> {
+) -> (StatusCode, Json<Health>) {
+    let (code, status) = match state.store.lease() {
+        runcell_store::Lease::Lost { .. } => (StatusCode::SERVICE_UNAVAILABLE, "lost"),
+        _ => (StatusCode::OK, "ok"),
+    };
     if tenant.is_err() {
-        return Json(Health {
-            status: "ok",
-            zygote: None,
-            warm_sessions: None,
-        });
+        return (
+            code,
+            Json(Health {
+                status,
+                zygote: None,
+                warm_sessions: None,
+            }),
+        );
     }
-    Json(Health {
-        status: "ok",
-        zygote: Some(state.engine.zygote_status()),
-        warm_sessions: Some(state.engine.sessions().warm_ready()),
-    })
+    (
+        code,
+        Json(Health {
+            status,
+            zygote: Some(state.engine.zygote_status()),
+            warm_sessions: Some(state.engine.sessions().warm_ready()),
+        }),
+    )
 }
 
 /// Once keys exist, any valid key reads the metrics (they count every tenant's sessions and

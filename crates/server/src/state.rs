@@ -274,7 +274,8 @@ async fn resolve(state: &AppState, key: Credential) -> Result<Outcome, ApiError>
     let o = tokio::task::spawn_blocking(move || authenticate(&store, loopback, k))
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)?;
+        // A database restarting or cut off is a 503 to retry, not runcell's failure.
+        .map_err(crate::error::store_error)?;
     state.auth.put(key, generation, o.clone());
     Ok(o)
 }

@@ -89,6 +89,12 @@ pub enum StoreError {
         #[source]
         source: Option<tokio_postgres::Error>,
     },
+    /// This node cannot prove it still owns the sessions it holds (it could not renew its
+    /// lease with the database in time, or the cluster declared its epoch dead, or another
+    /// node or a later epoch of this one holds the session now): nothing was written. The
+    /// text says which, for the client (HTTP 503).
+    #[error("{0}")]
+    Fenced(String),
     /// Any other PostgreSQL error.
     #[error("postgresql error")]
     Postgres(#[source] tokio_postgres::Error),

@@ -34,6 +34,7 @@ mod checkpoint;
 mod error;
 mod group;
 mod handle;
+mod lease;
 mod pending;
 mod postgres;
 mod sqlite;
@@ -47,6 +48,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, StoreError};
 pub use handle::Store;
+pub use lease::{Lease, LEASE};
 pub use postgres::{PgStore, NODE_TIMEOUT};
 pub use sqlite::{Durability, SqliteStore};
 
@@ -296,6 +298,14 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
     /// The tenant's settings (none set: no quota, the server's default start).
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings>;
 
+    // ---- the node's lease on its sessions (nodes sharing a database) ----
+
+    /// Whether this node may act on the sessions it holds, and make new ones, now (see
+    /// [`Lease`]); always [`Lease::Held`] for a store of its own. Answered from memory.
+    fn lease(&self) -> Lease {
+        Lease::Held
+    }
+
     // ---- sessions ----
 
     /// Inserts the session or replaces the stored one with the same id. A session cannot move
@@ -317,6 +327,14 @@ pub trait DomainStore: Send + Sync + fmt::Debug {
     fn delete_session(&self, id: &str) -> Result<bool>;
     /// Sessions of every tenant whose status is one of `statuses`, oldest first.
     fn sessions_with_status(&self, statuses: &[&str]) -> Result<Vec<SessionRecord>>;
+    /// Makes session `id`, owned by `dead_node`, this node's (with this node's epoch, status
+    /// `paused`), if `dead_node` still owns it and has not beaten within [`NODE_TIMEOUT`]:
+    /// one conditional update, so of several nodes taking it at once one wins (`true`) and the
+    /// others see `false`; the dead node, should it come back, can no longer change it. A
+    /// store of one node (SQLite) has nothing to take: `false`.
+    fn take_over_session(&self, _id: &str, _dead_node: &str) -> Result<bool> {
+        Ok(false)
+    }
 
     // ---- uploads ----
 

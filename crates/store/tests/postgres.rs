@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use runcell_store::{Store, StoreError};
+use runcell_store::{Lease, Store, StoreError};
 
 /// Two nodes, four threads each, appending to the same two tenants at once, one at a time
 /// and in batches naming both tenants in either order (so a batch's head locks, taken in
@@ -261,16 +261,17 @@ fn sessions_are_their_nodes_and_read_dead_once_the_node_stops_beating() {
         Some("ready".into())
     );
     // A third process under the same id (epoch 3) takes the session over; epoch 2 can no
-    // longer change it.
+    // longer change it, nor make sessions: its epoch is no longer the node's.
     let a3 = db.open_node("http://node-a:8080");
     a3.put_session(&session("t", "ses_a", 1))
         .expect("taken over");
-    assert!(!a2
-        .update_session_status("ses_a", "busy", at(4), at(900))
-        .expect("update"));
+    assert!(matches!(
+        a2.update_session_status("ses_a", "busy", at(4), at(900)),
+        Err(StoreError::Fenced(_))
+    ));
     assert!(matches!(
         a2.put_session(&session("t", "ses_a", 1)),
-        Err(StoreError::Conflict(_))
+        Err(StoreError::Fenced(_))
     ));
     assert!(a3
         .update_session_status("ses_a", "busy", at(4), at(900))
@@ -320,4 +321,122 @@ fn a_session_names_its_node() {
             .map(|n| n.alive),
         Some(true)
     );
+}
+
+/// Where a node writes for its sessions, the database itself checks the node's epoch: once
+/// the cluster has called a node dead (its heartbeat over 10 s old, as after a partition),
+/// none of its writes goes in, whatever the node believes, and its heartbeat cannot bring
+/// it back; a session another node holds now takes no execution from the old one. Positive
+/// controls: the same writes while alive, and the other node's own.
+#[test]
+fn the_database_refuses_a_node_it_called_dead_and_sessions_held_elsewhere() {
+    let db = TestDb::new(Kind::Postgres);
+    let a = db.open_node("http://node-a:8080");
+    let b = db.open_node("http://node-b:8080");
+    a.put_session(&session("t", "ses_a", 1)).expect("put on a");
+    assert!(a
+        .update_session_status("ses_a", "busy", at(2), at(900))
+        .expect("update while alive"));
+    a.append_execution(&exec("t", "ex_a1", Some("ses_a"), 1))
+        .expect("append while alive");
+    assert_eq!(a.lease(), Lease::Held);
+
+    // Silent for 20 s, as far as the database knows: dead for every node. Right after one
+    // of its beats, so that the node itself still believes it holds its lease while it
+    // writes below (checked after): what refuses those writes is the database.
+    let beat = || db.value("SELECT heartbeat_at FROM nodes WHERE id = 'http://node-a:8080'");
+    let last = beat();
+    let waiting = Instant::now();
+    while beat() == last {
+        assert!(waiting.elapsed() < Duration::from_secs(30), "no heartbeat");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    db.try_sql(
+        "UPDATE nodes SET heartbeat_at = now() - interval '20 seconds' \
+         WHERE id = 'http://node-a:8080'",
+    )
+    .expect("age a's heartbeat");
+    assert_eq!(
+        b.get_session("t", "ses_a").expect("get").map(|s| s.status),
+        Some("dead".into())
+    );
+    let fenced = |r: Result<(), StoreError>, what: &str| match r {
+        Err(StoreError::Fenced(m)) => {
+            assert!(m.contains("declared its epoch 1 dead"), "{what}: {m}")
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    fenced(
+        a.update_session_status("ses_a", "ready", at(3), at(900))
+            .map(drop),
+        "status update",
+    );
+    fenced(a.put_session(&session("t", "ses_a2", 3)), "new session");
+    fenced(
+        a.append_execution(&exec("t", "ex_a2", Some("ses_a"), 2))
+            .map(drop),
+        "execution in its session",
+    );
+    fenced(
+        a.append_execution(&exec("t", "ex_a3", None, 3)).map(drop),
+        "one-shot execution",
+    );
+    let batch = a.append_executions(&[
+        exec("t", "ex_a4", Some("ses_a"), 4),
+        exec("t", "ex_a5", None, 5),
+    ]);
+    for r in batch {
+        fenced(r.map(drop), "batch");
+    }
+    assert_eq!(
+        a.lease(),
+        Lease::Held,
+        "the node found out first: the refusals were its own, not the database's"
+    );
+    // Nothing of it was written.
+    assert_eq!(db.value("SELECT count(*) FROM executions"), "1");
+    assert_eq!(
+        db.value("SELECT status FROM sessions WHERE id = 'ses_a'"),
+        "busy"
+    );
+    assert_eq!(
+        db.value("SELECT count(*) FROM sessions WHERE id = 'ses_a2'"),
+        "0"
+    );
+    // Its heartbeat finds its epoch dead and stops: the node knows it lost it, and stays
+    // dead for the others.
+    let aged = Instant::now();
+    while a.lease() != (Lease::Lost { epoch: 1 }) {
+        assert!(
+            aged.elapsed() < Duration::from_secs(30),
+            "the lease still reads {:?}",
+            a.lease()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(a.lease().check().is_err());
+    assert_eq!(
+        b.get_session("t", "ses_a").expect("get").map(|s| s.status),
+        Some("dead".into())
+    );
+
+    // A session of b's that another node holds now (moved there): b records no execution
+    // of it any more, its own others still.
+    b.put_session(&session("t", "ses_b", 4)).expect("put on b");
+    b.append_execution(&exec("t", "ex_b1", Some("ses_b"), 6))
+        .expect("append while b holds it");
+    db.try_sql("UPDATE sessions SET owner_node = 'http://node-c:8080' WHERE id = 'ses_b'")
+        .expect("move ses_b");
+    match b.append_execution(&exec("t", "ex_b2", Some("ses_b"), 7)) {
+        Err(StoreError::Fenced(m)) => {
+            assert!(m.contains("session ses_b is held by another node"), "{m}")
+        }
+        other => panic!("an execution of a session held elsewhere: {other:?}"),
+    }
+    b.append_execution(&exec("t", "ex_b3", None, 8))
+        .expect("b's own one-shot");
+    assert_eq!(b.lease(), Lease::Held);
+    let report = b.verify_chain(Some("t")).expect("verify");
+    assert!(report.ok, "{report:?}");
+    assert_eq!(report.checked, 3);
 }

@@ -141,7 +141,7 @@ impl SessionManager {
     }
 
     /// A new, empty workspace for session `id`, on a uid of its own.
-    fn new_workspace(
+    pub(crate) fn new_workspace(
         &self,
         id: &str,
         limits: &SessionLimits,
@@ -224,7 +224,7 @@ impl SessionManager {
     }
 
     /// Idle expiry: a sweep every second; it stops with the manager.
-    fn start_sweeper(&self) {
+    pub(crate) fn start_sweeper(&self) {
         let weak = self.me.clone();
         self.sweeper.call_once(|| {
             let spawned = thread::Builder::new()
@@ -256,6 +256,7 @@ impl SessionManager {
     pub fn create(&self, req: CreateSession) -> Result<SessionInfo, EngineError> {
         crate::bounds::check_metadata(&req.metadata)?;
         crate::bounds::check_env(&req.env)?;
+        self.leased()?;
         // Checked (and its proxy state made) before anything is allocated; nothing starts yet.
         let egress = self.core.network.session(&req.network)?;
         let _slot = self.creation_slot()?;
@@ -537,7 +538,11 @@ impl SessionManager {
     }
 
     /// A live session; a paused one is resumed first (any request resumes it).
+    ///
+    /// Only while this node holds its lease on its sessions (nodes sharing a database): a
+    /// node that cannot prove it still owns them does not act on them ([`Self::leased`]).
     fn entry(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        self.leased()?;
         if let Some(e) = self.map().get(id) {
             return Ok(e.clone());
         }
@@ -548,6 +553,16 @@ impl SessionManager {
             .get(id)
             .cloned()
             .ok_or_else(|| EngineError::no_session(id))
+    }
+
+    /// `Ok` unless this node shares a database with others and cannot prove, now, that it
+    /// still owns its sessions (its lease lapsed or its epoch was declared dead): then a
+    /// [`runcell_store::StoreError::Fenced`] saying why, and nothing is done.
+    pub fn leased(&self) -> Result<(), EngineError> {
+        match self.core.session_store() {
+            Some(store) => store.lease().check().map_err(EngineError::Store),
+            None => Ok(()),
+        }
     }
 
     /// A live or paused session (in memory: no I/O).
@@ -746,7 +761,10 @@ impl SessionManager {
     /// else's running execution is left alone.
     pub fn cancel(&self, id: &str, token: &CancelToken) {
         token.set();
-        let Ok(entry) = self.entry(id) else { return };
+        // Not `entry`: a client gone away still stops its cell while the lease lapsed.
+        let Some(entry) = self.map().get(id).cloned() else {
+            return;
+        };
         let s = entry.lock();
         if s.running.as_ref().is_some_and(|r| r.same(token)) {
             if let Some(h) = &s.handle {
@@ -785,7 +803,7 @@ impl SessionManager {
         // and the caller can retry; the other way round the session would be gone yet still
         // recorded, and come back `dead` at the next start.
         let forgotten = self.forget(id)?;
-        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core, id);
         match self.take(id) {
             Some(entry) => {
                 self.end(entry);
@@ -807,7 +825,7 @@ impl SessionManager {
             }
             None => self.end_paused(id),
         };
-        crate::paused::discard_snapshot(&self.core.config.data_dir, id);
+        crate::paused::discard_snapshot(&self.core, id);
         let forgotten = self.forget(id).unwrap_or_else(|e| {
             tracing::warn!(session = %id, error = %crate::chain(&e), "cannot forget a closed session's record");
             false
@@ -866,7 +884,7 @@ impl SessionManager {
             if let Some(entry) = self.take(&id) {
                 entry.lock().info.status = SessionStatus::Expired;
                 self.end(entry);
-                crate::paused::discard_snapshot(&self.core.config.data_dir, &id);
+                crate::paused::discard_snapshot(&self.core, &id);
                 tracing::info!(session = %id, "idle session expired");
                 if let Err(e) = self.forget(&id) {
                     // The next start finds its workspace gone: it is reported dead until its

@@ -9,6 +9,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, Row};
 
 use super::pool::PgConn;
+use super::records::{self, Owner};
 use crate::audit::{chain_mac, ChainFields, ChainKey, Expect, StoredRow, TenantWalk, GENESIS_HASH};
 use crate::error::{Result, StoreError};
 use crate::pending::PendingAppend;
@@ -21,13 +22,47 @@ use crate::{time, AuditEntry, ChainHead, ExecutionRow, Expected, VerifyReport};
 /// order: an append on another node to the same tenant waits until this one commits and then
 /// reads the head this one wrote, so the chain never forks; batches that share tenants lock
 /// them in the same order, so they cannot deadlock.
+///
+/// A node (`owner`) records only while its epoch is alive in the database and only for
+/// sessions it still holds: checked in the same transaction, so a node that comes back
+/// after the others called it dead, or after its session moved to another node, cannot add
+/// to the chain what it ran meanwhile ([`StoreError::Fenced`]).
 pub(super) async fn append_batch(
     c: &mut PgConn,
     key: &ChainKey,
     batch: &[PendingAppend<'_>],
+    owner: Option<&Owner>,
 ) -> Result<Vec<AuditEntry>> {
     let (client, mut st) = c.split();
     let tx = client.transaction().await?;
+    if let Some(owner) = owner {
+        if !records::epoch_alive(&tx, owner).await? {
+            return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
+        }
+        let sessions: Vec<&str> = batch
+            .iter()
+            .filter_map(|p| p.rec.session_id.as_deref())
+            .collect();
+        if !sessions.is_empty() {
+            let held_elsewhere = st
+                .get(
+                    &tx,
+                    "SELECT id FROM sessions WHERE id = ANY($1) AND owner_node IS NOT NULL
+                       AND (owner_node <> $2 OR owner_epoch > $3) LIMIT 1",
+                )
+                .await?;
+            if let Some(r) = tx
+                .query_opt(&held_elsewhere, &[&sessions, &owner.node, &owner.epoch])
+                .await?
+            {
+                let id: String = r.try_get(0)?;
+                return Err(StoreError::Fenced(format!(
+                    "session {id} is held by another node now (or by a later start of this \
+                     one): this node can no longer act on it"
+                )));
+            }
+        }
+    }
     let lock_head = st
         .get(
             &tx,
@@ -147,15 +182,16 @@ pub(super) async fn commit_appends(
     c: &mut PgConn,
     key: &ChainKey,
     batch: &[PendingAppend<'_>],
+    owner: Option<&Owner>,
 ) -> Vec<Result<AuditEntry>> {
-    match append_batch(c, key, batch).await {
+    match append_batch(c, key, batch, owner).await {
         Ok(entries) => entries.into_iter().map(Ok).collect(),
         Err(e) if batch.len() == 1 => vec![Err(e)],
         Err(_) => {
             let mut out = Vec::with_capacity(batch.len());
             for p in batch {
                 out.push(
-                    append_batch(c, key, std::slice::from_ref(p))
+                    append_batch(c, key, std::slice::from_ref(p), owner)
                         .await
                         .map(|mut v| v.remove(0)),
                 );

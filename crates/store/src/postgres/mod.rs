@@ -15,6 +15,8 @@ mod nodes;
 mod pool;
 mod records;
 mod schema;
+mod takeover;
+mod tls;
 
 use std::fmt;
 use std::path::Path;
@@ -36,6 +38,9 @@ pub use nodes::NODE_TIMEOUT;
 use pool::Pg;
 use records::Owner;
 
+/// How long verifying the audit chains may take.
+const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// PostgreSQL storage: a pool of connections to one database, shared with other nodes.
 pub struct PgStore {
     pg: Pg,
@@ -49,6 +54,8 @@ pub struct PgStore {
     target: String,
     /// The node this store writes sessions as, if it is one.
     owner: Option<Owner>,
+    /// That node's lease on its sessions, as its heartbeat renews it.
+    lease: Option<Arc<crate::lease::LeaseClock>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -85,6 +92,7 @@ impl PgStore {
             appended: AtomicU64::new(0),
             target,
             owner: None,
+            lease: None,
         })
     }
 
@@ -101,6 +109,7 @@ impl PgStore {
         }
         let mut store = PgStore::open(url, chain_key_file)?;
         let id = own(node);
+        let sent = std::time::Instant::now();
         let epoch = store
             .pg
             .run(|pool| async move { nodes::register(&pool, &id).await })?;
@@ -108,11 +117,14 @@ impl PgStore {
             node: own(node),
             epoch,
         };
-        let beating = owner.clone();
+        let lease = Arc::new(crate::lease::LeaseClock::new(epoch, sent));
+        let (beating, renewing) = (owner.clone(), lease.clone());
         store
             .pg
-            .spawn(|pool| async move { nodes::heartbeat(pool, beating).await });
+            .spawn(|pool| async move { nodes::heartbeat(pool, beating, renewing).await });
+        store.pg.guard_with(lease.clone());
         store.owner = Some(owner);
+        store.lease = Some(lease);
         Ok(store)
     }
 
@@ -129,10 +141,10 @@ impl PgStore {
     /// Commits `batch` in one transaction, or row by row if that fails: one result per row.
     fn commit(&self, batch: Vec<PendingAppend<'static>>) -> Vec<Result<AuditEntry>> {
         let n = batch.len();
-        let key = self.key.clone();
+        let (key, owner) = (self.key.clone(), self.owner.clone());
         let results = self.pg.run(|pool| async move {
             let mut c = pool.get().await?;
-            Ok(chain::commit_appends(&mut c, &key, &batch).await)
+            Ok(chain::commit_appends(&mut c, &key, &batch, owner.as_ref()).await)
         });
         match results {
             Ok(r) => r,
@@ -156,6 +168,12 @@ fn own(s: &str) -> String {
 }
 
 impl DomainStore for PgStore {
+    fn lease(&self) -> crate::Lease {
+        self.lease
+            .as_ref()
+            .map_or(crate::Lease::Held, |l| l.state())
+    }
+
     fn tenant_settings(&self, tenant: &str) -> Result<TenantSettings> {
         let tenant = own(tenant);
         self.pg.run(|pool| async move {
@@ -190,6 +208,16 @@ impl DomainStore for PgStore {
         let (tenant, id, owner) = (own(tenant), own(id), self.owner.clone());
         self.pg.run(|pool| async move {
             records::get_session(&mut *pool.get().await?, &tenant, &id, owner.as_ref()).await
+        })
+    }
+
+    fn take_over_session(&self, id: &str, dead_node: &str) -> Result<bool> {
+        let Some(owner) = self.owner.clone() else {
+            return Ok(false);
+        };
+        let (id, dead_node) = (own(id), own(dead_node));
+        self.pg.run(|pool| async move {
+            takeover::take_over(&mut *pool.get().await?, &id, &dead_node, &owner).await
         })
     }
 
@@ -311,7 +339,8 @@ impl DomainStore for PgStore {
 
     fn verify_extends(&self, tenant: Option<&str>, expected: &[Expected]) -> Result<VerifyReport> {
         let (tenant, expected, key) = (tenant.map(own), expected.to_vec(), self.key.clone());
-        self.pg.run(|pool| async move {
+        // A whole chain is read: longer than one request's bound.
+        self.pg.run_within(VERIFY_TIMEOUT, |pool| async move {
             let mut c = pool.get().await?;
             chain::verify(&mut c, &key, tenant.as_deref(), &expected).await
         })

@@ -4,17 +4,17 @@
 //! sessions' queries in `records.rs` compare against the database's clock).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::pool::{PgConn, Pool};
 use super::records::Owner;
-use crate::error::Result;
+use crate::error::{Result, StoreError};
+use crate::lease::LeaseClock;
 use crate::SessionNode;
 
 /// How often a node's heartbeat is written.
 pub(super) const HEARTBEAT: Duration = Duration::from_secs(2);
-/// Silence after which a node is dead (the `interval '10 seconds'` of `records.rs`).
-pub const NODE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::lease::NODE_TIMEOUT;
 
 /// Registers `node` and returns its new epoch.
 pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
@@ -32,27 +32,73 @@ pub(super) async fn register(pool: &Arc<Pool>, node: &str) -> Result<i64> {
     Ok(row.try_get(0)?)
 }
 
-/// Beats for `owner` until the store's runtime stops (the store is dropped). A beat that
-/// cannot be written (the database away) is retried at the next; a node whose epoch was
-/// superseded (its id registered again, by a newer process) stops beating, so it goes dead
-/// and the newer one's sessions are not kept alive by it.
-pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner) {
+/// How long one beat may take before it counts as failed (and its connection is dropped).
+const BEAT_WAIT: Duration = Duration::from_secs(2);
+/// How soon a failed beat is tried again.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// Beats for `owner` until the store's runtime stops (the store is dropped), on a
+/// connection of its own (a pool busy with slow calls does not delay it). Each beat the
+/// database confirms renews `lease`; a beat that fails or takes over [`BEAT_WAIT`] renews
+/// nothing and is tried again at the next tick, on a new connection.
+///
+/// A beat only counts while this epoch is still alive in the database's eyes (the same
+/// node id and epoch, heard from within [`NODE_TIMEOUT`]): a node the others already called
+/// dead, or whose id a newer process registered again, has lost its epoch; it stops
+/// beating, so it stays dead and its sessions are not kept alive by it.
+pub(super) async fn heartbeat(pool: Arc<Pool>, owner: Owner, lease: Arc<LeaseClock>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut conn: Option<PgConn> = None;
     loop {
         tick.tick().await;
-        let Ok(c) = pool.get().await else { continue };
-        let beat = c
-            .client
-            .execute(
-                "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND epoch = $2",
-                &[&owner.node, &owner.epoch],
-            )
-            .await;
-        if matches!(beat, Ok(0)) {
-            return;
+        let sent = Instant::now();
+        let beat = tokio::time::timeout(BEAT_WAIT, async {
+            let c = match conn.take().filter(|c| !c.client.is_closed()) {
+                Some(c) => c,
+                None => pool.connect().await?,
+            };
+            let n = c
+                .client
+                .execute(
+                    "UPDATE nodes SET heartbeat_at = now()
+                     WHERE id = $1 AND epoch = $2
+                       AND heartbeat_at > now() - interval '10 seconds'",
+                    &[&owner.node, &owner.epoch],
+                )
+                .await?;
+            Ok::<_, StoreError>((c, n))
+        })
+        .await;
+        match beat {
+            Ok(Ok((c, 1))) => {
+                lease.renewed_at(sent);
+                conn = Some(c);
+            }
+            Ok(Ok((_, _))) => {
+                say_lost(&owner);
+                lease.lose();
+                return;
+            }
+            // Unreachable or too slow: no renewal. Tried again soon, on a new connection,
+            // rather than a whole beat later: once the database answers again, the lease
+            // is renewed before the others' 10 s are up, if it still can be.
+            Ok(Err(_)) | Err(_) => {
+                tokio::time::sleep(RETRY).await;
+                tick.reset_immediately();
+            }
         }
     }
+}
+
+/// Said once, for the node's operator: it must be restarted.
+fn say_lost(owner: &Owner) {
+    tracing::error!(
+        node = %owner.node,
+        epoch = owner.epoch,
+        "{}",
+        crate::lease::lost(owner.epoch)
+    );
 }
 
 /// The node owning session `id`, and whether it is alive.

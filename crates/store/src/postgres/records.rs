@@ -314,6 +314,22 @@ pub(super) struct Owner {
     pub(super) epoch: i64,
 }
 
+/// Whether `owner`'s epoch is alive in the database's eyes: its node row has that epoch and
+/// beat within [`crate::NODE_TIMEOUT`]. Asked where an owner writes, in the write's transaction.
+pub(super) async fn epoch_alive(
+    client: &impl tokio_postgres::GenericClient,
+    owner: &Owner,
+) -> Result<bool> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2
+                                 AND heartbeat_at > now() - interval '10 seconds')",
+            &[&owner.node, &owner.epoch],
+        )
+        .await?
+        .try_get(0)?)
+}
+
 fn owner_parts(owner: Option<&Owner>) -> (Option<&str>, Option<i64>) {
     (owner.map(|o| o.node.as_str()), owner.map(|o| o.epoch))
 }
@@ -365,7 +381,11 @@ pub(super) async fn put_session(
             "INSERT INTO sessions (id, tenant, language, status, created_at, last_active_at,
                                    expires_at, limits_json, metadata_json, workspace_path, start,
                                    owner_node, owner_epoch)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, $7::text,
+                    $8::text, $9::text, $10::text, $11::text, $12::text, $13::bigint
+             WHERE $12::text IS NULL
+                OR EXISTS (SELECT 1 FROM nodes n WHERE n.id = $12 AND n.epoch = $13
+                              AND n.heartbeat_at > now() - interval '10 seconds')
              ON CONFLICT (id) DO UPDATE SET
                  language = excluded.language, status = excluded.status,
                  created_at = excluded.created_at, last_active_at = excluded.last_active_at,
@@ -401,6 +421,11 @@ pub(super) async fn put_session(
         )
         .await?;
     if changed == 0 {
+        if let Some(owner) = owner {
+            if !epoch_alive(client, owner).await? {
+                return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
+            }
+        }
         return Err(StoreError::Conflict(format!(
             "session {} belongs to another tenant, or to another node",
             s.id
@@ -419,13 +444,17 @@ pub(super) async fn update_session_status(
 ) -> Result<bool> {
     validate::word("status", status)?;
     let (client, mut st) = c.split();
-    // Only the owner changes a session (an earlier epoch of it no longer can).
+    // Only the owner changes a session (an earlier epoch of it no longer can), and only
+    // while the database counts its epoch alive (not once the others called it dead).
     let update = st
         .get(
             client,
             "UPDATE sessions SET status = $2, last_active_at = $3, expires_at = $4
              WHERE id = $1
-               AND (owner_node IS NULL OR (owner_node = $5 AND owner_epoch <= $6))",
+               AND (owner_node IS NULL OR (owner_node = $5 AND owner_epoch <= $6))
+               AND ($5::text IS NULL
+                    OR EXISTS (SELECT 1 FROM nodes n WHERE n.id = $5 AND n.epoch = $6
+                                  AND n.heartbeat_at > now() - interval '10 seconds'))",
         )
         .await?;
     let (node, epoch) = owner_parts(owner);
@@ -442,6 +471,13 @@ pub(super) async fn update_session_status(
             ],
         )
         .await?;
+    if n == 0 {
+        if let Some(owner) = owner {
+            if !epoch_alive(client, owner).await? {
+                return Err(StoreError::Fenced(crate::lease::lost(owner.epoch)));
+            }
+        }
+    }
     Ok(n > 0)
 }
 

@@ -24,6 +24,8 @@ pub struct PgServer {
     dir: PathBuf,
     /// The id PostgreSQL runs as (`None`: as the test itself).
     run_as: Option<(u32, u32)>,
+    /// Its TCP port on 127.0.0.1, when it listens there too (the TLS server).
+    port: Option<u16>,
 }
 
 /// The superuser `initdb` makes; connections over the socket are trusted.
@@ -85,6 +87,23 @@ impl PgServer {
     /// A server of its own (for a test that stops and restarts it); most tests share
     /// [`pg_server`].
     pub fn start() -> PgServer {
+        PgServer::start_with(None)
+    }
+
+    /// A server of its own that also listens on 127.0.0.1 and 127.0.0.2 (the port:
+    /// [`PgServer::port`])
+    /// with TLS, `cert_pem` and `key_pem` its certificate and key, and takes TCP
+    /// connections only with TLS (`hostssl`: a plain one is refused).
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> PgServer {
+        PgServer::start_with(Some((cert_pem, key_pem)))
+    }
+
+    /// The TCP port of a [`PgServer::start_tls`] server.
+    pub fn port(&self) -> u16 {
+        self.port.expect("a TLS server listens on TCP")
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> PgServer {
         let bin = pg_bin();
         let dir = tempfile::Builder::new()
             .prefix("runcell-pg-")
@@ -95,7 +114,18 @@ impl PgServer {
         if let Some((uid, gid)) = run_as {
             chown(&dir, Some(uid), Some(gid)).expect("chown the server's directory");
         }
-        let server = PgServer { bin, dir, run_as };
+        let port = tls.map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port")
+        });
+        let server = PgServer {
+            bin,
+            dir,
+            run_as,
+            port,
+        };
         server.watch();
         let data = server.dir.join("data");
         server.run(
@@ -108,11 +138,35 @@ impl PgServer {
         );
         // Socket only (no TCP), room for many stores' connections, and no fsync: a test
         // server, killed at the end anyway. Commits still go through the WAL as usual.
-        let options = format!(
+        let mut options = format!(
             "-k {} -c listen_addresses='' -c max_connections=300 -c fsync=off \
              -c full_page_writes=off",
             server.dir.display()
         );
+        if let (Some((cert, key)), Some(port)) = (tls, port) {
+            use std::os::unix::fs::PermissionsExt;
+            for (name, pem) in [("server.crt", cert), ("server.key", key)] {
+                let path = server.dir.join(name);
+                std::fs::write(&path, pem).expect("write the server's TLS files");
+                // PostgreSQL refuses a key others can read.
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                    .expect("chmod");
+                if let Some((uid, gid)) = run_as {
+                    chown(&path, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.0/8 trust\n",
+            )
+            .expect("write pg_hba.conf");
+            options = format!(
+                "-k {dir} -c listen_addresses=127.0.0.1,127.0.0.2 -p {port} -c max_connections=100 \
+                 -c fsync=off -c ssl=on -c ssl_cert_file={dir}/server.crt \
+                 -c ssl_key_file={dir}/server.key",
+                dir = server.dir.display()
+            );
+        }
         std::fs::write(server.dir.join("options"), options).expect("write the server options");
         server.pg_start();
         server
@@ -202,7 +256,13 @@ impl PgServer {
         );
         self.psql("postgres", &format!("CREATE DATABASE {name}"))
             .unwrap_or_else(|e| panic!("create database {name}: {e}"));
-        format!("host={} user={PG_USER} dbname={name}", self.dir.display())
+        match self.port {
+            Some(port) => format!(
+                "host={} port={port} user={PG_USER} dbname={name}",
+                self.dir.display()
+            ),
+            None => format!("host={} user={PG_USER} dbname={name}", self.dir.display()),
+        }
     }
 
     /// Runs `sql` with `psql` in database `db`; its output (unaligned, tuples only), or its
@@ -211,6 +271,7 @@ impl PgServer {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
             .arg(&self.dir)
+            .args(self.port.map(|p| format!("-p{p}")))
             .args(["-U", PG_USER, "-d", db, "-c", sql])
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
