@@ -32,6 +32,13 @@ pub struct ServeArgs {
     /// a reboot, and counted in each session's memory limit (docs/operations.md).
     #[arg(long)]
     workspaces_in_memory: bool,
+    /// Let the host's KSM daemon merge the identical memory pages of Python sessions (those
+    /// they copied from the zygote: ~19 of 21 MiB after a pandas + matplotlib cell). Needs KSM
+    /// running (`echo 1 > /sys/kernel/mm/ksm/run`); costs the daemon's CPU, and lets a
+    /// session learn by timing whether another holds a given page: for sessions that trust
+    /// each other (docs/operations.md).
+    #[arg(long)]
+    merge_session_pages: bool,
     /// Python sessions kept started ahead of demand (forked from the zygote), so creating one
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
@@ -641,6 +648,9 @@ pub fn serve(
         }
     };
     let preload = (!no_zygote).then_some(preload);
+    if args.merge_session_pages {
+        warn_unless_ksm_runs();
+    }
     tracing::info!(
         committed_memory_mb = limits.committed_memory_mb,
         max = ?limits.max,
@@ -683,6 +693,7 @@ pub fn serve(
             // Every PNG and JPEG result carries a C2PA manifest signed by this server.
             image_signer: Some(crate::c2pa::image_signer(&signer)?),
             snapshots,
+            merge_session_pages: args.merge_session_pages,
         },
     )?;
     engine.sweep_stale_cgroups();
@@ -830,4 +841,18 @@ fn cluster_secret(
     runcell_server::ClusterSecret::new(&bytes)
         .map(Some)
         .map_err(|e| invalid(format!("{from}: {e}")))
+}
+
+/// `--merge-session-pages` marks the memory; merging it is the host's KSM daemon's work, a
+/// host-wide setting runcell leaves to the operator.
+fn warn_unless_ksm_runs() {
+    match std::fs::read_to_string("/sys/kernel/mm/ksm/run") {
+        Ok(run) if run.trim() == "1" => {
+            tracing::info!("session pages are marked mergeable; KSM runs on this host")
+        }
+        Ok(_) => tracing::warn!(
+            "--merge-session-pages: KSM is not running on this host, so nothing is merged (echo 1 > /sys/kernel/mm/ksm/run)"
+        ),
+        Err(e) => tracing::warn!(error = %e, "--merge-session-pages: this kernel has no KSM, so nothing is merged"),
+    }
 }

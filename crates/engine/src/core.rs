@@ -58,6 +58,10 @@ pub struct EngineConfig {
     /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
     /// images are returned as the kernel sent them (`runcell run`, `repl`).
     pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
+    /// Marks the zygote's memory mergeable, so that the host's KSM daemon may merge the
+    /// byte-identical pages that sessions copied from it (`serve --merge-session-pages`;
+    /// off by default: merged pages let one session time whether another holds a page).
+    pub merge_session_pages: bool,
     /// Where durable sessions' snapshots are kept (`crate::snapshots`); none: the data
     /// dir's `snapshots/`, which no other node reads.
     pub snapshots: Option<Arc<dyn crate::snapshots::SnapshotStore>>,
@@ -75,6 +79,7 @@ impl EngineConfig {
             workspaces_on_disk: true,
             network: Default::default(),
             image_signer: None,
+            merge_session_pages: false,
             snapshots: None,
         }
     }
@@ -411,6 +416,7 @@ impl Core {
                     .iter()
                     .map(|m| m.to_string())
                     .collect(),
+                false,
             )
         })
     }
@@ -435,10 +441,15 @@ impl Core {
     }
 
     fn start_zygote(&self) -> Result<Zygote, String> {
-        self.start_zygote_with(self.config.preload.clone().unwrap_or_default())
+        self.start_zygote_with(
+            self.config.preload.clone().unwrap_or_default(),
+            self.config.merge_session_pages,
+        )
     }
 
-    fn start_zygote_with(&self, preload: Vec<String>) -> Result<Zygote, String> {
+    /// A zygote preloading `preload`; `merge_pages`: its heap marked for KSM
+    /// (`--merge-session-pages`, sessions only: a one-shot lives too briefly to be merged).
+    fn start_zygote_with(&self, preload: Vec<String>, merge_pages: bool) -> Result<Zygote, String> {
         let runtime = self
             .config
             .python_runtime
@@ -446,7 +457,8 @@ impl Core {
             .ok_or("no Python runtime")?;
         let version = crate::zygote::python_version(runtime)?;
         let kernel_dir = self.kernel_dir().map_err(|e| chain(&e))?;
-        let config = crate::launch::zygote_config(runtime, kernel_dir, &version, preload);
+        let config =
+            crate::launch::zygote_config(runtime, kernel_dir, &version, preload, merge_pages);
         Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
             .map_err(|e| chain(&e))
     }
