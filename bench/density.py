@@ -11,6 +11,10 @@ renders a figure to PNG (`savefig`) and stays alive. Then, per session:
     disturb, but which leaves out what a session costs outside its cgroup (the server's own
     bookkeeping, the zygote's pages that a copy-on-write has left to the session alone).
 
+With DENSITY_KSM_WAIT=1 (bench/density.sh sets it for a server started with
+--merge-session-pages, and starts the KSM daemon) the measure waits until the daemon has scanned
+everything twice, and records its counters.
+
   python3 bench/density.py BASE_URL N OUT_JSON        (stdlib only; as root, for the cgroups)
 """
 
@@ -32,18 +36,38 @@ CELL = (
 )
 
 
+def own_cgroup_dirs():
+    """This process's memory cgroup directories (v1 and v2). A server started by the same
+    script lives in the same cgroup and makes its sandboxes' cgroups below it: sandboxes of
+    other servers on the host (elsewhere in the tree) are not counted."""
+    v1 = v2 = None
+    for line in open("/proc/self/cgroup"):
+        _, controllers, path = line.rstrip("\n").split(":", 2)
+        if "memory" in controllers.split(","):
+            v1 = "/sys/fs/cgroup/memory" + path.rstrip("/")
+        elif controllers == "":
+            v2 = "/sys/fs/cgroup" + path.rstrip("/")
+    # With the v1 memory controller mounted, the v2 line ("0::/") names the unified root,
+    # under which every cgroup of the host lies.
+    return [v1] if v1 else [v2] if v2 else []
+
+
 def sandbox_cgroup_bytes():
     """Memory charged to each live sandbox's cgroup (v1 `memory.usage_in_bytes`, v2
-    `memory.current`), by cgroup."""
+    `memory.current`), by cgroup, for sandboxes below this process's own cgroup."""
     found = {}
-    for pattern in ("/sys/fs/cgroup/memory/**/rc-*/memory.usage_in_bytes",
-                    "/sys/fs/cgroup/**/rc-*/memory.current"):
-        for path in glob.glob(pattern, recursive=True):
+    for root in own_cgroup_dirs():
+        for path in (glob.glob(f"{glob.escape(root)}/**/rc-*/memory.usage_in_bytes", recursive=True)
+                     + glob.glob(f"{glob.escape(root)}/**/rc-*/memory.current", recursive=True)):
             try:
                 found[os.path.dirname(path)] = int(open(path).read())
             except (OSError, ValueError):
                 pass
     return found
+
+
+def ksm_value(name):
+    return int(open(f"/sys/kernel/mm/ksm/{name}").read())
 
 
 def main():
@@ -66,6 +90,26 @@ def main():
         ids.append(sid)
     elapsed = time.perf_counter() - t
     time.sleep(2)
+    ksm = None
+    if os.environ.get("DENSITY_KSM_WAIT") == "1":
+        # Sessions marked mergeable (serve --merge-session-pages): measured once the KSM
+        # daemon has settled, i.e. a whole scan merged less than 1% more (a page is merged at
+        # the earliest on the scan after the one that first saw it; two scans are not always
+        # enough while the daemon is short of CPU), at most 30 minutes.
+        c.conn.close()
+        t0 = time.perf_counter()
+        scans, profit = ksm_value("full_scans"), ksm_value("general_profit")
+        settled = 0
+        while settled < 2 and time.perf_counter() - t0 < 1800:
+            time.sleep(2)
+            if ksm_value("full_scans") > scans:
+                now = ksm_value("general_profit")
+                settled = settled + 1 if now - profit < max(profit, 1) / 100 else 0
+                scans, profit = ksm_value("full_scans"), now
+        ksm = {"seconds_waited": round(time.perf_counter() - t0, 1),
+               "pages_sharing": ksm_value("pages_sharing"),
+               "pages_shared": ksm_value("pages_shared"),
+               "general_profit_mib": round(ksm_value("general_profit") / 2**20, 1)}
     after = mem_available_kib()
     groups = {k: v for k, v in sandbox_cgroup_bytes().items() if k not in existing}
     res = {
@@ -76,6 +120,15 @@ def main():
         "cgroup_mib_per_session": round(sum(groups.values()) / 2**20 / max(1, len(groups)), 2),
         "seconds_to_fill": round(elapsed, 1),
     }
+    if ksm is not None:
+        res["ksm"] = ksm
+    c = Client(base)
+    # The first and the last session still compute after the wait (and, with KSM, on merged
+    # pages: a write to one is a copy again, so the result must not change).
+    for sid in (ids[0], ids[-1]):
+        _, e = c.execute(sid, CELL)
+        if "(True, (8, 2))" not in json.dumps(e["results"]):
+            raise RuntimeError(f"unexpected result after the wait: {e['results']}")
     for sid in ids:
         c.delete(sid)
     json.dump(res, open(out, "w"), indent=2)

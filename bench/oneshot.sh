@@ -105,6 +105,8 @@ L = ["CLI (hyperfine; `runcell run` has no server, so no zygote):", "", cli.stri
      "| ms | p50 | p95 | p99 | min | server p50 |", "|:--|--:|--:|--:|--:|--:|"]
 for k, label in [("execute_print_zygote", "`print(1)`, zygote"),
                  ("execute_pandas_zygote", "numpy + pandas, zygote"),
+                 ("execute_print_paced", "`print(1)`, zygote, 20 ms apart"),
+                 ("execute_pandas_paced", "numpy + pandas, zygote, 20 ms apart"),
                  ("execute_print_cold", "`print(1)`, `start: cold`"),
                  ("execute_pandas_cold", "numpy + pandas, `start: cold`")]:
     c, s = api[k]["client"], api[k]["server_wall"]

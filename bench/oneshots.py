@@ -54,9 +54,13 @@ class Client:
         return self.call("GET", "/v1/audit/verify")[1]["checked"]
 
 
-def execute(c, code, n, start, want):
+def execute(c, code, n, start, want, pace_ms=0):
+    """n runs back to back, or `pace_ms` apart (a server with `--warm-one-shots` refills its
+    prepared sandboxes in between, as it would between a client's requests)."""
     client_ms, server_ms = [], []
     for _ in range(n):
+        if pace_ms:
+            time.sleep(pace_ms / 1000)
         ms, e = c.call("POST", "/v1/execute", {"code": code, "start": start})
         if e["status"] != "ok" or e["stdout"] != want:
             raise RuntimeError(f"{code!r}: {e['status']} {e['stdout']!r} {e.get('error')}")
@@ -101,11 +105,13 @@ def main():
     res = {
         "execute_print_zygote": execute(c, PRINT, runs, "zygote", "1\n"),
         "execute_pandas_zygote": execute(c, PANDAS, runs // 2, "zygote", "3\n"),
+        "execute_print_paced": execute(c, PRINT, runs // 2, "zygote", "1\n", pace_ms=20),
+        "execute_pandas_paced": execute(c, PANDAS, runs // 4, "zygote", "3\n", pace_ms=20),
         "execute_print_cold": execute(c, PRINT, runs // 4, "cold", "1\n"),
         "execute_pandas_cold": execute(c, PANDAS, 10, "cold", "3\n"),
     }
     res["batches"] = [batch(c, batch_n, k) for k in (2, 4, 8)]
-    total = 13 + runs + runs // 2 + runs // 4 + 10 + 3 * batch_n
+    total = 13 + runs + runs // 2 + runs // 2 + runs // 4 + runs // 4 + 10 + 3 * batch_n
     res["audited"] = {"expected": total, "recorded": c.audited() - before}
     if res["audited"]["recorded"] != total:
         raise RuntimeError(f"audit log: {res['audited']}")

@@ -18,6 +18,7 @@ pub struct ServeFile {
     pub preload: Option<Vec<String>>,
     pub no_zygote: Option<bool>,
     pub warm_sessions: Option<u16>,
+    pub warm_one_shots: Option<u16>,
     pub max_batch_runs: Option<u16>,
     pub max_tests_per_run: Option<u16>,
     pub scheduling: Option<String>,

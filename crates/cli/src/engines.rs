@@ -48,6 +48,8 @@ pub(crate) struct ServingExtras {
     pub(crate) image_signer: Option<std::sync::Arc<dyn runcell_engine::ImageSigner>>,
     /// Where durable sessions' snapshots are kept (`--snapshot-dir`, `--snapshot-store`).
     pub(crate) snapshots: Option<std::sync::Arc<dyn runcell_engine::snapshots::SnapshotStore>>,
+    /// The zygote's memory marked for KSM (`--merge-session-pages`).
+    pub(crate) merge_session_pages: bool,
 }
 
 /// The engine `serve` runs, with the server's limit policy: the default runtime (installed if
@@ -64,6 +66,7 @@ pub(crate) fn serving_engine(
     let mut config = config_with_runtime(data_dir, preload, limits)?;
     config.workspaces_on_disk = workspaces_on_disk;
     config.network = network;
+    config.merge_session_pages = extras.merge_session_pages;
     config.image_signer = extras.image_signer;
     config.snapshots = extras.snapshots;
     Ok(runcell_engine::Engine::with_store(config, store.domain())?)

@@ -32,10 +32,22 @@ pub struct ServeArgs {
     /// a reboot, and counted in each session's memory limit (docs/operations.md).
     #[arg(long)]
     workspaces_in_memory: bool,
+    /// Let the host's KSM daemon merge the identical memory pages of Python sessions (those
+    /// they copied from the zygote: ~19 of 21 MiB after a pandas + matplotlib cell). Needs KSM
+    /// running (`echo 1 > /sys/kernel/mm/ksm/run`); costs the daemon's CPU, and lets a
+    /// session learn by timing whether another holds a given page: for sessions that trust
+    /// each other (docs/operations.md).
+    #[arg(long)]
+    merge_session_pages: bool,
     /// Python sessions kept started ahead of demand (forked from the zygote), so creating one
     /// with the default limits and no environment takes no fork; 0 turns this off [default: 2].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
     warm_sessions: Option<u16>,
+    /// Python one-shot sandboxes (`POST /v1/execute`, `/v1/batch`) kept made ahead of demand
+    /// from each zygote, each used by one run and destroyed after it; 0 makes every one-shot's
+    /// sandbox on demand, from the sessions' zygote only [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=64))]
+    warm_one_shots: Option<u16>,
     /// Runs one `POST /v1/batch` may hold (1-1000) [default: 1000].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
     max_batch_runs: Option<u16>,
@@ -432,6 +444,10 @@ pub fn serve(
     if warm_sessions > 64 {
         return Err(invalid("warm_sessions must be at most 64"));
     }
+    let warm_one_shots = args.warm_one_shots.or(file.warm_one_shots).unwrap_or(4);
+    if warm_one_shots > 64 {
+        return Err(invalid("warm_one_shots must be at most 64"));
+    }
     let max_batch_runs = args.max_batch_runs.or(file.max_batch_runs).unwrap_or(1000);
     if !(1..=1000).contains(&max_batch_runs) {
         return Err(invalid("max_batch_runs must be 1 to 1000"));
@@ -636,6 +652,9 @@ pub fn serve(
         }
     };
     let preload = (!no_zygote).then_some(preload);
+    if args.merge_session_pages {
+        warn_unless_ksm_runs();
+    }
     tracing::info!(
         committed_memory_mb = limits.committed_memory_mb,
         max = ?limits.max,
@@ -678,6 +697,7 @@ pub fn serve(
             // Every PNG and JPEG result carries a C2PA manifest signed by this server.
             image_signer: Some(crate::c2pa::image_signer(&signer)?),
             snapshots,
+            merge_session_pages: args.merge_session_pages,
         },
     )?;
     engine.sweep_stale_cgroups();
@@ -697,6 +717,7 @@ pub fn serve(
     }
     // Only now: a warm session must not take the uid of a workspace being recovered.
     engine.sessions().start_warm_pool(warm_sessions.into());
+    engine.start_one_shot_pool(warm_one_shots.into());
     engine.sessions().start_spare_workspaces();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -832,4 +853,18 @@ fn cluster_secret(
     runcell_server::ClusterSecret::new(&bytes)
         .map(Some)
         .map_err(|e| invalid(format!("{from}: {e}")))
+}
+
+/// `--merge-session-pages` marks the memory; merging it is the host's KSM daemon's work, a
+/// host-wide setting runcell leaves to the operator.
+fn warn_unless_ksm_runs() {
+    match std::fs::read_to_string("/sys/kernel/mm/ksm/run") {
+        Ok(run) if run.trim() == "1" => {
+            tracing::info!("session pages are marked mergeable; KSM runs on this host")
+        }
+        Ok(_) => tracing::warn!(
+            "--merge-session-pages: KSM is not running on this host, so nothing is merged (echo 1 > /sys/kernel/mm/ksm/run)"
+        ),
+        Err(e) => tracing::warn!(error = %e, "--merge-session-pages: this kernel has no KSM, so nothing is merged"),
+    }
 }

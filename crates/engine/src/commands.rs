@@ -186,6 +186,7 @@ mod tests {
                 stdout,
                 stderr: CappedOutput::new(OUTPUT_CAP_BYTES),
                 usage: Default::default(),
+                remains: Default::default(),
             }
         };
         let t = chrono::Utc::now();

@@ -2,6 +2,7 @@
 //! (from the zygote or cold), and the one function every finished execution goes through
 //! (audit).
 
+pub(crate) use crate::error::{io_error, no_space};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use runcell_kernel::{CellOptions, Kernel};
 use runcell_sandbox::{Launch, Sandbox, Workspace, Zygote};
 
 use crate::audit::{AuditSink, Auditor, Reply};
-use crate::error::{Invalid, NoSpace};
+use crate::error::Invalid;
 use crate::launch::{Host, Program};
 use crate::limits::{Ledger, LimitPolicy, LimitsRequest, SessionLimits};
 use crate::model::Start;
@@ -57,6 +58,10 @@ pub struct EngineConfig {
     /// Embeds a signed C2PA manifest in every PNG and JPEG result (`crate::stamp`); none:
     /// images are returned as the kernel sent them (`runcell run`, `repl`).
     pub image_signer: Option<Arc<dyn crate::stamp::ImageSigner>>,
+    /// Marks the zygote's memory mergeable, so that the host's KSM daemon may merge the
+    /// byte-identical pages that sessions copied from it (`serve --merge-session-pages`;
+    /// off by default: merged pages let one session time whether another holds a page).
+    pub merge_session_pages: bool,
     /// Where durable sessions' snapshots are kept (`crate::snapshots`); none: the data
     /// dir's `snapshots/`, which no other node reads.
     pub snapshots: Option<Arc<dyn crate::snapshots::SnapshotStore>>,
@@ -74,6 +79,7 @@ impl EngineConfig {
             workspaces_on_disk: true,
             network: Default::default(),
             image_signer: None,
+            merge_session_pages: false,
             snapshots: None,
         }
     }
@@ -113,6 +119,14 @@ pub(crate) struct Core {
     pub(crate) network: crate::network::Network,
     /// The server's MCP dispatcher, given to every session cell (mcp_tools.rs).
     pub(crate) mcp_tools: crate::mcp_tools::McpTools,
+    /// A zygote with nothing preloaded beyond the kernel module, for one-shots that import
+    /// nothing heavy (crate::oneshot_pool); started with the one-shot pool.
+    pub(crate) light_zygote: Arc<ZygoteSlot>,
+    /// The top-level names of the runtime's site-packages (read once, on the first one-shot
+    /// that asks), which decide between the light and the full zygote.
+    pub(crate) third_party: std::sync::OnceLock<std::collections::HashSet<String>>,
+    /// Prepared one-shot sandboxes and the reaper (crate::oneshot_pool).
+    pub(crate) one_shots: crate::oneshot_pool::OneShotPool,
     /// Where snapshots are kept (the config's store, or the data dir's own).
     pub(crate) snapshots: Arc<dyn crate::snapshots::SnapshotStore>,
 }
@@ -182,6 +196,9 @@ impl Core {
             images,
             network,
             mcp_tools: Default::default(),
+            light_zygote: Arc::new(ZygoteSlot::new()),
+            third_party: Default::default(),
+            one_shots: Default::default(),
         })
     }
 
@@ -386,7 +403,53 @@ impl Core {
         }
     }
 
+    /// The live light zygote (nothing preloaded but the kernel module), if the one-shot pool
+    /// runs and it is ready; otherwise (re)starts it in the background when due.
+    pub(crate) fn light_zygote(self: &Arc<Self>) -> Option<Arc<Zygote>> {
+        if !self.zygote_enabled() || !self.one_shots.active() {
+            return None;
+        }
+        let core = Arc::clone(self);
+        self.light_zygote.live_or_start(move || {
+            core.start_zygote_with(
+                crate::zygote::LIGHT_PRELOAD
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect(),
+                false,
+            )
+        })
+    }
+
+    /// The light zygote's pid while it is ready.
+    pub(crate) fn light_zygote_pid(&self) -> Option<u32> {
+        self.light_zygote.live().map(|z| z.pid())
+    }
+
+    /// The runtime's site-packages names (see [`Core::third_party`]).
+    pub(crate) fn third_party(&self) -> &std::collections::HashSet<String> {
+        self.third_party.get_or_init(|| {
+            self.config
+                .python_runtime
+                .as_ref()
+                .and_then(|rt| {
+                    let version = crate::zygote::python_version(rt).ok()?;
+                    Some(crate::oneshot_pool::site_packages_names(rt, &version))
+                })
+                .unwrap_or_default()
+        })
+    }
+
     fn start_zygote(&self) -> Result<Zygote, String> {
+        self.start_zygote_with(
+            self.config.preload.clone().unwrap_or_default(),
+            self.config.merge_session_pages,
+        )
+    }
+
+    /// A zygote preloading `preload`; `merge_pages`: its heap marked for KSM
+    /// (`--merge-session-pages`, sessions only: a one-shot lives too briefly to be merged).
+    fn start_zygote_with(&self, preload: Vec<String>, merge_pages: bool) -> Result<Zygote, String> {
         let runtime = self
             .config
             .python_runtime
@@ -394,8 +457,8 @@ impl Core {
             .ok_or("no Python runtime")?;
         let version = crate::zygote::python_version(runtime)?;
         let kernel_dir = self.kernel_dir().map_err(|e| chain(&e))?;
-        let preload = self.config.preload.clone().unwrap_or_default();
-        let config = crate::launch::zygote_config(runtime, kernel_dir, &version, preload);
+        let config =
+            crate::launch::zygote_config(runtime, kernel_dir, &version, preload, merge_pages);
         Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
             .map_err(|e| chain(&e))
     }
@@ -522,30 +585,6 @@ pub(crate) fn sweep_stale_cgroups(sandbox: &Sandbox, config: &EngineConfig) -> u
         tracing::info!(removed, "removed run cgroups left by a killed runcell");
     }
     removed
-}
-
-/// `map_err(io_error("write", path))`: an I/O failure with what was being done and where.
-pub(crate) fn io_error(
-    action: &'static str,
-    path: &Path,
-) -> impl FnOnce(std::io::Error) -> EngineError {
-    let path = path.to_owned();
-    move |source| {
-        if source.kind() == std::io::ErrorKind::StorageFull {
-            tracing::warn!(action, path = %path.display(), "the data dir is full");
-            return no_space(action);
-        }
-        EngineError::Io {
-            action,
-            path,
-            source,
-        }
-    }
-}
-
-/// A write to the data dir that found no room (the path stays in the server's log).
-pub(crate) fn no_space(action: &'static str) -> EngineError {
-    EngineError::InsufficientStorage(NoSpace::DataDir { action })
 }
 
 /// A workspace that could not be made: no room in the data dir for its mount point, or the

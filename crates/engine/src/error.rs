@@ -494,6 +494,30 @@ fn plural(n: &u64) -> &'static str {
     }
 }
 
+/// `map_err(io_error("write", path))`: an I/O failure with what was being done and where.
+pub(crate) fn io_error(
+    action: &'static str,
+    path: &std::path::Path,
+) -> impl FnOnce(std::io::Error) -> EngineError {
+    let path = path.to_owned();
+    move |source| {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            tracing::warn!(action, path = %path.display(), "the data dir is full");
+            return no_space(action);
+        }
+        EngineError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
+/// A write to the data dir that found no room (the path stays in the server's log).
+pub(crate) fn no_space(action: &'static str) -> EngineError {
+    EngineError::InsufficientStorage(NoSpace::DataDir { action })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,7 +166,15 @@ pub(crate) fn zygote_config(
     kernel_dir: PathBuf,
     version: &str,
     preload: Vec<String>,
+    merge_session_pages: bool,
 ) -> ZygoteConfig {
+    let mut env = base_env(Language::Python, 1000, true);
+    if merge_session_pages {
+        // The kernel module marks the zygote's memory mergeable at its first fork
+        // (runcell_kernel._mark_mergeable); sessions never see this: each gets its own
+        // environment.
+        env.push(("RUNCELL_ZYGOTE_MERGE_PAGES".into(), "1".into()));
+    }
     ZygoteConfig {
         python: SANDBOX_PYTHON_BIN.into(),
         libpython: runcell_sandbox::zygote::libpython_for(version),
@@ -174,7 +182,7 @@ pub(crate) fn zygote_config(
             (runtime.to_owned(), SANDBOX_PYTHON.into()),
             (kernel_dir, SANDBOX_KERNEL_DIR.into()),
         ],
-        env: base_env(Language::Python, 1000, true),
+        env,
         kernel_dir: SANDBOX_KERNEL_DIR.into(),
         kernel_module: runcell_kernel::PYTHON.module().into(),
         preload,

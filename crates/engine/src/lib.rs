@@ -22,6 +22,7 @@ mod mcp_tools;
 mod model;
 mod network;
 mod oneshot;
+mod oneshot_pool;
 mod paused;
 mod pool;
 mod provenance;

@@ -1,13 +1,11 @@
 //! One-shot executions: a fresh sandbox and workspace per run, destroyed afterwards
 //! (`runcell run`, `POST /v1/execute`).
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use runcell_sandbox::{
-    CappedOutput, ExitStatus, KillReason, RunOptions, SandboxError, Stream, UidLease, Workspace,
+    CappedOutput, ExitStatus, KillReason, RunOptions, Sandbox, SandboxError, Stream, UidLease,
+    Workspace,
 };
 
 use crate::engine::Engine;
@@ -16,6 +14,7 @@ use crate::execution::{Began, Produced};
 use crate::launch::{program_file, Program};
 use crate::limits::{LimitsRequest, SessionLimits, ONE_SHOT_TIMEOUT, OUTPUT_CAP_BYTES};
 use crate::model::{new_ordered_id, ErrorInfo, Execution, ExecutionStatus, Language};
+use crate::oneshot_pool::{Kind, Leftovers, OneShotPool, OneShotSource, Prepared, ProgramDir};
 use crate::{EngineError, Start};
 
 /// A file placed in /workspace before the program starts.
@@ -132,40 +131,13 @@ impl Engine {
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
-        // Held until the sandbox is gone (the end of this function).
-        let _reserved = self.core.ledger.reserve(
+        // Held until the sandbox is gone (handed to the reaper with what is left of it).
+        let reserved = self.core.ledger.reserve(
             limits.memory_mb,
             policy.committed_memory_mb,
             crate::limits::Admit::Checked,
         )?;
         let id = new_ordered_id("ex");
-        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
-            .map_err(EngineError::unavailable)?;
-        let ws_path = self.core.config.workspace_path(&id);
-        let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
-            .map_err(crate::core::workspace_error)?;
-        for f in &req.files {
-            workspace
-                .write_file(&f.path, &f.content)
-                // One file of the request can stand where another needs a directory
-                // (`a`, then `a/b`): the same conflict as in a session's workspace.
-                .map_err(crate::files::map_err(crate::files::Op::Write))?;
-        }
-
-        let input = ProgramDir::create(
-            &self.core.config.data_dir.join("tmp"),
-            req.language,
-            &req.code,
-        )?;
-        let program = Program::OneShot {
-            language: req.language,
-            dir: &input.path,
-            args: &req.args,
-        };
-        let launch = self
-            .core
-            .launch(program, &workspace, &limits, &[], egress.is_some())?;
-        let began = Began::now(id, None, &workspace);
         let opts = RunOptions {
             stdin: req.stdin.clone(),
             timeout: req.timeout,
@@ -176,42 +148,37 @@ impl Engine {
         // As for sessions (core.rs, `start_kernel`): the zygote's BLAS runs one thread, so a
         // run granted more CPU starts cold, and so does one that asks to. A run with network
         // egress starts cold too: its proxy is served from the sandbox's start (`run_with`).
-        let zygote = (req.language == Language::Python
+        let forkable = req.language.forks_from_zygote()
             && req.start == Start::Zygote
             && egress.is_none()
-            && launch.limits.cpu_millis <= 1000)
-            .then(|| self.core.zygote())
-            .flatten();
-        // The proxy serves the sandbox's egress socket from its start to the end of the run.
-        let mut serving = None;
-        let mut on_start = |running: &runcell_sandbox::Running| {
-            if let Some(e) = &egress {
-                let listener = running.egress_listener(Duration::from_secs(5))?;
-                serving = Some(e.serve(listener)?);
-            }
-            Ok(())
+            && limits.sandbox_limits().cpu_millis <= 1000;
+        let kind = match crate::oneshot_pool::needs_preload(&req.code, self.core.third_party()) {
+            true => Kind::Full,
+            false => Kind::Light,
         };
-        let sandbox = &self.core.sandbox;
         // Counted as a running cell: the audit writer waits a moment for runs about to end,
         // so that a batch's runs share commits.
         let counted = CountedRun::start(&self.core.cells_running);
-        let outcome = match zygote {
-            Some(z) => match sandbox.run_in(&z, &launch, &opts, on_output) {
-                // Nothing started: slower, never broken; the zygote is restarted.
-                Err(SandboxError::Zygote(e)) => {
-                    self.core.zygote_failed(e);
-                    sandbox.run_with(&launch, &opts, on_output, &mut on_start)
-                }
-                other => other,
-            },
-            None => sandbox.run_with(&launch, &opts, on_output, &mut on_start),
-        }
-        .map_err(EngineError::sandbox)?;
-        drop(serving);
-        let ended = began.end(&workspace);
-        drop(input);
-        drop(workspace);
-
+        let prepared = forkable
+            .then(|| self.core.one_shots.take(kind, &limits))
+            .flatten();
+        let ran = match prepared {
+            Some(p) => self.run_prepared(req, &id, p, &opts, on_output)?,
+            None => None,
+        };
+        let (outcome, ended, workspace, input) = match ran {
+            Some(done) => done,
+            None => {
+                let zygote = forkable
+                    .then(|| match kind {
+                        // The light zygote while it is there, else the full one (still a fork).
+                        Kind::Light => self.core.light_zygote().or_else(|| self.core.zygote()),
+                        Kind::Full => self.core.zygote(),
+                    })
+                    .flatten();
+                self.run_fresh(req, &id, &limits, zygote, egress.as_ref(), &opts, on_output)?
+            }
+        };
         let (status, error) = classify(
             req,
             &limits,
@@ -235,10 +202,214 @@ impl Engine {
             execution.network = crate::network::connections(e.take_records());
         }
         drop(counted);
+        let left = Leftovers {
+            remains: outcome.remains,
+            workspace,
+            input,
+            reservation: Some(reserved),
+        };
+        // With the pool running, the sandbox is torn down after the answer, off this thread.
+        if self.core.one_shots.active() {
+            self.core.one_shots.reap(left);
+        } else {
+            drop(left);
+        }
         let execution = self.core.audit_shared(&req.owner, execution, &req.code)?;
         Ok(OneShotOutcome {
             execution,
             exit_code: outcome.exit.shell_code(),
+        })
+    }
+
+    /// A run in a sandbox made ahead of it. `None`: the prepared sandbox was gone before the
+    /// run could begin in it (nothing ran), and the caller makes a fresh one.
+    fn run_prepared(
+        &self,
+        req: &OneShot,
+        id: &str,
+        p: Prepared,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<Option<Ran>, EngineError> {
+        write_inputs(&p.workspace, &req.files)?;
+        p.input.write(program_file(req.language), &req.code)?;
+        let began = Began::now(id.to_owned(), None, &p.workspace);
+        let argv: Vec<String> = p.argv.iter().chain(&req.args).cloned().collect();
+        match Sandbox::run_prepared(p.running, &argv, opts, on_output) {
+            Ok(outcome) => {
+                let ended = began.end(&p.workspace);
+                Ok(Some((outcome, ended, p.workspace, p.input)))
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::chain(&e), "a prepared one-shot sandbox was gone; making a fresh one");
+                Ok(None)
+            }
+        }
+    }
+
+    /// A run in a sandbox made for it now: forked from `zygote`, or cold.
+    #[allow(clippy::too_many_arguments)]
+    fn run_fresh(
+        &self,
+        req: &OneShot,
+        id: &str,
+        limits: &SessionLimits,
+        zygote: Option<std::sync::Arc<runcell_sandbox::Zygote>>,
+        egress: Option<&runcell_egress::SessionEgress>,
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<Ran, EngineError> {
+        let lease = UidLease::acquire(&self.core.config.run_dir.join("uids"))
+            .map_err(EngineError::unavailable)?;
+        let ws_path = self.core.config.workspace_path(id);
+        let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
+            .map_err(crate::core::workspace_error)?;
+        write_inputs(&workspace, &req.files)?;
+        let input = ProgramDir::empty(&self.core.config.data_dir.join("tmp"))?;
+        input.write(program_file(req.language), &req.code)?;
+        let program = Program::OneShot {
+            language: req.language,
+            dir: &input.path,
+            args: &req.args,
+        };
+        let launch = self
+            .core
+            .launch(program, &workspace, limits, &[], egress.is_some())?;
+        let began = Began::now(id.to_owned(), None, &workspace);
+        // The proxy serves the sandbox's egress socket from its start to the end of the run.
+        let mut serving = None;
+        let mut on_start = |running: &runcell_sandbox::Running| {
+            if let Some(e) = egress {
+                let listener = running.egress_listener(Duration::from_secs(5))?;
+                serving = Some(e.serve(listener)?);
+            }
+            Ok(())
+        };
+        let sandbox = &self.core.sandbox;
+        let outcome = match zygote {
+            Some(z) => match sandbox.run_in(&z, &launch, opts, on_output) {
+                // Nothing started: slower, never broken; the zygote is restarted.
+                Err(SandboxError::Zygote(e)) => {
+                    if Some(z.pid()) == self.core.light_zygote_pid() {
+                        self.core.light_zygote.failed(e);
+                    } else {
+                        self.core.zygote_failed(e);
+                    }
+                    sandbox.run_with(&launch, opts, on_output, &mut on_start)
+                }
+                other => other,
+            },
+            None => sandbox.run_with(&launch, opts, on_output, &mut on_start),
+        }
+        .map_err(EngineError::sandbox)?;
+        drop(serving);
+        let ended = began.end(&workspace);
+        Ok((outcome, ended, workspace, input))
+    }
+
+    /// Starts keeping `n` Python one-shot sandboxes of each zygote ready, the light zygote and
+    /// the reaper (`serve --warm-one-shots`); 0 keeps one-shots as they were: made on demand,
+    /// from the full zygote, torn down before the answer.
+    pub fn start_one_shot_pool(&self, n: usize) {
+        let source: std::sync::Arc<dyn OneShotSource> = self.core.clone();
+        self.core
+            .one_shots
+            .start(n, std::sync::Arc::downgrade(&source));
+        // Preloading takes a moment: begin now.
+        let _ = self.core.light_zygote();
+    }
+
+    /// Prepared one-shots ready now: (light, full).
+    pub fn one_shots_ready(&self) -> (usize, usize) {
+        self.core.one_shots.ready()
+    }
+
+    /// Waits up to `timeout` for the pool to hold its target of both kinds; false at once when
+    /// no pool runs. For tests and benchmarks.
+    pub fn wait_for_one_shots(&self, timeout: Duration) -> bool {
+        let end = std::time::Instant::now() + timeout;
+        let target = self.core.one_shots.target();
+        if target == 0 {
+            return false;
+        }
+        loop {
+            if self.core.one_shots.ready() == (target, target) {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What a run leaves for its Execution and its teardown.
+type Ran = (
+    runcell_sandbox::RunOutcome,
+    crate::execution::Ended,
+    Workspace,
+    ProgramDir,
+);
+
+/// The request's files, placed in the workspace before the program starts.
+fn write_inputs(workspace: &Workspace, files: &[InputFile]) -> Result<(), EngineError> {
+    for f in files {
+        workspace
+            .write_file(&f.path, &f.content)
+            // One file of the request can stand where another needs a directory
+            // (`a`, then `a/b`): the same conflict as in a session's workspace.
+            .map_err(crate::files::map_err(crate::files::Op::Write))?;
+    }
+    Ok(())
+}
+
+impl OneShotSource for crate::core::Core {
+    fn one_shot_pool(&self) -> &OneShotPool {
+        &self.one_shots
+    }
+
+    fn zygote_ready(&self, kind: Kind) -> bool {
+        let slot = match kind {
+            Kind::Light => &self.light_zygote,
+            Kind::Full => &self.zygote,
+        };
+        matches!(slot.status(), crate::zygote::ZygoteStatus::Ready { .. })
+    }
+
+    fn prepare(&self, kind: Kind) -> Result<Prepared, EngineError> {
+        let zygote = match kind {
+            Kind::Light => self.light_zygote.live(),
+            Kind::Full => self.zygote.live(),
+        }
+        .ok_or_else(|| EngineError::unavailable(SandboxError::Zygote("not ready".into())))?;
+        let limits = self.config.limits.resolve(&LimitsRequest::default())?;
+        let lease = UidLease::acquire(&self.config.run_dir.join("uids"))
+            .map_err(EngineError::unavailable)?;
+        let ws_path = self.config.workspace_path(&new_ordered_id("ex"));
+        let workspace = Workspace::create(&ws_path, limits.disk_bytes(), lease)
+            .map_err(crate::core::workspace_error)?;
+        let input = ProgramDir::empty(&self.config.data_dir.join("tmp"))?;
+        let program = Program::OneShot {
+            language: Language::Python,
+            dir: &input.path,
+            args: &[],
+        };
+        let mut launch = self.launch(program, &workspace, &limits, &[], false)?;
+        // The run's argv comes over it (`Sandbox::prepare_main`).
+        launch.channel = true;
+        let argv = launch.argv.clone();
+        let running = self
+            .sandbox
+            .prepare_main(&zygote, &launch)
+            .map_err(EngineError::sandbox)?;
+        drop(launch);
+        Ok(Prepared {
+            running,
+            argv,
+            limits,
+            input,
+            workspace,
         })
     }
 }
@@ -264,31 +435,6 @@ impl<'a> CountedRun<'a> {
 impl Drop for CountedRun<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// The program file on the host, bound read-only into the sandbox; removed on drop.
-struct ProgramDir {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl ProgramDir {
-    fn create(tmp: &Path, language: Language, code: &str) -> Result<ProgramDir, EngineError> {
-        let io = crate::core::io_error;
-        let dir = tempfile::Builder::new()
-            .prefix("program-")
-            .tempdir_in(tmp)
-            .map_err(io("create", tmp))?;
-        let path = dir.path().to_owned();
-        // The sandbox user is not the owner: it reads through the "other" bits.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
-            .map_err(io("chmod", &path))?;
-        let file = path.join(program_file(language));
-        fs::write(&file, code).map_err(io("write", &file))?;
-        fs::set_permissions(&file, fs::Permissions::from_mode(0o644))
-            .map_err(io("chmod", &file))?;
-        Ok(ProgramDir { path, _dir: dir })
     }
 }
 

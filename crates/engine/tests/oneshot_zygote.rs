@@ -21,6 +21,9 @@ struct Ran {
 }
 
 fn run(engine: &Engine, req: &OneShot) -> Ran {
+    // With the pool started, each run waits for its prepared sandboxes (made in the
+    // background), so that it takes one rather than a fresh fork.
+    let _ = engine.wait_for_one_shots(std::time::Duration::from_secs(60));
     let out = engine.run_once(req, &mut |_, _| {}).expect("run_once");
     Ran {
         exec: serde_json::to_value(&out.execution).expect("json"),
@@ -126,18 +129,96 @@ fn behaviour_cases() -> Vec<(&'static str, &'static str, Vec<&'static str>, &'st
     ]
 }
 
+/// The pool's engine: one prepared one-shot of each zygote's, waited for.
+fn pooled_engine() -> runcell_engine::testing::TestEngine {
+    let engine = zygote_engine();
+    engine.start_one_shot_pool(1);
+    assert!(
+        engine.wait_for_one_shots(std::time::Duration::from_secs(120)),
+        "the pool did not fill: {:?}",
+        engine.one_shots_ready()
+    );
+    engine
+}
+
+/// How long the program's process has existed when it runs (from /proc: its start time in
+/// clock ticks since boot against the uptime): a prepared sandbox's program was forked before
+/// the run was asked for.
+const AGE: &str = "def _age():\n    import os\n    ticks = os.sysconf('SC_CLK_TCK')\n    start = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\n    return float(open('/proc/uptime').read().split()[0]) - start / ticks\n";
+
 #[test]
 fn zygote_one_shots_behave_as_python3_file_py() {
     let engine = zygote_engine();
     assert!(forked(&engine, Start::Zygote), "not forked from the zygote");
     assert!(!forked(&engine, Start::Cold), "a cold run was preloaded");
+    behaves_as_python3(&engine);
+}
+
+#[test]
+fn prepared_one_shots_behave_as_python3_file_py_and_are_used_once() {
+    let engine = pooled_engine();
+    // A program that imports only the standard library runs from the light zygote (no
+    // pandas), one that imports pandas from the full one; both in prepared sandboxes, whose
+    // programs were forked well before the run.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let light = run(
+        &engine,
+        &python(
+            &format!("{AGE}import sys\nprint('pandas' in sys.modules, 'runcell_kernel' in sys.modules, _age() > 1)"),
+            Start::Zygote,
+        ),
+    );
+    assert_eq!(
+        light.exec["stdout"], "False True True\n",
+        "{:#}",
+        light.exec
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let full = run(
+        &engine,
+        &python(
+            &format!("{AGE}import sys, pandas\nprint('sklearn' in sys.modules, _age() > 1)"),
+            Start::Zygote,
+        ),
+    );
+    assert_eq!(full.exec["stdout"], "True True\n", "{:#}", full.exec);
+    // The control: a cold run's process is new.
+    let cold = run(
+        &engine,
+        &python(&format!("{AGE}print(_age() < 1)"), Start::Cold),
+    );
+    assert_eq!(cold.exec["stdout"], "True\n", "{:#}", cold.exec);
+
+    // What one run leaves (files in /workspace and /tmp, a process in a session of its own,
+    // an environment variable) no later run sees: each sandbox serves one run.
+    let leave = "import os, subprocess\nopen('/workspace/left.txt', 'w').write('x')\nopen('/tmp/left.txt', 'w').write('x')\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nos.environ['LEFT'] = '1'\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))";
+    let look = "import os\nprint(os.path.exists('/workspace/left.txt'), os.path.exists('/tmp/left.txt'), 'LEFT' in os.environ, os.getpid(), sorted(p for p in os.listdir('/proc') if p.isdigit()))";
+    for code in [leave, look] {
+        let req = python(code, Start::Zygote);
+        let r = run(&engine, &req);
+        assert_eq!(r.exit_code, 0, "{:#}", r.exec);
+        if code == leave {
+            // The positive control: the leftovers were there within the run.
+            assert_eq!(r.exec["stdout"], "['1', '2', '3']\n", "{:#}", r.exec);
+        } else {
+            assert_eq!(
+                r.exec["stdout"], "False False False 2 ['1', '2']\n",
+                "{:#}",
+                r.exec
+            );
+        }
+    }
+    behaves_as_python3(&engine);
+}
+
+fn behaves_as_python3(engine: &Engine) {
     for (what, code, args, stdin) in behaviour_cases() {
         let mut got = Vec::new();
         for start in [Start::Cold, Start::Zygote] {
             let mut req = python(code, start);
             req.args = args.iter().map(|a| a.to_string()).collect();
             req.stdin = stdin.as_bytes().to_vec();
-            let r = run(&engine, &req);
+            let r = run(engine, &req);
             let files: Vec<(Value, Value)> = r.exec["files"]
                 .as_array()
                 .into_iter()
@@ -162,7 +243,7 @@ fn zygote_one_shots_behave_as_python3_file_py() {
     let exit = |code: &str, stdin: &str| {
         let mut req = python(code, Start::Zygote);
         req.stdin = stdin.as_bytes().to_vec();
-        run(&engine, &req)
+        run(engine, &req)
     };
     let r = exit("import sys\nsys.exit(3)", "");
     assert_eq!((r.exit_code, &r.exec["status"]), (3, &"error".into()));
@@ -231,6 +312,16 @@ fn probe_on_host(name: &str, args: &[&str]) -> (String, Value) {
 fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
     let engine = zygote_engine();
     assert!(forked(&engine, Start::Zygote), "not forked from the zygote");
+    meet_the_walls(&engine);
+}
+
+#[test]
+fn hostile_programs_in_prepared_one_shots_meet_the_same_walls() {
+    let engine = pooled_engine();
+    meet_the_walls(&engine);
+}
+
+fn meet_the_walls(engine: &Engine) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
     let port = listener.local_addr().expect("addr").port().to_string();
 
@@ -261,7 +352,7 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
         ("socket", vec!["netlink", "dgram"], "errno:EPERM", "ok"),
     ];
     for (name, args, inside, host) in &table {
-        let (got, detail) = probe_inside(&engine, name, args);
+        let (got, detail) = probe_inside(engine, name, args);
         assert_eq!(&got, inside, "{name} {args:?} inside: {detail}");
         if *host != "-" {
             let (got, detail) = probe_on_host(name, args);
@@ -272,7 +363,7 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
             );
         }
     }
-    let (_, ifaces) = probe_inside(&engine, "net_interfaces", &[]);
+    let (_, ifaces) = probe_inside(engine, "net_interfaces", &[]);
     assert_eq!(ifaces, serde_json::json!(["lo"]));
     let (_, host_ifaces) = probe_on_host("net_interfaces", &[]);
     assert!(host_ifaces.as_array().is_some_and(|a| a.len() > 1));
@@ -284,11 +375,11 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
         Start::Zygote,
     );
     bomb.timeout = std::time::Duration::from_secs(20);
-    let r = run(&engine, &bomb);
+    let r = run(engine, &bomb);
     assert_eq!(r.exec["usage"]["killed_by"], "pids", "{:#}", r.exec);
     assert_eq!(r.exit_code, 137);
     let r = run(
-        &engine,
+        engine,
         &python(
             "import os\nfor _ in range(20):\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)\nprint('forked')",
             Start::Zygote,
@@ -304,7 +395,7 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
             memory_mb: Some(200),
             ..LimitsRequest::default()
         };
-        let r = run(&engine, &req);
+        let r = run(engine, &req);
         if killed {
             assert_eq!(r.exec["usage"]["killed_by"], "oom", "{:#}", r.exec);
             assert_eq!(r.exec["error"]["name"], "MemoryError");
@@ -319,7 +410,7 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
         Start::Zygote,
     );
     flood.output_cap = 64 << 10;
-    let r = run(&engine, &flood);
+    let r = run(engine, &flood);
     assert_eq!(r.exec["truncated"]["stdout"], true, "{:#}", r.exec["usage"]);
     let out = r.exec["stdout"].as_str().unwrap_or_default();
     assert!(out.len() < 80 << 10 && out.ends_with("end\n") && out.contains("truncated"));
@@ -328,7 +419,7 @@ fn hostile_programs_in_zygote_one_shots_meet_the_walls_of_cold_ones() {
     // Sleep past the deadline: killed at it.
     let mut sleeper = python("import time\ntime.sleep(30)", Start::Zygote);
     sleeper.timeout = std::time::Duration::from_secs(1);
-    let r = run(&engine, &sleeper);
+    let r = run(engine, &sleeper);
     assert_eq!(r.exec["status"], "timeout", "{:#}", r.exec);
     assert_eq!(r.exec["usage"]["killed_by"], "timeout");
 }

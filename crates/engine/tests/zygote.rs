@@ -788,3 +788,47 @@ fn zygote_sessions_render_text_after_the_zygotes_warm_up() {
         out.execution
     );
 }
+
+/// Whether this session's heap is marked mergeable for KSM (`mg` in its VmFlags), from inside.
+const HEAP_MERGEABLE: &str = "def heap_mergeable():\n    in_heap = False\n    for line in open('/proc/self/smaps'):\n        head = line.split()[0]\n        if not head.endswith(':'):\n            in_heap = line.rstrip().endswith('[heap]')\n        elif in_heap and head == 'VmFlags:':\n            return 'mg' in line.split()[1:]\nimport os, sys\n(heap_mergeable(), sys.modules['runcell_kernel']._merge_marked is not None and sys.modules['runcell_kernel']._merge_marked > 0, 'RUNCELL_ZYGOTE_MERGE_PAGES' in os.environ)";
+
+/// `serve --merge-session-pages`: the zygote marks its memory mergeable once everything is
+/// preloaded, and its sessions inherit the marking (KSM may then merge their identical
+/// copies); without it nothing is marked. Neither session sees the zygote's switch.
+#[test]
+fn merge_session_pages_marks_the_zygotes_memory_only_when_asked() {
+    if !std::path::Path::new("/sys/kernel/mm/ksm").exists() {
+        eprintln!("skipped: this kernel has no KSM");
+        return;
+    }
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let plain = runcell_engine::testing::zygote_engine(cache);
+    let mut config = runcell_engine::testing::engine_config(cache);
+    config.preload = Some(
+        runcell_engine::DEFAULT_PRELOAD
+            .iter()
+            .map(|m| m.to_string())
+            .collect(),
+    );
+    config.merge_session_pages = true;
+    let merging =
+        runcell_engine::testing::TestEngine(runcell_engine::Engine::new(config).expect("engine"));
+    assert!(matches!(
+        merging.wait_for_zygote(Duration::from_secs(180)),
+        ZygoteStatus::Ready { .. }
+    ));
+    let (a, b) = (create(&merging), create(&plain));
+    assert!(preloaded(&merging, &a) && preloaded(&plain, &b));
+    assert_eq!(
+        main_text(&exec(&merging, &a, HEAP_MERGEABLE)),
+        "(True, True, False)"
+    );
+    assert_eq!(
+        main_text(&exec(&plain, &b, HEAP_MERGEABLE)),
+        "(False, False, False)"
+    );
+    // Sessions on marked memory compute as before.
+    let cell =
+        "import numpy as np, pandas as pd\nfloat(pd.DataFrame({'x': np.arange(10)}).x.sum())";
+    assert_eq!(main_text(&exec(&merging, &a, cell)), "45.0");
+}

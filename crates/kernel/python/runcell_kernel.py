@@ -897,6 +897,10 @@ class Kernel:
             self.current_id = None
         _flush_std()
         self.send({"type": "done", "id": msg_id, "status": status, "execution_count": self.execution_count})
+        # The pickler's buffers and memo (the idle snapshot taken 3 s after a cell) would
+        # otherwise stay in the heap as the session's own pages: ~0.5 MiB after a pandas +
+        # matplotlib cell (docs/benchmarks.md).
+        _release_free_memory()
 
     def take_snapshot(self, path):
         # What the kernel itself carries from cell to cell and the namespace does not: the
@@ -1307,11 +1311,72 @@ def _release_free_memory():
             pass
 
 
-def reseed():
-    """Fresh seeds for `random` and numpy's global RNG (after a zygote fork, states are shared)."""
-    import random
+# --------------------------------------------------------------------------
+# Identical pages of sessions merged by KSM (opt-in: `serve --merge-session-pages`)
+# --------------------------------------------------------------------------
 
-    random.seed(os.urandom(32))
+# Set by the engine in the zygote's environment only, when the server merges session pages.
+MERGE_ENV = "RUNCELL_ZYGOTE_MERGE_PAGES"
+MADV_MERGEABLE = 12
+# None until the zygote's first fork; then the bytes it marked mergeable.
+_merge_marked = None
+
+
+def _mark_mergeable():
+    """madvise(MADV_MERGEABLE) over this process's private writable anonymous memory (the heap
+    and pymalloc's arenas, holding the preloaded modules' objects). Returns the bytes marked.
+
+    Why: what a session pays for is mostly the zygote's pages it copied on write (reference
+    counts, caches and bytecode of the library code its cells ran), and sessions that ran
+    similar code copied the same pages the same way: after a pandas + matplotlib cell, 19 of
+    a session's 21 MiB are byte-identical to another such session's pages at the same
+    addresses (docs/benchmarks.md). Forks inherit the marking, so the kernel's KSM daemon may
+    merge those copies across sessions. Memory a session maps later (large arrays, new
+    pymalloc arenas) is not marked."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    marked = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            name = fields[5] if len(fields) > 5 else ""
+            if not fields[1].startswith("rw") or fields[1][3] != "p" or name not in ("", "[heap]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if libc.madvise(start, end - start, MADV_MERGEABLE) == 0:
+                marked += end - start
+    return marked
+
+
+def _mark_mergeable_once():
+    """os.register_at_fork's `before` hook in the zygote (PyOS_BeforeFork runs it before each
+    fork): marks once, at the first fork, when everything is preloaded."""
+    global _merge_marked
+    if _merge_marked is not None:
+        return
+    _merge_marked = 0
+    try:
+        _merge_marked = _mark_mergeable()
+    except Exception as exc:  # sessions work the same, unmerged
+        _warn(f"zygote memory not marked mergeable: {type(exc).__name__}: {exc}")
+
+
+if __name__ != "__main__" and os.environ.get(MERGE_ENV) == "1":
+    # Imported by the zygote's preload, before the modules it preloads: the marking waits
+    # for the first fork, so that it covers their memory too.
+    os.register_at_fork(before=_mark_mergeable_once)
+
+
+def reseed():
+    """Fresh seeds for `random` and numpy's global RNG (after a zygote fork, states are shared).
+    Only modules the fork holds already: one imported later seeds itself from os.urandom, and
+    importing `random` here would cost every run that never uses it (~2 ms: hashlib, OpenSSL).
+    """
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed(os.urandom(32))
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         try:

@@ -445,6 +445,23 @@ class ExecutionTests(KernelTestCase):
             other.close()
         self.assertNotEqual(a, b)
 
+    def test_reseed_imports_nothing_and_reseeds_what_is_loaded(self):
+        # In a fresh interpreter (the test process has imported random long ago): reseed leaves
+        # `random` unimported (it would seed itself on import), and reseeds it once loaded.
+        code = (
+            "import sys, runcell_kernel\n"
+            "runcell_kernel.reseed()\n"
+            "print('random' in sys.modules)\n"
+            "import random\n"
+            "random.seed(0); a = random.random()\n"
+            "random.seed(0); runcell_kernel.reseed(); b = random.random()\n"
+            "print(a != b)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout
+        self.assertEqual(out, "False\nTrue\n")
+
     def test_forked_child_does_not_speak_the_protocol(self):
         code = "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n    os.waitpid(pid, 0)\n    print('parent')"
         outcome = self.run_ok(code)
@@ -1035,6 +1052,56 @@ class ChartTests(KernelTestCase):
         self.assertEqual(sorted((e["label"], e["counts"]) for e in chart["elements"]), [("x", [2, 1, 1]), ("y", [0, 2, 2])])
         chart = self.chart("sns.violinplot(x=['a', 'a', 'b', 'b'], y=[1, 2, 3, 4])\nplt.show()")
         self.assertEqual(chart["type"], "unknown", "a violin is no line")
+
+
+MERGE_PROBE = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import runcell_kernel
+
+def heap_mergeable():
+    in_heap = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if not head.endswith(":"):
+            in_heap = line.rstrip().endswith("[heap]")
+        elif in_heap and head == "VmFlags:":
+            return "mg" in line.split()[1:]
+    return None
+
+before = heap_mergeable()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, repr(heap_mergeable()).encode())
+    os._exit(0)
+os.close(w)
+child = os.read(r, 100).decode()
+os.waitpid(pid, 0)
+print(before, runcell_kernel._merge_marked is not None and runcell_kernel._merge_marked > 0, heap_mergeable(), child)
+"""
+
+
+@unittest.skipUnless(os.path.exists("/sys/kernel/mm/ksm"), "needs a kernel with KSM")
+class ZygoteMergeTests(unittest.TestCase):
+    """RUNCELL_ZYGOTE_MERGE_PAGES (set by the engine for `serve --merge-session-pages`): the
+    kernel imported as the zygote's module marks the process's memory mergeable at its first
+    fork, and the child inherits the marking; without it nothing is marked."""
+
+    def probe(self, extra):
+        env = {k: v for k, v in os.environ.items() if k != "RUNCELL_ZYGOTE_MERGE_PAGES"}
+        env.update(extra)
+        out = subprocess.run(
+            [sys.executable, "-c", MERGE_PROBE, HERE], env=env, capture_output=True, text=True, timeout=TIMEOUT
+        )
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout.split()
+
+    def test_marked_at_the_first_fork_and_inherited(self):
+        self.assertEqual(self.probe({"RUNCELL_ZYGOTE_MERGE_PAGES": "1"}), ["False", "True", "True", "True"])
+
+    def test_not_marked_without_the_switch(self):
+        self.assertEqual(self.probe({}), ["False", "False", "False", "False"])
 
 
 if __name__ == "__main__":

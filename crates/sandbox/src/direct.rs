@@ -37,6 +37,10 @@ pub(crate) enum ForkedProgram {
     /// Run the spec's `argv[1]` as `__main__`, with `argv[1..]` as `sys.argv`: what
     /// `python3 FILE ARGS...` (`argv`) would do, for one-shot runs.
     Main,
+    /// [`ForkedProgram::Main`] of a sandbox made before its run was asked for: once confined,
+    /// the program waits on the channel (fd 3) for the run's argv (JSON, up to end of file),
+    /// closes it and runs that as `Main` would (see `Sandbox::prepare_main`).
+    MainWhenTold,
 }
 
 impl ForkRequest {

@@ -38,8 +38,8 @@ pub use rlimit::raise_nofile_soft_limit;
 pub use sched::set_batch_scheduling;
 pub use spec::{Bind, HOSTNAME, INIT_ARG, SANDBOX_UID, SANDBOX_USER, WORKSPACE};
 pub use supervisor::{
-    find_init_exe, ExitStatus, Finished, KillReason, Launch, Limits, RunOptions, RunOutcome,
-    Running, RunningHandle, Sandbox, SandboxError, Stream, Usage,
+    find_init_exe, ExitStatus, Finished, KillReason, Launch, Limits, Remains, RunOptions,
+    RunOutcome, Running, RunningHandle, Sandbox, SandboxError, Stream, Usage,
 };
 pub use user_ns::{UidLease, UserNsError, HOST_UID_BASE, HOST_UID_COUNT};
 pub use workspace::{

@@ -396,6 +396,51 @@ impl Sandbox {
         Self::run_to_end(running, opts, on_output, &mut |_| Ok(()))
     }
 
+    /// A sandbox for a Python one-shot made ahead of its run: forked from `zygote`, confined,
+    /// its program waiting for [`Running::tell`] (`launch.channel` must be set: the run's argv
+    /// comes over it). The sandbox is exactly a [`Sandbox::run_in`]'s, made earlier; it serves
+    /// one run and is destroyed after it ([`Sandbox::run_prepared`]).
+    pub fn prepare_main(
+        &self,
+        zygote: &crate::zygote::Zygote,
+        launch: &Launch<'_>,
+    ) -> Result<Running, SandboxError> {
+        if !launch.channel {
+            return Err(SandboxError::Setup(
+                "a prepared one-shot needs a channel for its argv".into(),
+            ));
+        }
+        self.fork_from(zygote, launch, ForkedProgram::MainWhenTold)
+    }
+
+    /// Runs a sandbox from [`Sandbox::prepare_main`] to its end: sends `argv` (`[python, FILE,
+    /// ARGS...]`), then as [`Sandbox::run`], the time limit and the wall time counted from now.
+    pub fn run_prepared(
+        mut running: Running,
+        argv: &[String],
+        opts: &RunOptions,
+        on_output: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<RunOutcome, SandboxError> {
+        let Some(mut channel) = running.channel.take() else {
+            return Err(SandboxError::Setup("not a prepared one-shot".into()));
+        };
+        let told = serde_json::to_vec(argv)
+            .map_err(|e| SandboxError::Setup(e.to_string()))
+            .and_then(|json| {
+                channel.write_all(&json)?;
+                Ok(channel.shutdown(std::net::Shutdown::Write)?)
+            });
+        if let Err(e) = told {
+            // Its program is gone (or was never there): the report says why, if anything did.
+            running.kill(KillReason::Signal);
+            let _ = running.finish();
+            return Err(e);
+        }
+        drop(channel);
+        running.started = Instant::now();
+        Self::run_to_end(running, opts, on_output, &mut |_| Ok(()))
+    }
+
     fn run_to_end(
         mut running: Running,
         opts: &RunOptions,
@@ -449,13 +494,14 @@ impl Sandbox {
             }
         }
         drop(pump);
-        let finished = running.finish()?;
+        let (finished, remains) = running.finish_leaving()?;
         Ok(RunOutcome {
             exit: finished.exit,
             killed_by: finished.killed_by,
             stdout,
             stderr,
             usage: finished.usage,
+            remains,
         })
     }
 }
@@ -502,6 +548,27 @@ pub struct RunOutcome {
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
     pub usage: Usage,
+    /// The sandbox's cgroup, removed when this is dropped: a caller that answers first can
+    /// hold it until after its reply.
+    pub remains: Remains,
+}
+
+/// What is left of a sandbox whose pid 1 has exited: its cgroup. Nothing of the sandbox runs
+/// any more (pid 1's exit killed its PID namespace), so the removal can wait; dropping this
+/// does it (everything left in the cgroup killed first, for certainty, then the cgroup
+/// removed).
+#[derive(Debug, Default)]
+pub struct Remains {
+    cgroup: Option<Cgroup>,
+}
+
+impl Drop for Remains {
+    fn drop(&mut self) {
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+        }
+    }
 }
 
 /// How a sandbox ended.
@@ -680,7 +747,13 @@ impl Running {
     }
 
     /// Waits for the end, collects usage and removes the cgroup.
-    pub fn finish(mut self) -> Result<Finished, SandboxError> {
+    pub fn finish(self) -> Result<Finished, SandboxError> {
+        self.finish_leaving()
+            .map(|(finished, _removed_on_drop)| finished)
+    }
+
+    /// [`Running::finish`], leaving the cgroup's removal to the [`Remains`].
+    pub fn finish_leaving(mut self) -> Result<(Finished, Remains), SandboxError> {
         self.stdin = None;
         let mut line = String::new();
         if let Some(mut r) = self.report.take() {
@@ -701,10 +774,7 @@ impl Running {
         let wall = self.started.elapsed();
         let cgroup = self.cgroup.take();
         let cg_usage = cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
-        if let Some(cg) = &cgroup {
-            let _ = cg.kill_all();
-            let _ = cg.remove();
-        }
+        let remains = Remains { cgroup };
         let line = line.trim();
         let exit = if let Some(code) = line.strip_prefix("exit ") {
             ExitStatus::Code(code.parse().unwrap_or(-1))
@@ -724,7 +794,7 @@ impl Running {
             ExitStatus::Signal(_) => Some(KillReason::Signal),
             ExitStatus::Code(_) => None,
         });
-        Ok(Finished {
+        let finished = Finished {
             exit,
             killed_by,
             usage: Usage {
@@ -732,7 +802,8 @@ impl Running {
                 cpu: Duration::from_nanos(cg_usage.cpu_ns),
                 peak_memory_bytes: cg_usage.peak_memory_bytes,
             },
-        })
+        };
+        Ok((finished, remains))
     }
 }
 

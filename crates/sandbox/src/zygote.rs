@@ -852,6 +852,7 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                     Ok(Started::Program(argv)) => match request.program {
                         ForkedProgram::Kernel => run_kernel(py, config),
                         ForkedProgram::Main => run_main(py, config, &argv),
+                        ForkedProgram::MainWhenTold => run_main(py, config, &told_argv()),
                     },
                     // Not our cgroup any more: the next session's kill_all would end us anyway.
                     Err(StartError::StuckInCgroup(e)) => exit_with(sock, &e),
@@ -925,6 +926,26 @@ _sys.exit(_runcell_kernel.main())
     // uncaught exception (already printed to stderr).
     // SAFETY: leaving.
     unsafe { libc::_exit(if rc == 0 { 0 } else { 1 }) }
+}
+
+/// Largest argv a prepared one-shot accepts on its channel: 64 arguments of 4,096 characters
+/// (the engine's bound) of up to 4 bytes each, and room for the JSON around them.
+const MAX_TOLD_ARGV: u64 = 2 << 20;
+
+/// In a prepared one-shot's program (confined, the channel at fd 3): the run's argv, sent by the
+/// supervisor when the run is asked for; the channel is closed before the program runs, as a
+/// `python3 FILE` has nothing open beyond its standard streams. Leaves quietly when the
+/// supervisor hangs up instead (a prepared sandbox never used) or sends nonsense.
+fn told_argv() -> Vec<String> {
+    // SAFETY: fd 3 is the channel, placed by pid 1 for this process alone.
+    let channel = unsafe { File::from_raw_fd(3) };
+    let mut text = Vec::new();
+    let read = channel.take(MAX_TOLD_ARGV).read_to_end(&mut text);
+    match (read, serde_json::from_slice::<Vec<String>>(&text)) {
+        (Ok(_), Ok(argv)) if argv.len() >= 2 => argv,
+        // SAFETY: leaving without running anything.
+        _ => unsafe { libc::_exit(0) },
+    }
 }
 
 /// Hex of the JSON of `value`: a literal that Python code can carry whatever the bytes.

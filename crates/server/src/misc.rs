@@ -24,6 +24,11 @@ pub struct Health {
     /// a valid key once keys exist.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warm_sessions: Option<usize>,
+    /// Python one-shot sandboxes made ahead of demand and ready, from both zygotes (`serve
+    /// --warm-one-shots`); a run with the default limits and no network takes one. Only with a
+    /// valid key once keys exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_one_shots: Option<usize>,
 }
 
 /// For a probe, never refused: once keys exist, a caller without a valid one learns only that
@@ -51,6 +56,7 @@ pub async fn healthz(
                 status,
                 zygote: None,
                 warm_sessions: None,
+                warm_one_shots: None,
             }),
         );
     }
@@ -60,6 +66,10 @@ pub async fn healthz(
             status,
             zygote: Some(state.engine.zygote_status()),
             warm_sessions: Some(state.engine.sessions().warm_ready()),
+            warm_one_shots: Some({
+                let (light, full) = state.engine.one_shots_ready();
+                light + full
+            }),
         }),
     )
 }

@@ -610,7 +610,7 @@ async fn one_shot_health_metrics_and_openapi() {
         (s, v),
         (
             StatusCode::OK,
-            json!({"status": "ok", "zygote": {"state": "off"}, "warm_sessions": 0})
+            json!({"status": "ok", "zygote": {"state": "off"}, "warm_sessions": 0, "warm_one_shots": 0})
         )
     );
     let metrics = srv

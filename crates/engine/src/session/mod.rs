@@ -917,6 +917,7 @@ impl SessionManager {
     /// idle snapshot too, as after a kill -9. Otherwise sessions end and their workspaces go.
     pub fn shutdown(&self) {
         self.pool.stop();
+        self.core.one_shots.stop();
         self.spares.stop(&self.core);
         // Workspaces in memory would have to stay mounted to be kept: they end as before.
         let durable = self.core.session_store().is_some() && self.core.images.is_some();
