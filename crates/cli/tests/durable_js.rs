@@ -90,8 +90,10 @@ fn skipped(restored: &Value) -> Vec<(String, String)> {
     out
 }
 
+/// No warm sessions and no prepared one-shots: the tests count the server's processes,
+/// mounts and cgroups, which only their own sessions may hold.
 fn serve(data: &Path) -> Serve {
-    common::serve::serve(data, &["--warm-sessions", "0"])
+    common::serve::serve(data, &["--warm-sessions", "0", "--warm-one-shots", "0"])
 }
 
 /// A session's state of every kind the issue names: a Map, a typed array, a Date, a nested

@@ -112,8 +112,10 @@ const CHECK: &str =
     "(int(df['a'].sum()), f(2), g(1), c.bump(), type(c).__name__, Counter().bump())";
 const CHECKED: &str = "(499500, 6, 101, 2, 'Counter', 1)";
 
+/// No warm sessions and no prepared one-shots: the tests count the server's processes,
+/// mounts and cgroups, which only their own sessions may hold.
 fn serve(data: &Path) -> Serve {
-    common::serve::serve(data, &["--warm-sessions", "0"])
+    common::serve::serve(data, &["--warm-sessions", "0", "--warm-one-shots", "0"])
 }
 
 #[test]
