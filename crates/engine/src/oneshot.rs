@@ -301,7 +301,14 @@ impl Engine {
             },
             None => sandbox.run_with(&launch, opts, on_output, &mut on_start),
         }
-        .map_err(EngineError::sandbox)?;
+        .map_err(|e| match &e {
+            // Pid 1 did not reach its egress socket within the wait: a sandbox starved at its
+            // start (a few MiB of memory under reclaim, a sliver of CPU), not a server fault.
+            SandboxError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                EngineError::unavailable(e)
+            }
+            _ => EngineError::sandbox(e),
+        })?;
         drop(serving);
         let ended = began.end(&workspace);
         Ok((outcome, ended, workspace, input))
