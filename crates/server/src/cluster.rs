@@ -149,69 +149,21 @@ mod tests {
             1010
         ));
         // Any other tenant, key (or none), path, method, node, or a stale time: refused.
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t2",
-            "key_1",
-            "GET",
-            "/v1/sessions/x",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t1",
-            "key_2",
-            "GET",
-            "/v1/sessions/x",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t1",
-            "",
-            "GET",
-            "/v1/sessions/x",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t1",
-            "key_1",
-            "GET",
-            "/v1/sessions/y",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t1",
-            "key_1",
-            "POST",
-            "/v1/sessions/x",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://b:1",
-            "t1",
-            "key_1",
-            "GET",
-            "/v1/sessions/x",
-            1010
-        ));
-        assert!(!ok(
-            &sig,
-            "http://a:1",
-            "t1",
-            "key_1",
-            "GET",
-            "/v1/sessions/x",
-            1031
-        ));
+        let refused = [
+            ("http://a:1", "t2", "key_1", "GET", "/v1/sessions/x", 1010),
+            ("http://a:1", "t1", "key_2", "GET", "/v1/sessions/x", 1010),
+            ("http://a:1", "t1", "", "GET", "/v1/sessions/x", 1010),
+            ("http://a:1", "t1", "key_1", "GET", "/v1/sessions/y", 1010),
+            ("http://a:1", "t1", "key_1", "POST", "/v1/sessions/x", 1010),
+            ("http://b:1", "t1", "key_1", "GET", "/v1/sessions/x", 1010),
+            ("http://a:1", "t1", "key_1", "GET", "/v1/sessions/x", 1031),
+        ];
+        for (node, tenant, key, method, path, now) in refused {
+            assert!(
+                !ok(&sig, node, tenant, key, method, path, now),
+                "{node} {tenant} {key:?} {method} {path} {now}"
+            );
+        }
         // Fields cannot be shifted into each other: the key's id moved into the tenant.
         let none = s.sign("http://a:1", "t1key_1", "", "GET", "/v1/sessions/x", 1000);
         assert!(!ok(
