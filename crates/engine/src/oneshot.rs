@@ -208,13 +208,17 @@ impl Engine {
             input,
             reservation: Some(reserved),
         };
-        // With the pool running, the sandbox is torn down after the answer, off this thread.
-        if self.core.one_shots.active() {
+        // With the pool running, the sandbox is torn down after the answer, off this thread
+        // (and handed over once the execution is recorded: on a small host the teardown's
+        // CPU, the kernel freeing the processes' memory included, would otherwise compete
+        // with the recording).
+        // Without the pool, `then_some` drops it here, before the recording.
+        let left = self.core.one_shots.active().then_some(left);
+        let recorded = self.core.audit_shared(&req.owner, execution, &req.code);
+        if let Some(left) = left {
             self.core.one_shots.reap(left);
-        } else {
-            drop(left);
         }
-        let execution = self.core.audit_shared(&req.owner, execution, &req.code)?;
+        let execution = recorded?;
         Ok(OneShotOutcome {
             execution,
             exit_code: outcome.exit.shell_code(),
@@ -417,6 +421,7 @@ impl OneShotSource for crate::core::Core {
             limits,
             input,
             workspace,
+            busy: None,
         })
     }
 }

@@ -23,10 +23,11 @@ use std::collections::{HashSet, VecDeque};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runcell_sandbox::{Remains, Running, Workspace};
 
@@ -41,6 +42,10 @@ const RECHECK: Duration = Duration::from_millis(250);
 const BACKOFF: Duration = Duration::from_secs(2);
 /// Finished sandboxes waiting for the reaper at most.
 const REAP_QUEUE: usize = 64;
+/// How long after the last run ended the filler waits before preparing, unless the pool is
+/// below half: a preparation (a fork, mounts, cgroups: ~5 ms of CPU) beside a run slows it
+/// down on a small host, and between runs it costs nothing.
+const QUIET: Duration = Duration::from_millis(5);
 
 /// Which zygote a one-shot is forked from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,37 @@ pub(crate) struct Prepared {
     pub(crate) limits: SessionLimits,
     pub(crate) input: ProgramDir,
     pub(crate) workspace: Workspace,
+    /// Counts the run as in progress from its take until this is dropped.
+    pub(crate) busy: Option<Busy>,
+}
+
+/// Runs in progress from prepared sandboxes, and when the last one ended.
+#[derive(Debug)]
+struct Activity {
+    running: AtomicUsize,
+    last_end: Mutex<Option<Instant>>,
+}
+
+/// One run from the pool in progress, until dropped.
+pub(crate) struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Activity {
+    /// No run in progress, and none ended within [`QUIET`].
+    fn quiet(&self) -> bool {
+        self.running.load(Ordering::Acquire) == 0
+            && self
+                .last_end
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none_or(|t| t.elapsed() >= QUIET)
+    }
 }
 
 /// What is left of a finished one-shot, in the order it goes: the cgroup, the workspace (its
@@ -129,12 +165,27 @@ impl State {
 }
 
 /// The prepared one-shots, their filler and the reaper.
-#[derive(Default)]
 pub(crate) struct OneShotPool {
     state: Mutex<State>,
+    activity: Arc<Activity>,
     wake: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
     reaper: Mutex<Option<SyncSender<Leftovers>>>,
+}
+
+impl Default for OneShotPool {
+    fn default() -> Self {
+        OneShotPool {
+            state: Mutex::default(),
+            activity: Arc::new(Activity {
+                running: AtomicUsize::new(0),
+                last_end: Mutex::new(None),
+            }),
+            wake: Condvar::new(),
+            threads: Mutex::default(),
+            reaper: Mutex::default(),
+        }
+    }
 }
 
 impl OneShotPool {
@@ -193,9 +244,11 @@ impl OneShotPool {
                 && a.disk_mb == b.disk_mb
         };
         let i = queue.iter().position(fits)?;
-        let p = queue.remove(i);
+        let mut p = queue.remove(i)?;
+        self.activity.running.fetch_add(1, Ordering::AcqRel);
+        p.busy = Some(Busy(self.activity.clone()));
         self.wake.notify_all();
-        p
+        Some(p)
     }
 
     /// How many of each kind the pool keeps ready (0: not started, or stopped).
@@ -250,26 +303,37 @@ impl OneShotPool {
 }
 
 /// The filler thread: keeps each kind at its target while the source lives. The light kind
-/// first: it is the cheaper to make and the one throughput depends on.
+/// first: it is the cheaper to make and the one throughput depends on. Below half of the
+/// target it refills at once; above, only when runs are quiet ([`QUIET`]).
 fn fill(source: Weak<dyn OneShotSource>) {
     loop {
         let Some(s) = source.upgrade() else { return };
         let pool = s.one_shot_pool();
-        let due = {
+        let quiet = pool.activity.quiet();
+        let (due, waiting) = {
             let mut st = pool.lock();
             if st.stopped {
                 return;
             }
             let target = st.target;
-            [Kind::Light, Kind::Full]
+            let short = [Kind::Light, Kind::Full]
                 .into_iter()
-                .find(|k| st.of(*k).len() < target && s.zygote_ready(*k))
+                .filter(|k| st.of(*k).len() < target && s.zygote_ready(*k))
+                .collect::<Vec<_>>();
+            let urgent = short
+                .iter()
+                .copied()
+                .find(|k| st.of(*k).len() < target.div_ceil(2));
+            let due = urgent.or_else(|| short.first().copied().filter(|_| quiet));
+            (due, !short.is_empty())
         };
         let Some(kind) = due else {
             let st = pool.lock();
+            // Something to refill once the runs are quiet: look again soon.
+            let wait = if waiting { QUIET } else { RECHECK };
             let (st, _) = pool
                 .wake
-                .wait_timeout(st, RECHECK)
+                .wait_timeout(st, wait)
                 .unwrap_or_else(|p| p.into_inner());
             if st.stopped {
                 return;

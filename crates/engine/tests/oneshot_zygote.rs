@@ -423,3 +423,40 @@ fn meet_the_walls(engine: &Engine) {
     assert_eq!(r.exec["status"], "timeout", "{:#}", r.exec);
     assert_eq!(r.exec["usage"]["killed_by"], "timeout");
 }
+
+/// A program whose child outlives it, printing and writing to its workspace without pause:
+/// the run ends with the program (the child is stopped, then killed, with the sandbox),
+/// neither waiting for the child nor hanging on the output pipe it still holds. From a
+/// prepared sandbox, a zygote fork and a cold start alike.
+#[test]
+fn a_run_ends_with_its_program_whatever_its_children_do() {
+    let code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        print('child', flush=True)\n        with open('/workspace/grow.txt', 'a') as f:\n            f.write('x' * 100)\n        time.sleep(0.001)\ntime.sleep(0.3)\nprint('main done', flush=True)\n";
+    let pooled = pooled_engine();
+    let plain = zygote_engine();
+    for (engine, start) in [
+        (&*pooled, Start::Zygote),
+        (&*plain, Start::Zygote),
+        (&*plain, Start::Cold),
+    ] {
+        let began = std::time::Instant::now();
+        let r = run(engine, &python(code, start));
+        let took = began.elapsed();
+        assert_eq!(r.exit_code, 0, "{start:?}: {:#}", r.exec);
+        assert_eq!(r.exec["status"], "ok", "{start:?}: {:#}", r.exec);
+        let out = r.exec["stdout"].as_str().unwrap_or_default();
+        // The positive control: the child ran (and wrote) while the program did. (Their lines
+        // may interleave: `print` writes the text and the newline apart.)
+        assert!(out.starts_with("child\n"), "{start:?}: {out:?}");
+        assert!(
+            out.contains("main done"),
+            "{start:?}: {} bytes, ending {:?}; {:#}",
+            out.len(),
+            &out[out.len().saturating_sub(100)..],
+            r.exec["truncated"]
+        );
+        assert!(
+            took < std::time::Duration::from_secs(20),
+            "{start:?}: the run took {took:?} (its time limit is 60 s)"
+        );
+    }
+}

@@ -576,6 +576,7 @@ fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
         // SAFETY: waiting for any child with a valid status pointer.
         let r = unsafe { libc::waitpid(-1, &mut status, 0) };
         if r == program {
+            signal_namespace(libc::SIGKILL);
             let _ = write_all_fd(msg_fd, format!("S{status}\n").as_bytes());
             // SAFETY: the program is done; exiting pid 1 kills what is left in the namespace.
             unsafe { libc::_exit(0) }
@@ -622,7 +623,15 @@ fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
                     Ok(_) => describe_status(status),
                     Err(e) => error_line(&e),
                 };
-                report_and_exit(&line);
+                // Stopped, not killed: the kernel's teardown of the processes (the program's
+                // copy of the zygote's image, ~2-8 ms) waits for the host, which hangs up
+                // once its answer is out; pid 1 then kills them and exits.
+                signal_namespace(libc::SIGSTOP);
+                let _ = write_all_fd(CONTROL_FD, line.as_bytes());
+                wait_for_hang_up();
+                signal_namespace(libc::SIGKILL);
+                // SAFETY: leaving; exiting pid 1 ends the namespace.
+                unsafe { libc::_exit(0) }
             }
             if r <= 0 {
                 break;
@@ -637,6 +646,33 @@ fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
         let mut info = [0u8; 128 * 8];
         // SAFETY: draining the signalfd into a buffer of whole signalfd_siginfo records.
         while unsafe { libc::read(sfd, info.as_mut_ptr().cast(), info.len()) } > 0 {}
+    }
+}
+
+/// `sig` (SIGSTOP or SIGKILL) to every other process of the PID namespace. Sent before the
+/// report: once the host has it, no process of the sandbox returns to user space (to write
+/// to its workspace or its output, say).
+fn signal_namespace(sig: libc::c_int) {
+    // SAFETY: kill(-1) from pid 1 addresses every process of its own PID namespace but itself.
+    unsafe { libc::kill(-1, sig) };
+}
+
+/// Blocks until the supervisor hangs up the control socket (it is done with the sandbox).
+fn wait_for_hang_up() {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: CONTROL_FD,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if r < 0 || pfd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return;
+        }
     }
 }
 

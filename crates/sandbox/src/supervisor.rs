@@ -227,6 +227,7 @@ impl Sandbox {
             started: Instant::now(),
             killed_by: None,
             egress_port: launch.egress_port,
+            cpu_before: Duration::ZERO,
         })
     }
 
@@ -289,6 +290,7 @@ impl Sandbox {
             started: Instant::now(),
             killed_by: None,
             egress_port: launch.egress_port,
+            cpu_before: Duration::ZERO,
         })
     }
 
@@ -424,6 +426,9 @@ impl Sandbox {
         let Some(mut channel) = running.channel.take() else {
             return Err(SandboxError::Setup("not a prepared one-shot".into()));
         };
+        // Measured while its program still waits for the argv.
+        running.cpu_before = running.cpu_now();
+        running.reset_peak();
         let told = serde_json::to_vec(argv)
             .map_err(|e| SandboxError::Setup(e.to_string()))
             .and_then(|json| {
@@ -482,7 +487,19 @@ impl Sandbox {
                 break;
             }
             let wake = drain_until.unwrap_or(deadline).min(now + PIDS_POLL);
-            for (stream, data) in pump.poll(wake.saturating_duration_since(now), &mut buf)? {
+            // Once pid 1 has reported, every other process of the sandbox is gone or stopped:
+            // what the pipes hold is all the output there is, and a stopped process holding
+            // one would keep it from ever reaching its end.
+            let reported = !pump.report_open;
+            let timeout = match reported {
+                true => Duration::ZERO,
+                false => wake
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1)),
+            };
+            let got = pump.poll(timeout, &mut buf)?;
+            let idle = got.is_empty();
+            for (stream, data) in got {
                 let sink = match stream {
                     Stream::Stdout => &mut stdout,
                     Stream::Stderr => &mut stderr,
@@ -491,6 +508,9 @@ impl Sandbox {
                 if !live.is_empty() {
                     on_output(stream, live);
                 }
+            }
+            if reported && idle {
+                break;
             }
         }
         drop(pump);
@@ -553,20 +573,33 @@ pub struct RunOutcome {
     pub remains: Remains,
 }
 
-/// What is left of a sandbox whose pid 1 has exited: its cgroup. Nothing of the sandbox runs
-/// any more (pid 1's exit killed its PID namespace), so the removal can wait; dropping this
-/// does it (everything left in the cgroup killed first, for certainty, then the cgroup
-/// removed).
+/// What is left of a sandbox whose pid 1 has reported: its cgroup and pid 1 itself, with the
+/// namespace's other processes stopped or killed before the report (a zygote's pid 1 stops
+/// them and waits for the hang-up of its control socket, so that the kernel's teardown of
+/// their memory, ~2-8 ms for a fork of the zygote, comes after the answer). Nothing of the
+/// sandbox runs user code any more, so the removal can wait; dropping this does it (the
+/// control socket closed, everything left in the cgroup killed, pid 1 waited for, then the
+/// cgroup removed).
 #[derive(Debug, Default)]
 pub struct Remains {
     cgroup: Option<Cgroup>,
+    helper: Option<Helper>,
+    /// The control socket: closing it tells a zygote's pid 1, which stopped the sandbox's
+    /// processes before it reported, to kill them and exit.
+    report: Option<File>,
 }
 
 impl Drop for Remains {
     fn drop(&mut self) {
+        self.report.take();
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.kill_all();
+            if let Some(h) = &mut self.helper {
+                h.wait();
+            }
             let _ = cg.remove();
+        } else if let Some(h) = &mut self.helper {
+            h.wait();
         }
     }
 }
@@ -593,6 +626,9 @@ pub struct Running {
     started: Instant,
     killed_by: Option<KillReason>,
     egress_port: Option<u16>,
+    /// The cgroup's CPU time when the run began, not counted in its usage: a prepared
+    /// sandbox's making (pid 1's mounts, the program's fork) is not the run's.
+    cpu_before: Duration,
 }
 
 impl Running {
@@ -756,9 +792,10 @@ impl Running {
     pub fn finish_leaving(mut self) -> Result<(Finished, Remains), SandboxError> {
         self.stdin = None;
         let mut line = String::new();
-        if let Some(mut r) = self.report.take() {
-            match r.read_to_string(&mut line) {
-                Ok(_) => {}
+        let report = self.report.take();
+        if let Some(mut r) = report.as_ref() {
+            match read_report(&mut r, &mut line) {
+                Ok(()) => {}
                 // A helper killed before it had read all of its spec closes the socket with
                 // data unread, which resets it: no report, as for any helper killed early
                 // (a time limit shorter than the start-up).
@@ -770,11 +807,21 @@ impl Running {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.helper.wait();
         let wall = self.started.elapsed();
         let cgroup = self.cgroup.take();
         let cg_usage = cgroup.as_ref().map(Cgroup::usage).unwrap_or_default();
-        let remains = Remains { cgroup };
+        // Pid 1 reported and is on its way out; waiting for its exit (the kernel freeing its
+        // copy of the image, ~2-8 ms for a zygote's) is the Remains' to do, after the answer.
+        let placeholder = Helper::Forked {
+            pid: 0,
+            reaped: true,
+        };
+        let helper = std::mem::replace(&mut self.helper, placeholder);
+        let remains = Remains {
+            cgroup,
+            helper: Some(helper),
+            report,
+        };
         let line = line.trim();
         let exit = if let Some(code) = line.strip_prefix("exit ") {
             ExitStatus::Code(code.parse().unwrap_or(-1))
@@ -799,7 +846,7 @@ impl Running {
             killed_by,
             usage: Usage {
                 wall,
-                cpu: Duration::from_nanos(cg_usage.cpu_ns),
+                cpu: Duration::from_nanos(cg_usage.cpu_ns).saturating_sub(self.cpu_before),
                 peak_memory_bytes: cg_usage.peak_memory_bytes,
             },
         };
@@ -891,6 +938,27 @@ fn pidfd_send_signal(fd: &OwnedFd, sig: libc::c_int) -> bool {
     }
 }
 
+/// Pid 1's report: one line, written just before it exits. Read up to its newline rather than
+/// to end-of-file, which comes only once pid 1's exit has freed its memory; a report cut short
+/// (pid 1 killed) is read to end-of-file as it is.
+fn read_report(r: &mut &File, line: &mut String) -> io::Result<()> {
+    let mut bytes = Vec::with_capacity(64);
+    let mut buf = [0u8; 256];
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        bytes.extend_from_slice(&buf[..n]);
+        if n == 0 || bytes.contains(&b'\n') || bytes.len() > 64 << 10 {
+            break;
+        }
+    }
+    line.push_str(&String::from_utf8_lossy(&bytes));
+    Ok(())
+}
+
 /// Moves bytes between the caller and a running sandbox with poll(2).
 struct Pump<'a> {
     stdin: Option<File>,
@@ -948,7 +1016,7 @@ impl<'a> Pump<'a> {
                 libc::POLLOUT,
             ),
         ];
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
         // SAFETY: `fds` is a valid array; negative descriptors are ignored by poll.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if n < 0 {

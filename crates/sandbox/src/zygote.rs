@@ -406,6 +406,19 @@ struct Python {
     before_fork: unsafe extern "C" fn(),
     after_fork_parent: unsafe extern "C" fn(),
     after_fork_child: unsafe extern "C" fn(),
+    /// `PyRun_StringFlags(source, start, globals, locals, flags)`.
+    run_string: unsafe extern "C" fn(
+        *const c_char,
+        c_int,
+        *mut c_void,
+        *mut c_void,
+        *mut c_void,
+    ) -> *mut c_void,
+    dict_new: unsafe extern "C" fn() -> *mut c_void,
+    long_as_long: unsafe extern "C" fn(*mut c_void) -> libc::c_long,
+    dec_ref: unsafe extern "C" fn(*mut c_void),
+    err_print: unsafe extern "C" fn(),
+    err_clear: unsafe extern "C" fn(),
 }
 
 /// Entry point of `runcell __zygote`. Never returns; in a session's program process it runs the
@@ -663,6 +676,32 @@ fn load_python(config: &ZygoteConfig) -> Result<Python, String> {
             after_fork_child: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
                 c"PyOS_AfterFork_Child",
             )?),
+            run_string: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(
+                    *const c_char,
+                    c_int,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> *mut c_void,
+            >(sym(c"PyRun_StringFlags")?),
+            dict_new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(
+                sym(c"PyDict_New")?,
+            ),
+            long_as_long: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void) -> libc::c_long,
+            >(sym(c"PyLong_AsLong")?),
+            dec_ref: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(sym(
+                c"Py_DecRef",
+            )?),
+            err_print: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
+                c"PyErr_Print",
+            )?),
+            err_clear: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(sym(
+                c"PyErr_Clear",
+            )?),
         };
         let program = cstr(&config.python).map_err(|e| e.to_string())?;
         // The interpreter derives sys.prefix (the venv) from its program name, which must
@@ -705,6 +744,10 @@ def _runcell_preload():
             _runcell_warm_matplotlib(sys)
         except Exception:
             pass  # an optimisation only: sessions render their first figure themselves
+        try:
+            _runcell_warm_pandas(sys)
+        except Exception:
+            pass  # likewise
         gc.collect()
         gc.freeze()
         if skipped:
@@ -733,8 +776,21 @@ def _runcell_warm_matplotlib(sys):
     font_manager = sys.modules.get("matplotlib.font_manager")
     if font_manager is not None and hasattr(font_manager, "_get_font"):
         font_manager._get_font.cache_clear()
+def _runcell_warm_pandas(sys):
+    # A small frame made, summed, grouped and printed here: pandas and numpy build caches and
+    # dispatch tables on first use, which every one-shot would otherwise build again in its
+    # own copy-on-write pages (~1 ms for `DataFrame(...).x.sum()`).
+    pandas = sys.modules.get("pandas")
+    numpy = sys.modules.get("numpy")
+    if pandas is None or numpy is None:
+        return
+    frame = pandas.DataFrame({{"x": numpy.arange(3), "y": ["a", "b", "a"]}})
+    str(frame.x.sum())
+    str(frame.groupby("y").x.sum())
+    str(frame.describe())
+    repr(frame)
 _runcell_preload()
-del _runcell_preload, _runcell_warm_matplotlib
+del _runcell_preload, _runcell_warm_matplotlib, _runcell_warm_pandas
 "#,
         kdir = config.kernel_dir.to_string_lossy(),
         kmod = config.kernel_module,
@@ -851,8 +907,8 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                     Ok(Started::Caller(_, pidfd)) => Ok(pidfd),
                     Ok(Started::Program(argv)) => match request.program {
                         ForkedProgram::Kernel => run_kernel(py, config),
-                        ForkedProgram::Main => run_main(py, config, &argv),
-                        ForkedProgram::MainWhenTold => run_main(py, config, &told_argv()),
+                        ForkedProgram::Main => run_main(py, config, Some(&argv)),
+                        ForkedProgram::MainWhenTold => run_main(py, config, None),
                     },
                     // Not our cgroup any more: the next session's kill_all would end us anyway.
                     Err(StartError::StuckInCgroup(e)) => exit_with(sock, &e),
@@ -958,108 +1014,130 @@ fn json_hex<T: serde::Serialize>(value: &T) -> String {
 }
 
 /// In the program's process of a one-shot run: the preloaded Python runs `argv[1]` as
-/// `python3 argv[1] argv[2..]` would, as `__main__`. Never returns.
-///
-/// What `python3 FILE` does and this mirrors: `sys.argv` is `[FILE, ARGS...]`, `sys.path[0]`
-/// the file's directory, `__main__` a fresh module with `__file__`, a `SourceFileLoader` and no
-/// spec; an uncaught exception prints its traceback through `sys.excepthook` (without this
-/// runner's frame) and exits 1; `SystemExit` exits with its code (`None` 0, an int itself,
-/// anything else printed to stderr and 1); `KeyboardInterrupt` ends the process by SIGINT; at
-/// the end non-daemon threads are joined, `atexit` runs and the standard streams are flushed
-/// (a failed stdout flush exits 120). The interpreter is not finalised: the process ends with
-/// `_exit` once the program's own objects are released (which closes the files it left open),
-/// so it never touches the preloaded modules' pages.
-fn run_main(py: &Python, config: &ZygoteConfig, argv: &[String]) -> ! {
+/// `python3 argv[1] argv[2..]` would, as `__main__` (the kernel module's `run_one_shot`, which
+/// says how). `argv` is `None` for a prepared one-shot: what does not depend on the program is
+/// done first, then the argv awaited on the channel. Never returns.
+fn run_main(py: &Python, config: &ZygoteConfig, argv: Option<&[String]>) -> ! {
     let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
-    let code = format!(
-        r#"
-def _runcell_main(argv, env):
-    import atexit, gc, os, sys, types
-    from importlib.machinery import SourceFileLoader
-    os.environ.clear()
-    os.environ.update(env)
-    sys.modules[{kmod:?}].reseed()
-    while {kdir:?} in sys.path:
-        sys.path.remove({kdir:?})
-    path = argv[1]
-    sys.argv = list(argv[1:])
-    sys.orig_argv = list(argv)
-    sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__loader__ = SourceFileLoader("__main__", path)
-    main.__builtins__ = __builtins__
-    main.__annotations__ = {{}}
-    sys.modules["__main__"] = main
-    status = 0
-    interrupted = False
-    try:
-        with open(path, "rb") as f:
-            source = f.read()
-        exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
-    except SystemExit as e:
-        status = _runcell_exit_status(e.code)
-    except BaseException as e:
-        # Without this runner's frame, which `python3 FILE` does not have.
-        e.with_traceback(e.__traceback__.tb_next)
-        sys.excepthook(type(e), e, e.__traceback__)
-        interrupted = isinstance(e, KeyboardInterrupt)
-        status = 1
-    try:
-        threading = sys.modules.get("threading")
-        if threading is not None:
-            threading._shutdown()
-        atexit._run_exitfuncs()
-    except SystemExit as e:
-        status = _runcell_exit_status(e.code)
-    main.__dict__.clear()
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            if stream is sys.stdout and status == 0:
-                status = 120
-    if interrupted:
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status & 0xFF)
-
-def _runcell_exit_status(code):
-    import sys
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        pass
-    try:
-        print(code, file=sys.stderr)
-    except BaseException:
-        pass
-    return 1
-
-import json as _json
-_runcell_main(
-    _json.loads(bytes.fromhex("{argv_hex}")),
-    _json.loads(bytes.fromhex("{env_hex}")),
-)
-"#,
-        kmod = config.kernel_module,
+    let prepare = format!(
+        "prepare_one_shot(__import__('json').loads(bytes.fromhex({env:?})), {kdir:?})",
+        env = json_hex(&env),
         kdir = config.kernel_dir.to_string_lossy(),
-        argv_hex = json_hex(&argv),
-        env_hex = json_hex(&env),
     );
-    let code = CString::new(code).unwrap_or_default();
-    // SAFETY: the interpreter is initialised in this process (inherited) and we hold the GIL.
-    let rc = unsafe { (py.run)(code.as_ptr()) };
-    // Only a failure of the runner itself gets here (the program's end is an `_exit` above).
-    // SAFETY: leaving.
-    unsafe { libc::_exit(if rc == 0 { 0 } else { 1 }) }
+    if call_kernel(py, config, &prepare).is_none() {
+        // SAFETY: leaving (the traceback is on stderr).
+        unsafe { libc::_exit(1) }
+    }
+    let told;
+    let argv = match argv {
+        Some(a) => a,
+        None => {
+            told = told_argv();
+            &told
+        }
+    };
+    let run = format!(
+        "run_one_shot(__import__('json').loads(bytes.fromhex({argv:?})))",
+        argv = json_hex(&argv),
+    );
+    match call_kernel(py, config, &run) {
+        Some(status) => exit_before_teardown(status as c_int & 0xFF),
+        // SAFETY: only a failure of the runner itself gets here (its traceback printed).
+        None => unsafe { libc::_exit(1) },
+    }
+}
+
+/// Evaluates `call` on the kernel module (`runcell_kernel.CALL`) and returns the result as an
+/// integer (0 for anything else); `None` if it raised, with the traceback printed to stderr.
+fn call_kernel(py: &Python, config: &ZygoteConfig, call: &str) -> Option<i64> {
+    let expr = format!(
+        "__import__('sys').modules[{kmod:?}].{call}",
+        kmod = config.kernel_module
+    );
+    let expr = CString::new(expr).ok()?;
+    // SAFETY: the interpreter is initialised in this process (inherited) and we hold the GIL;
+    // the dict and the result are new references, released here.
+    unsafe {
+        let globals = (py.dict_new)();
+        if globals.is_null() {
+            (py.err_print)();
+            return None;
+        }
+        let result = (py.run_string)(
+            expr.as_ptr(),
+            PY_EVAL_INPUT,
+            globals,
+            globals,
+            std::ptr::null_mut(),
+        );
+        (py.dec_ref)(globals);
+        if result.is_null() {
+            (py.err_print)();
+            return None;
+        }
+        let n = (py.long_as_long)(result);
+        (py.dec_ref)(result);
+        if n == -1 {
+            // Not an int (None) or -1 itself: either way, clear what AsLong may have raised.
+            (py.err_clear)();
+        }
+        Some(if n == -1 { 0 } else { n as i64 })
+    }
+}
+
+/// `Py_eval_input`: the start symbol of a single expression.
+const PY_EVAL_INPUT: c_int = 258;
+
+/// Exits with `status` so that pid 1 hears of the exit before the kernel frees this process's
+/// memory. A fork of the zygote maps its whole image (~200 MiB with the data stack); the exit
+/// of the last process holding an address space tears it down before the exit is reported to
+/// the parent (2-8 ms here: each page's mapping undone), so pid 1, and the answer, would wait
+/// for it. Instead a holder process shares this address space (`CLONE_VM`): this process's exit
+/// only drops a reference and is reported at once; the holder, with nothing open and every
+/// signal blocked, waits to be killed with the namespace (pid 1 kills every process before it
+/// reports), and the teardown happens in its exit, after the answer. The standard streams are
+/// closed first (they are flushed), so the host sees their end now too. Without a holder (no
+/// pid left under the sandbox's bound) the exit is the ordinary one.
+fn exit_before_teardown(status: c_int) -> ! {
+    const STACK: usize = 64 << 10;
+    // SAFETY: the program's output is flushed and nothing more is written; closing every
+    // descriptor takes integers only. The stack is a fresh private mapping of ours; `hold`
+    // touches nothing but its own frame and the signal mask.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        let stack = libc::mmap(
+            std::ptr::null_mut(),
+            STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stack != libc::MAP_FAILED {
+            libc::clone(
+                hold,
+                stack.cast::<u8>().add(STACK).cast(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                std::ptr::null_mut(),
+            );
+        }
+        libc::_exit(status)
+    }
+}
+
+/// The holder of [`exit_before_teardown`]: every signal blocked (SIGKILL cannot be), then
+/// asleep until killed.
+extern "C" fn hold(_: *mut c_void) -> c_int {
+    // SAFETY: a filled signal set on our own stack; pause sleeps until a signal arrives, and
+    // only SIGKILL can, which ends the process.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        loop {
+            libc::pause();
+        }
+    }
 }
 
 /// The libpython soname for a Python `X.Y`.
