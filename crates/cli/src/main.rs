@@ -10,6 +10,7 @@ mod config;
 mod doctor;
 mod engines;
 mod keys;
+mod local;
 mod mcp;
 mod repl;
 mod replay;

@@ -67,22 +67,7 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, cancel.clone())?;
     }
-    req.cancel = Some(cancel);
-    // The caller is the operator here: what it allows is both the bound and the policy.
-    if !args.allow_domains.is_empty() {
-        req.network = runcell_engine::NetworkPolicy::Allowlist {
-            allowed_domains: args.allow_domains.clone(),
-            domain_secrets: Vec::new(),
-        };
-    }
-    let engine = crate::engines::engine_with_network(
-        data_dir,
-        runcell_engine::NetworkConfig {
-            allow_domains: args.allow_domains,
-            allow_cidrs: args.allow_cidrs,
-            ..Default::default()
-        },
-    )?;
+    req.cancel = Some(cancel.clone());
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     let mut on_output = |stream: Stream, data: &[u8]| {
@@ -98,7 +83,67 @@ pub fn run(data_dir: &Path, args: RunArgs) -> anyhow::Result<ExitCode> {
             Stream::Stderr => stderr.lock().write_all(data),
         };
     };
-    let outcome = engine.run_once(&req, &mut on_output)?;
+    // A `runcell serve` on this data dir runs it forked from its zygote (crate::local); a
+    // network allowlist is this command's own policy, which the server's may not allow.
+    let local = match args.allow_domains.is_empty() && args.allow_cidrs.is_empty() {
+        true => {
+            let r = crate::local::request(
+                req.language,
+                &req.code,
+                &req.files,
+                req.limits.memory_mb,
+                args.timeout,
+            );
+            crate::local::run(data_dir, &r, &cancel, &mut on_output)?
+        }
+        false => None,
+    };
+    let outcome = match local {
+        Some(done) => runcell_engine::OneShotOutcome {
+            execution: done.execution,
+            exit_code: done.exit_code,
+        },
+        None => run_here(
+            data_dir,
+            req,
+            args.allow_domains,
+            args.allow_cidrs,
+            &mut on_output,
+        )?,
+    };
+    report(json, &outcome)
+}
+
+/// Runs `req` in a sandbox made by this process.
+fn run_here(
+    data_dir: &Path,
+    mut req: OneShot,
+    allow_domains: Vec<String>,
+    allow_cidrs: Vec<String>,
+    on_output: &mut dyn FnMut(Stream, &[u8]),
+) -> anyhow::Result<runcell_engine::OneShotOutcome> {
+    // The caller is the operator here: what it allows is both the bound and the policy.
+    if !allow_domains.is_empty() {
+        req.network = runcell_engine::NetworkPolicy::Allowlist {
+            allowed_domains: allow_domains.clone(),
+            domain_secrets: Vec::new(),
+        };
+    }
+    let engine = crate::engines::engine_with_network(
+        data_dir,
+        runcell_engine::NetworkConfig {
+            allow_domains,
+            allow_cidrs,
+            ..Default::default()
+        },
+    )?;
+    Ok(engine.run_once(&req, on_output)?)
+}
+
+/// The end of the run on the terminal (or as JSON), and the exit code.
+fn report(json: bool, outcome: &runcell_engine::OneShotOutcome) -> anyhow::Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
     let execution = &outcome.execution;
 
     if json {

@@ -719,6 +719,14 @@ pub fn serve(
     engine.sessions().start_warm_pool(warm_sessions.into());
     engine.start_one_shot_pool(warm_one_shots.into());
     engine.sessions().start_spare_workspaces();
+    // `runcell run` on this data dir hands its runs to this server (crate::local).
+    let local_socket = match crate::local::listen(engine.clone(), data_dir) {
+        Ok(path) => Some(path),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "`runcell run` cannot use this server (it runs its programs itself)");
+            None
+        }
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -790,6 +798,10 @@ pub fn serve(
             m.abort();
         }
         tracing::info!("shutting down: ending sessions");
+        if let Some(path) = &local_socket {
+            // No new local runs; those in progress finish.
+            let _ = std::fs::remove_file(path);
+        }
         tokio::task::spawn_blocking(move || engine.sessions().shutdown()).await?;
         anyhow::Ok(())
     })?;

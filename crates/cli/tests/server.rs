@@ -477,3 +477,84 @@ fn allowed_hosts_and_the_metrics_listener_flags() {
         "{err}"
     );
 }
+
+/// `runcell run` on the data dir of a running `runcell serve` hands the run to it: the program
+/// runs in one of the server's prepared one-shot sandboxes (its process older than the run),
+/// with the command's output, exit code, `--json` and `--file`s as when it runs itself; once
+/// the server stops, `runcell run` runs it itself again (a process as new as the run).
+#[test]
+fn runcell_run_uses_the_server_of_its_data_dir() {
+    let data = data_dir();
+    let c = http();
+    let srv = serve_with(&data, &["--warm-sessions", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h: Value = get_json(&c, format!("{}/healthz", srv.base), "healthz");
+        if h["zygote"]["state"] == "ready" && h["warm_one_shots"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no prepared one-shots: {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let socket = data.join("serve.sock");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("serve.sock")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "only the server's user may connect");
+    // Prepared sandboxes made well before the runs below.
+    std::thread::sleep(Duration::from_millis(1500));
+    let program = data.join("p.py");
+    std::fs::write(
+        &program,
+        "import os, sys\nticks = os.sysconf('SC_CLK_TCK')\nstart = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])\nage = float(open('/proc/uptime').read().split()[0]) - start / ticks\nprint('age>1', age > 1, open('/workspace/in.txt').read())\nprint('to stderr', file=sys.stderr)\nsys.exit(3)\n",
+    )
+    .expect("program");
+    let input = data.join("in.txt");
+    std::fs::write(&input, "from a file").expect("input");
+    let run = |flags: &[&str]| {
+        runcell(&data)
+            .arg("run")
+            .args(flags)
+            .arg("--file")
+            .arg(&input)
+            .arg(&program)
+            .output()
+            .expect("runcell run")
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "age>1 True from a file\n",
+        "{out:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "to stderr\n",
+        "{out:?}"
+    );
+    let out = run(&["--json"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let exec: Value = serde_json::from_slice(&out.stdout).expect("an Execution");
+    assert_eq!(exec["status"], "error", "{exec:#}");
+    assert_eq!(exec["stdout"], "age>1 True from a file\n", "{exec:#}");
+    // The server recorded it.
+    let id = exec["id"].as_str().expect("id");
+    let got = c
+        .get(format!("{}/v1/executions/{id}", srv.base))
+        .send()
+        .expect("GET execution");
+    assert_eq!(got.status(), 200, "the server does not know {id}");
+
+    drop(srv);
+    assert!(!socket.exists(), "a stopped server removes its socket");
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "age>1 False from a file\n",
+        "without a server the run is this command's own: {out:?}"
+    );
+}
