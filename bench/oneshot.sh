@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-shot runs, side by side in one run (ratios matter on this shared, noisy machine, not
 # absolutes):
-#   1. the CLI: `runcell run FILE` of print(1) (no server, so no zygote: a cold sandbox) against
-#      a bare `python3 -c`, a bare `python3 FILE` and bubblewrap with comparable namespaces;
+#   1. the CLI: `runcell run FILE` of print(1) against a bare `python3 -c`, a bare `python3
+#      FILE` and bubblewrap with comparable namespaces: without a server (a cold sandbox) and
+#      with a `runcell serve` on its data dir (which runs it forked from its zygote);
 #   2. the API of a fresh `runcell serve` (zygote preloading numpy, pandas, matplotlib):
 #      POST /v1/execute of print(1) and of a numpy + pandas program, forked from the zygote and
 #      `"start": "cold"`, p50/p95/p99 as an HTTP client sees them; POST /v1/batch of N print(1)
@@ -33,11 +34,12 @@ mkdir -p "$cache"
 
 work=$(mktemp -d /var/tmp/runcell-oneshot.XXXXXX)
 server_pid=
+served_pid=
 cleanup() {
   local rc=$?
-  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid"; wait "$server_pid" 2>/dev/null || true
-  fi
+  for p in $server_pid $served_pid; do
+    if kill -0 "$p" 2>/dev/null; then kill -TERM "$p"; wait "$p" 2>/dev/null || true; fi
+  done
   (( rc == 0 )) && rm -rf -- "$work" || say "kept $work"
   exit "$rc"
 }
@@ -57,6 +59,20 @@ base=()
 if [[ -n ${RUNCELL_BASE_BIN:-} ]]; then
   base=(-n 'runcell run FILE (cold, base)' "$(realpath "$RUNCELL_BASE_BIN") run $prog")
 fi
+# `runcell run` with a `runcell serve` on its data dir hands the run to the server (forked
+# from its zygote, crates/cli/src/local.rs): timed beside the cold one, on a server of its own.
+served=$work/served
+mkdir -p "$served"; ln -s "$(realpath "$cache")/runtimes" "$served/runtimes"
+served_port=$((20000 + RANDOM % 40000))
+RUST_LOG=warn "$bin" serve --listen "127.0.0.1:$served_port" --data-dir "$served" \
+  --warm-sessions 0 >"$work/served.out" 2>"$work/served.log" </dev/null &
+served_pid=$!
+for _ in $(seq 1200); do
+  h=$(curl -sf "http://127.0.0.1:$served_port/healthz" || true)
+  [[ $h == *'"state":"ready"'* && $h == *'"warm_one_shots":'[1-9]* ]] && break
+  kill -0 "$served_pid" 2>/dev/null || { tail "$work/served.log" >&2; exit 1; }
+  sleep 0.1
+done
 say "CLI: hyperfine, $runs runs each"
 RUNCELL_DATA_DIR=$cli hyperfine -N --warmup 5 --runs "$runs" --export-markdown "$out-cli.md" \
   -n 'python3 -c print(1)' '/usr/bin/python3 -c print(1)' \
@@ -64,7 +80,9 @@ RUNCELL_DATA_DIR=$cli hyperfine -N --warmup 5 --runs "$runs" --export-markdown "
   -n 'runtime python3 FILE (bare)' "$runtime_py $prog" \
   -n 'bwrap (user,pid,net,ipc,uts,cgroup ns; ro /usr)' \
      "bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --proc /proc --dev /dev --tmpfs /tmp --ro-bind $prog /p.py /usr/bin/python3 /p.py" \
-  -n 'runcell run FILE (cold)' "$bin run $prog" "${base[@]}" >/dev/null
+  -n 'runcell run FILE (cold)' "$bin run $prog" "${base[@]}" \
+  -n 'runcell run FILE (a runcell serve on its data dir)' "$bin --data-dir $served run $prog" >/dev/null
+kill -TERM "$served_pid"; wait "$served_pid" 2>/dev/null || true
 if [[ -n $cli_only ]]; then
   say "CLI phases: bench/oneshot_phases.py, $runs runs each"
   phase_bins=("$bin")

@@ -40,8 +40,13 @@ use crate::EngineError;
 const RECHECK: Duration = Duration::from_millis(250);
 /// After a failed preparation, the filler waits this long before the next.
 const BACKOFF: Duration = Duration::from_secs(2);
-/// Finished sandboxes waiting for the reaper at most.
-const REAP_QUEUE: usize = 64;
+/// Finished sandboxes waiting for a reaper at most. Each holds its run's memory reservation
+/// until it is torn down, so a short queue: past it the run tears its own down, and a flood
+/// of runs slows down to the teardowns' pace rather than filling the memory budget with them.
+const REAP_QUEUE: usize = 8;
+/// Reaper threads: a teardown mostly waits for the kernel to free a sandbox (on another CPU),
+/// so two overlap their waits.
+const REAPERS: usize = 2;
 /// How long after the last run ended the filler waits before preparing, unless the pool is
 /// below half: a preparation (a fork, mounts, cgroups: ~5 ms of CPU) beside a run slows it
 /// down on a small host, and between runs it costs nothing.
@@ -203,22 +208,36 @@ impl OneShotPool {
             st.target = target;
         }
         let (tx, rx) = sync_channel::<Leftovers>(REAP_QUEUE);
-        let reaper = thread::Builder::new()
-            .name("oneshot-reaper".into())
-            // Each item is torn down by being dropped; the loop ends once the senders are gone
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reapers = 0;
+        for _ in 0..REAPERS {
+            let rx = rx.clone();
+            // Each item is torn down by being dropped; a reaper ends once the senders are gone
             // and the queue is empty.
-            .spawn(move || rx.into_iter().for_each(drop));
+            let reaper = thread::Builder::new()
+                .name("oneshot-reaper".into())
+                .spawn(move || loop {
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match next {
+                        Ok(left) => drop(left),
+                        Err(_) => return,
+                    }
+                });
+            match reaper {
+                Ok(h) => {
+                    threads.push(h);
+                    reapers += 1;
+                }
+                Err(e) => tracing::error!(error = %e, "cannot start a one-shot reaper"),
+            }
+        }
+        if reapers > 0 {
+            *self.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        }
         let filler = thread::Builder::new()
             .name("oneshot-warm".into())
             .spawn(move || fill(source));
-        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
-        match reaper {
-            Ok(h) => {
-                threads.push(h);
-                *self.reaper.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-            }
-            Err(e) => tracing::error!(error = %e, "cannot start the one-shot reaper"),
-        }
         match filler {
             Ok(h) => threads.push(h),
             Err(e) => tracing::error!(error = %e, "cannot start the warm one-shot thread"),

@@ -591,15 +591,22 @@ pub struct Remains {
 
 impl Drop for Remains {
     fn drop(&mut self) {
+        // A zygote's pid 1 kills what it stopped and exits once its control socket closes,
+        // and its exit empties the namespace; waiting for that on the pidfd (not the cgroup's
+        // polling, 10 ms a round) lets a reaper keep up with hundreds of runs a second.
         self.report.take();
-        if let Some(cg) = self.cgroup.take() {
+        if let Some(h) = &self.helper {
+            h.wait_exit(REMAINS_SETTLE);
+        }
+        let cgroup = self.cgroup.take();
+        if let Some(cg) = &cgroup {
             let _ = cg.kill_all();
-            if let Some(h) = &mut self.helper {
-                h.wait();
-            }
-            let _ = cg.remove();
-        } else if let Some(h) = &mut self.helper {
+        }
+        if let Some(h) = &mut self.helper {
             h.wait();
+        }
+        if let Some(cg) = cgroup {
+            let _ = cg.remove();
         }
     }
 }
@@ -1102,6 +1109,9 @@ enum Helper {
         exited: bool,
     },
 }
+
+/// How long dropping [`Remains`] waits for pid 1 to end by itself before killing the cgroup.
+const REMAINS_SETTLE: Duration = Duration::from_secs(2);
 
 /// How long [`Running::kill`] waits for the killed helper (or pid 1) to be gone.
 const KILL_SETTLE: Duration = Duration::from_millis(100);
