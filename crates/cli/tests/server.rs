@@ -558,3 +558,35 @@ fn runcell_run_uses_the_server_of_its_data_dir() {
         "without a server the run is this command's own: {out:?}"
     );
 }
+
+/// Back-to-back one-shots faster than their sandboxes are torn down (the teardown comes after
+/// each answer) are all answered: with a memory budget for three default one-shots at once,
+/// sixty in a row each get 200, not `503` at capacity.
+#[test]
+fn back_to_back_one_shots_are_not_refused_while_teardowns_lag() {
+    let data = data_dir();
+    let c = http();
+    let srv = serve_with(
+        &data,
+        &["--warm-sessions", "0", "--max-committed-memory-mb", "3072"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h: Value = get_json(&c, format!("{}/healthz", srv.base), "healthz");
+        if h["zygote"]["state"] == "ready" && h["warm_one_shots"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no prepared one-shots: {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for _ in 0..60 {
+        let r = c
+            .post(format!("{}/v1/execute", srv.base))
+            .json(&json!({"language": "python", "code": "print(1)"}))
+            .send()
+            .expect("execute");
+        *statuses.entry(r.status().as_u16()).or_default() += 1;
+    }
+    assert_eq!(statuses, [(200, 60)].into(), "statuses of 60 runs in a row");
+}

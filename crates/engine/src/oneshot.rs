@@ -131,7 +131,7 @@ impl Engine {
         let policy = &self.core.config.limits;
         let limits = policy.resolve(&req.limits)?;
         policy.check_timeout(req.timeout)?;
-        // Held until the sandbox is gone (handed to the reaper with what is left of it).
+        // Held until the run is answered (its sandbox is stopped by then; see the end).
         let reserved = self.core.ledger.reserve(
             limits.memory_mb,
             policy.committed_memory_mb,
@@ -206,7 +206,6 @@ impl Engine {
             remains: outcome.remains,
             workspace,
             input,
-            reservation: Some(reserved),
         };
         // With the pool running, the sandbox is torn down after the answer, off this thread
         // (and handed over once the execution is recorded: on a small host the teardown's
@@ -218,6 +217,11 @@ impl Engine {
         if let Some(left) = left {
             self.core.one_shots.reap(left);
         }
+        // The run's memory reservation ends with its answer, not its teardown: what a reaper
+        // still holds of it is stopped or exiting (it cannot grow), and at most a queue's
+        // worth of them (oneshot_pool's REAP_QUEUE + REAPERS); held until then, a flood of
+        // back-to-back runs had the budget taken by teardowns and was answered 503.
+        drop(reserved);
         let execution = recorded?;
         Ok(OneShotOutcome {
             execution,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use runcell_sandbox::{Remains, Running, Workspace};
 
-use crate::limits::{Reservation, SessionLimits};
+use crate::limits::SessionLimits;
 use crate::model::Language;
 use crate::EngineError;
 
@@ -40,9 +40,9 @@ use crate::EngineError;
 const RECHECK: Duration = Duration::from_millis(250);
 /// After a failed preparation, the filler waits this long before the next.
 const BACKOFF: Duration = Duration::from_secs(2);
-/// Finished sandboxes waiting for a reaper at most. Each holds its run's memory reservation
-/// until it is torn down, so a short queue: past it the run tears its own down, and a flood
-/// of runs slows down to the teardowns' pace rather than filling the memory budget with them.
+/// Finished sandboxes waiting for a reaper at most; past it the run tears its own down, so a
+/// flood of runs slows down to the teardowns' pace instead of piling them up (their memory
+/// is no longer reserved: see `run_once`).
 const REAP_QUEUE: usize = 8;
 /// Reaper threads: a teardown mostly waits for the kernel to free a sandbox (on another CPU),
 /// so two overlap their waits.
@@ -132,15 +132,14 @@ impl Activity {
     }
 }
 
-/// What is left of a finished one-shot, in the order it goes: the cgroup, the workspace (its
-/// tmpfs unmounted), the program's directory, and last the run's memory reservation.
+/// What is left of a finished one-shot, in the order it goes: the cgroup (and pid 1, with
+/// whatever it stopped), the workspace (its tmpfs unmounted), the program's directory.
 /// Held only to be dropped: fields drop in declaration order.
 #[allow(dead_code)]
 pub(crate) struct Leftovers {
     pub(crate) remains: Remains,
     pub(crate) workspace: Workspace,
     pub(crate) input: ProgramDir,
-    pub(crate) reservation: Option<Reservation>,
 }
 
 /// Where prepared one-shots come from (the engine's core); the pool only asks it.
