@@ -135,11 +135,14 @@ fn serve(data: &Path, port: u16) -> Serve {
             "--default-exec-timeout-s",
             "5",
         ])
+        // Sessions the fuzzer leaves behind end within a minute: left for the whole run (five
+        // minutes) they could fill the committed-memory budget as the run goes faster (256
+        // sessions of 64 MiB), and every later create, fork or replay was a 503.
         .args([
             "--max-idle-timeout-s",
             "300",
             "--default-idle-timeout-s",
-            "300",
+            "60",
         ])
         .stderr(Stdio::piped())
         .spawn()

@@ -42,6 +42,12 @@ pub enum EngineError {
     /// retrying later may succeed, once sessions holding memory end.
     #[error("{0}")]
     OverCommitted(Committed),
+    /// The sandbox did not reach a point of its start in time (pid 1 opening the egress
+    /// socket): a sandbox starved at its start, by limits of a few MiB under reclaim or a
+    /// sliver of CPU, or by a host overloaded for the moment. Retrying (or asking for more)
+    /// may succeed; nothing ran.
+    #[error("the sandbox did not start in time (a few MiB of memory, a sliver of CPU, or a host busy for the moment); retry, or ask for more")]
+    SlowStart(#[source] Cause),
     /// The sandbox failed while running the code.
     #[error("sandbox failure")]
     Sandbox(#[source] Cause),

@@ -156,7 +156,15 @@ pub(crate) fn start_pid1(
         // Closed already (pid 1 closes everything above 4 but its copy of sync_r): dropping
         // them here would close whatever took their numbers since.
         std::mem::forget((sync_w, v2_dir));
-        return Ok(Started::Program(place_fds(fds, spec, sync_r, v2, program)));
+        // A one-shot forked from a zygote ends by being stopped, its teardown after the answer
+        // (crate::pid1, `reap_and_report`); a session's kernel and a cold program as before.
+        let stop = matches!(
+            request.program,
+            ForkedProgram::Main | ForkedProgram::MainWhenTold
+        ) && matches!(program, Pid1Program::Continue(_));
+        return Ok(Started::Program(place_fds(
+            fds, spec, sync_r, v2, stop, program,
+        )));
     }
     if let Some(h) = &hooks {
         (h.after_in_parent)();
@@ -271,6 +279,7 @@ fn place_fds(
     spec: &[u8],
     sync_r: OwnedFd,
     v2: bool,
+    stop: bool,
     program: Pid1Program<'_>,
 ) -> Vec<String> {
     // Move them and the sync pipe above 10 first: any may sit on a target number.
@@ -294,7 +303,7 @@ fn place_fds(
     let _ = sync_r.into_raw_fd();
     // SAFETY: our duplicate.
     let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
-    crate::pid1::direct_pid1(spec, sync_r, v2, program)
+    crate::pid1::direct_pid1(spec, sync_r, v2, stop, program)
 }
 
 #[cfg(test)]

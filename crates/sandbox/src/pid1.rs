@@ -94,6 +94,7 @@ pub(crate) fn direct_pid1(
     spec_bytes: &[u8],
     sync_r: OwnedFd,
     new_cgroup_ns: bool,
+    stop_at_end: bool,
     program: Pid1Program<'_>,
 ) -> Vec<String> {
     // SAFETY: setsid has no arguments; it fails harmlessly if already a leader.
@@ -145,7 +146,7 @@ pub(crate) fn direct_pid1(
         ))),
         program => {
             drop((msg_w, sync_r));
-            reap_and_report(program, msg_r)
+            reap_and_report(program, msg_r, stop_at_end)
         }
     }
 }
@@ -592,7 +593,13 @@ fn reap(program: libc::pid_t, msg_fd: libc::c_int) -> ! {
 /// orphan until the program exits, then reports on the control socket (the program's status, or
 /// the step that failed in it) and exits, which ends the namespace. A hang-up on the control
 /// socket means the supervisor is gone: pid 1 exits at once and takes the sandbox with it.
-fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
+///
+/// `stop_at_end` (a one-shot forked from a zygote, whose host reads the report line, drains
+/// the pipes and then hangs up): the other processes are stopped rather than killed before
+/// the report, and pid 1 waits for the hang-up to kill them and exit, so that the kernel's
+/// teardown of a zygote-sized image comes after the answer. Otherwise (a session's kernel,
+/// whose host drains the pipes to their end) they are killed, and pid 1 exits at once.
+fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd, stop_at_end: bool) -> ! {
     // Handlers inherited from the zygote's Python have no business in pid 1 (the program got
     // its copy of them with the fork).
     reset_signal_handlers();
@@ -623,6 +630,10 @@ fn reap_and_report(program: libc::pid_t, msg_r: OwnedFd) -> ! {
                     Ok(_) => describe_status(status),
                     Err(e) => error_line(&e),
                 };
+                if !stop_at_end {
+                    signal_namespace(libc::SIGKILL);
+                    report_and_exit(&line);
+                }
                 // Stopped, not killed: the kernel's teardown of the processes (the program's
                 // copy of the zygote's image, ~2-8 ms) waits for the host, which hangs up
                 // once its answer is out; pid 1 then kills them and exits.
