@@ -478,6 +478,19 @@ fn allowed_hosts_and_the_metrics_listener_flags() {
     );
 }
 
+/// Waits until the server's zygote is ready and it holds prepared one-shot sandboxes.
+fn wait_for_prepared_one_shots(c: &reqwest::blocking::Client, base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let h: Value = get_json(c, format!("{base}/healthz"), "healthz");
+        if h["zygote"]["state"] == "ready" && h["warm_one_shots"].as_u64() > Some(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no prepared one-shots: {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `runcell run` on the data dir of a running `runcell serve` hands the run to it: the program
 /// runs in one of the server's prepared one-shot sandboxes (its process older than the run),
 /// with the command's output, exit code, `--json` and `--file`s as when it runs itself; once
@@ -487,15 +500,7 @@ fn runcell_run_uses_the_server_of_its_data_dir() {
     let data = data_dir();
     let c = http();
     let srv = serve_with(&data, &["--warm-sessions", "0"]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let h: Value = get_json(&c, format!("{}/healthz", srv.base), "healthz");
-        if h["zygote"]["state"] == "ready" && h["warm_one_shots"].as_u64() > Some(0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no prepared one-shots: {h}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_prepared_one_shots(&c, &srv.base);
     let socket = data.join("serve.sock");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket)
@@ -570,15 +575,7 @@ fn back_to_back_one_shots_are_not_refused_while_teardowns_lag() {
         &data,
         &["--warm-sessions", "0", "--max-committed-memory-mb", "3072"],
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let h: Value = get_json(&c, format!("{}/healthz", srv.base), "healthz");
-        if h["zygote"]["state"] == "ready" && h["warm_one_shots"].as_u64() > Some(0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no prepared one-shots: {h}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_prepared_one_shots(&c, &srv.base);
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     for _ in 0..60 {
         let r = c
