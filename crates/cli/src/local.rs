@@ -68,7 +68,12 @@ pub fn listen(engine: Engine, data_dir: &Path) -> anyhow::Result<PathBuf> {
     std::thread::Builder::new()
         .name("local-runs".into())
         .spawn(move || {
-            for conn in listener.incoming().flatten() {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else {
+                    // Out of descriptors, say: not a reason to spin.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
                 if !same_user(&conn) {
                     continue;
                 }
