@@ -38,21 +38,11 @@ fn shared(url: &str, keys: &Path) -> Vec<String> {
 }
 
 fn new_key(url: &str, keys: &Path) -> String {
-    let out = runcell(&data_dir("runcell-faults-k-"))
-        .args(shared(url, keys))
-        .args(["keys", "create", "--name", "ci"])
-        .output()
-        .expect("keys create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .expect("key")
-        .to_owned()
+    common::serve::create_key(
+        &data_dir("runcell-faults-k-"),
+        &shared(url, keys),
+        &["--name", "ci"],
+    )
 }
 
 /// `runcell serve` as node `http://127.0.0.1:PORT` on `url`.

@@ -68,21 +68,11 @@ fn a_node_connects_with_verify_full_and_refuses_another_ca_at_start() {
     let secret = dir.path().join("cluster.secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef-tls\n").expect("write");
 
-    let out = runcell(&data_dir("runcell-tls-k-"))
-        .args(flags(&verified, dir.path()))
-        .args(["keys", "create", "--name", "ci"])
-        .output()
-        .expect("keys create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let api_key = common::serve::create_key(
+        &data_dir("runcell-tls-k-"),
+        &flags(&verified, dir.path()),
+        &["--name", "ci"],
     );
-    let api_key = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .expect("key")
-        .to_owned();
 
     // A node on the verified link serves, its execution recorded through it.
     let data = data_dir("runcell-tls-a-");

@@ -23,21 +23,11 @@ const SECRET: &str = "0123456789abcdef0123456789abcdef-takeover";
 
 /// An API key of `tenant` on the database of `flags`.
 fn api_key(flags: &[String], tenant: &str) -> String {
-    let out = runcell(&data_dir("runcell-tk-k-"))
-        .args(flags)
-        .args(["keys", "create", "--name", tenant, "--tenant", tenant])
-        .output()
-        .expect("keys create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .expect("key")
-        .to_owned()
+    common::serve::create_key(
+        &data_dir("runcell-tk-k-"),
+        flags,
+        &["--name", tenant, "--tenant", tenant],
+    )
 }
 
 /// A database of its own on the test's PostgreSQL, audit keys and a cluster secret in `keys`,

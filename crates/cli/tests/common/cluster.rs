@@ -65,22 +65,8 @@ impl Cluster {
 
     /// `runcell keys create --name NAME ARGS...` on the database: the key.
     pub fn key(&self, name: &str, args: &[&str]) -> String {
-        let out = runcell(self.keys.path())
-            .args(&self.flags)
-            .args(["keys", "create", "--name", name])
-            .args(args)
-            .output()
-            .expect("keys create");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .expect("key")
-            .to_owned()
+        let args = [&["--name", name][..], args].concat();
+        super::serve::create_key(self.keys.path(), &self.flags, &args)
     }
 
     /// A node with `extra` flags beside the database, the secret and `--node-url`.

@@ -115,6 +115,27 @@ pub fn runcell(data: &Path) -> Command {
     c
 }
 
+/// `runcell FLAGS keys create ARGS` on `data` (`flags`: the database and key files a cluster's
+/// commands share): the key it prints, once.
+pub fn create_key(data: &Path, flags: &[String], args: &[&str]) -> String {
+    let out = runcell(data)
+        .args(flags)
+        .args(["keys", "create"])
+        .args(args)
+        .output()
+        .expect("keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("key")
+        .to_owned()
+}
+
 pub struct Serve {
     pub child: Child,
     pub base: String,
