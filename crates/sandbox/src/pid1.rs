@@ -719,7 +719,8 @@ fn reset_signal_handlers() {
 }
 
 /// Pid 1 confines itself like the program (it runs no user code, but shares its namespaces):
-/// no stdio, not dumpable, no capabilities, no new privileges, only `keep` open, seccomp.
+/// no stdio, not dumpable, no capabilities, no new privileges, only `keep` open, and a seccomp
+/// filter of its own, narrower than the program's (`seccomp::pid1_allowed`).
 fn confine_pid1(keep: &[libc::c_int]) {
     redirect_stdio_to_null();
     // Not dumpable: the program (same uid) can neither ptrace pid 1 nor read its memory.
@@ -728,5 +729,5 @@ fn confine_pid1(keep: &[libc::c_int]) {
     let _ = caps::drop_all();
     let _ = caps::set_no_new_privs();
     close_fds_from(3, keep);
-    let _ = seccomp::install();
+    let _ = seccomp::install_pid1();
 }

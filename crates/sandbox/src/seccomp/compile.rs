@@ -211,6 +211,37 @@ pub fn build() -> Result<Vec<BpfProgram>, SeccompError> {
     build_with(true)
 }
 
+/// pid 1's filter (no side effects): [`super::policy::pid1_allowed`], whatever the arguments,
+/// found by the same binary search as the program's fast path; the rest fails with `EPERM`,
+/// and another architecture's calls kill, as in the program's. No seccompiler chain behind the
+/// search: loading a program costs by its length and by how far each number runs through it
+/// (the kernel works out a cached action per number at load time).
+pub fn build_pid1() -> Result<BpfProgram, SeccompError> {
+    use seccompiler::sock_filter;
+    let mut nrs = Vec::new();
+    for entry in super::policy::pid1_allowed() {
+        let nr = entry.nr as u32;
+        if nrs.contains(&nr) {
+            return Err(SeccompError::Duplicate { name: entry.name });
+        }
+        nrs.push(nr);
+    }
+    let mut program = fast_path(&nrs);
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    program.extend([
+        ins(0x20, 0, 0, 4),                 // BPF_LD | BPF_W | BPF_ABS: seccomp_data.arch
+        ins(0x15, 0, 1, AUDIT_ARCH_NATIVE), // BPF_JMP | BPF_JEQ | BPF_K
+        ins(
+            0x06,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | DEFAULT_ERRNO.unsigned_abs(),
+        ),
+        ins(0x06, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+    ]);
+    Ok(program)
+}
+
 /// A refusal's errno as the filter returns it: 1..=4095 (0 is reserved for the no-ops).
 fn valid_errno(name: &'static str, errno: i32) -> Result<u32, SeccompError> {
     match u32::try_from(errno) {

@@ -528,6 +528,15 @@ fn x32_calls_are_refused() {
     // SAFETY: getpid takes no arguments, whatever ABI bit is set.
     let x32_getpid = || unsafe { sys(libc::SYS_getpid | 0x4000_0000, [0; 6]) };
     assert_eq!(probe(Filter::Programs(&p), &[&x32_getpid]), [EPERM]);
+    // x32's write: a number pid 1's filter allows, with the ABI bit.
+    // SAFETY: writing 0 bytes to stderr, whatever ABI bit is set.
+    let x32_write = || unsafe { sys(libc::SYS_write | 0x4000_0000, [2, 0, 0, 0, 0, 0]) };
+    let pid1 = [build_pid1().expect("build pid 1's filter")];
+    assert_eq!(
+        probe(Filter::Programs(&pid1), &[&x32_getpid, &x32_write]),
+        [EPERM, EPERM],
+        "pid 1's filter"
+    );
     // Without the filter: ENOSYS when the kernel lacks x32 (this one), success otherwise.
     assert_ne!(probe(Filter::None, &[&x32_getpid]), [EPERM], "control");
 }
@@ -563,14 +572,17 @@ fn i386_calls_kill_the_process() {
         Outcome::Exited(0),
         "control"
     );
-    let filtered = in_child(Duration::from_secs(10), || {
-        if let Err(e) = enter(Filter::Programs(&p)) {
-            return e;
-        }
-        i386_getpid();
-        100
-    });
-    assert_eq!(filtered, Outcome::Signaled(libc::SIGSYS));
+    let pid1 = [build_pid1().expect("build pid 1's filter")];
+    for programs in [&p[..], &pid1[..]] {
+        let filtered = in_child(Duration::from_secs(10), || {
+            if let Err(e) = enter(Filter::Programs(programs)) {
+                return e;
+            }
+            i386_getpid();
+            100
+        });
+        assert_eq!(filtered, Outcome::Signaled(libc::SIGSYS));
+    }
 }
 
 /// Every denied call, with all-ones arguments (invalid pointers, out-of-range values), gets
@@ -842,5 +854,93 @@ fs.promises.readFile('/etc/passwd').then(() => {
     assert_eq!(
         run_filtered(&["/usr/bin/node", "-e", workload]),
         Outcome::Exited(0)
+    );
+}
+
+/// Pid 1's own filter: what its reap loop makes works (a write, a wait, a kill of nobody, an
+/// allocation), and what a hijacked pid 1 would want is refused with EPERM — opening a file,
+/// a socket, a new process, its pid — each beside the same call without the filter.
+#[test]
+fn pid1_filter_allows_its_reap_loop_and_refuses_the_rest() {
+    let pid1 = [build_pid1().expect("build pid 1's filter")];
+    let path = c"/proc/self/status";
+    // SAFETY: a valid NUL-terminated path; the descriptor is closed at once.
+    let open = || unsafe {
+        let fd = sys(
+            libc::SYS_openat,
+            [
+                libc::AT_FDCWD as u64,
+                path.as_ptr() as u64,
+                libc::O_RDONLY as u64,
+                0,
+                0,
+                0,
+            ],
+        );
+        if fd >= 0 {
+            libc::close(fd as i32);
+            return 0;
+        }
+        fd
+    };
+    // SAFETY: integer arguments only; the descriptor is closed at once.
+    let socket = || unsafe {
+        let fd = sys(
+            libc::SYS_socket,
+            [libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0],
+        );
+        if fd >= 0 {
+            libc::close(fd as i32);
+            return 0;
+        }
+        fd
+    };
+    // SAFETY: integer arguments only.
+    let getpid = || unsafe { sys(libc::SYS_getpid, [0; 6]).min(0) };
+    // A fork whose child leaves at once; the parent reaps it (wait4 is pid 1's own call).
+    let fork = || {
+        // SAFETY: raw clone with SIGCHLD only: a fork; the child only _exits.
+        let pid = unsafe { sys(libc::SYS_clone, [libc::SIGCHLD as u64, 0, 0, 0, 0, 0]) };
+        if pid == 0 {
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(0) }
+        }
+        if pid > 0 {
+            // SAFETY: reaping our own child with a null status pointer.
+            unsafe { sys(libc::SYS_wait4, [pid as u64, 0, 0, 0, 0, 0]) };
+            return 0;
+        }
+        pid
+    };
+    // SAFETY: writing 0 bytes to stderr.
+    let write = || unsafe { sys(libc::SYS_write, [2, 0, 0, 0, 0, 0]) };
+    // SAFETY: a fresh anonymous mapping of our own, unmapped at once.
+    let mmap = || unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return -1;
+        }
+        libc::munmap(p, 4096) as c_long
+    };
+    // kill(pid 0x7fffffff, 0): nobody has that pid: ESRCH, which the filter let through.
+    // SAFETY: integer arguments only; signal 0 sends nothing.
+    let kill = || unsafe { sys(libc::SYS_kill, [0x7fff_ffff, 0, 0, 0, 0, 0]) };
+    let probes: [&dyn Fn() -> c_long; 7] = [&open, &socket, &getpid, &fork, &write, &mmap, &kill];
+    assert_eq!(
+        probe(Filter::None, &probes),
+        [0, 0, 0, 0, 0, 0, libc::ESRCH],
+        "control"
+    );
+    assert_eq!(
+        probe(Filter::Programs(&pid1), &probes),
+        [EPERM, EPERM, EPERM, EPERM, 0, 0, libc::ESRCH],
+        "pid 1's filter"
     );
 }

@@ -50,10 +50,11 @@ mod kernel_tests;
 #[cfg(test)]
 mod tests;
 
-pub use compile::build;
+pub use compile::{build, build_pid1};
 pub use error::SeccompError;
 pub use policy::{
-    allowed, denied, no_ops, Allowed, ArgRule, Denied, NoOp, NAMESPACE_FLAGS, SOCKET_PROTOCOLS,
+    allowed, denied, no_ops, pid1_allowed, Allowed, ArgRule, Denied, NoOp, NAMESPACE_FLAGS,
+    SOCKET_PROTOCOLS,
 };
 
 use seccompiler::BpfProgram;
@@ -75,12 +76,28 @@ pub fn install() -> Result<(), SeccompError> {
 /// instead of each compiling the same list on the sandbox's start-up path.
 static PREBUILT: std::sync::OnceLock<Vec<BpfProgram>> = std::sync::OnceLock::new();
 
-/// Compiles the filter for later [`install`] calls in this process and its forks. A failure is
-/// left for `install` to report.
+/// Installs pid 1's own filter ([`build_pid1`]) on the calling thread: pid 1's last step of
+/// confinement, after which it only reaps, reads, reports and exits.
+pub fn install_pid1() -> Result<(), SeccompError> {
+    match PREBUILT_PID1.get() {
+        Some(program) => install_programs(std::slice::from_ref(program)),
+        None => install_programs(&[build_pid1()?]),
+    }
+}
+
+static PREBUILT_PID1: std::sync::OnceLock<BpfProgram> = std::sync::OnceLock::new();
+
+/// Compiles the filters for later [`install`] and [`install_pid1`] calls in this process and
+/// its forks. A failure is left for the install to report.
 pub(crate) fn prebuild() {
     if PREBUILT.get().is_none() {
         if let Ok(p) = build() {
             let _ = PREBUILT.set(p);
+        }
+    }
+    if PREBUILT_PID1.get().is_none() {
+        if let Ok(p) = build_pid1() {
+            let _ = PREBUILT_PID1.set(p);
         }
     }
 }

@@ -459,6 +459,47 @@ const ARCH_DENIED: &[Denied] = &[];
 static DENIED: [Denied; COMMON_DENIED.len() + ARCH_DENIED.len()] =
     concat(COMMON_DENIED, ARCH_DENIED);
 
+/// What pid 1 may still call once it has confined itself (`pid1::confine_pid1`): it runs no
+/// user code, and from then on only waits for its children, reads the program's messages,
+/// reports on its control socket and exits. A filter of its own, a few instructions long,
+/// instead of the program's: pid 1 can do less than the program (no files, no sockets, no
+/// new processes), and loading it costs a fraction of the program's filter, which every
+/// sandbox's pid 1 loaded too (the cBPF check, the conversion, the JIT and the kernel's
+/// per-number action cache scale with a filter's length: ~0.3 ms of a one-shot's CPU).
+const COMMON_PID1_ALLOWED: &[Allowed] = allow! {
+    "pid 1: the program's messages, the signalfd of its children's exits, the report" => [
+        SYS_read, SYS_write, SYS_close,
+    ];
+    "pid 1: waiting for a child's exit or the supervisor's hang-up" => [SYS_ppoll];
+    "pid 1: reaping, and stopping or killing what is left of the sandbox at its end" => [
+        SYS_wait4, SYS_waitid, SYS_kill,
+    ];
+    "pid 1: the C library's allocator (the report line, the messages read)" => [
+        SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_madvise,
+    ];
+    "pid 1: signals and system calls interrupted by them; leaving" => [
+        SYS_rt_sigreturn, SYS_restart_syscall, SYS_exit, SYS_exit_group,
+    ];
+};
+
+/// pid 1's x86_64 legacy forms (glibc's `poll` is `SYS_poll` there).
+#[cfg(target_arch = "x86_64")]
+const ARCH_PID1_ALLOWED: &[Allowed] = allow! {
+    "pid 1 (x86_64 legacy form): waiting for a child's exit or the supervisor's hang-up" => [
+        SYS_poll,
+    ];
+};
+#[cfg(target_arch = "aarch64")]
+const ARCH_PID1_ALLOWED: &[Allowed] = &[];
+
+static PID1_ALLOWED: [Allowed; COMMON_PID1_ALLOWED.len() + ARCH_PID1_ALLOWED.len()] =
+    concat(COMMON_PID1_ALLOWED, ARCH_PID1_ALLOWED);
+
+/// pid 1's allow-list (see [`COMMON_PID1_ALLOWED`]); everything else fails with `EPERM`.
+pub fn pid1_allowed() -> &'static [Allowed] {
+    &PID1_ALLOWED
+}
+
 /// The allow-list.
 pub fn allowed() -> &'static [Allowed] {
     &ALLOWED
