@@ -1397,6 +1397,39 @@ def prepare_one_shot(env, kernel_dir):
         sys.path.remove(kernel_dir)
 
 
+def warm_one_shot():
+    """Runs once in the zygote, before its pages are frozen, what every one-shot forked from it
+    runs around its program and may run here: the environment replaced, the seeds renewed, the
+    script's path resolved, a fresh `__main__` with its loader, a program compiled and executed
+    (`print` into a buffer). CPython 3.11 writes into the code objects it runs (the specialising
+    interpreter's counters and inline caches: a function is specialised on its eighth call, so
+    the zygote calls this ten times) and into the objects they touch; done here, those writes
+    land once, in pages every fork shares, instead of being copied again by each run. Measured
+    through the server (release build, the light zygote): the pages a `print(1)` one-shot has
+    copied by its program's first line, 2,260 -> 2,164 KiB. Not here: joining threads,
+    `atexit` and the exit, which would end the zygote's own threading and exit handlers.
+    """
+    env = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    reseed()
+    path = os.path.realpath(__file__)
+    os.path.dirname(path)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    main.__annotations__ = {}
+    saved = sys.stdout
+    sys.stdout = io.StringIO()
+    try:
+        exec(compile(b"print(1)\n", path, "exec", dont_inherit=True), main.__dict__)
+    finally:
+        sys.stdout = saved
+        main.__dict__.clear()
+
+
 def run_one_shot(argv):
     """Runs argv[1] in this process as `python3 argv[1] argv[2:]` would, as `__main__`, and
     returns the exit status (0-255) for the caller to exit with; a KeyboardInterrupt ends the

@@ -1104,5 +1104,39 @@ class ZygoteMergeTests(unittest.TestCase):
         self.assertEqual(self.probe({}), ["False", "False", "False", "False"])
 
 
+
+class WarmOneShotTests(unittest.TestCase):
+    """`warm_one_shot` runs in a zygote before its forks: it must leave the process as it was."""
+
+    PROBE = r"""
+import atexit, importlib.util, io, json, os, sys, threading
+spec = importlib.util.spec_from_file_location("runcell_kernel", KERNEL)
+k = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(k)
+atexit.register(lambda: None)
+before = (dict(os.environ), list(sys.path), sys.modules["__main__"], sys.stdout, sys.argv[:])
+exits = atexit._ncallbacks()
+k.warm_one_shot()
+after = (dict(os.environ), list(sys.path), sys.modules["__main__"], sys.stdout, sys.argv[:])
+print(json.dumps({
+    "same": [a == b if i < 2 or i == 4 else a is b for i, (a, b) in enumerate(zip(before, after))],
+    "exit_handlers_kept": atexit._ncallbacks() == exits,
+    "main_thread_alive": threading.main_thread().is_alive(),
+}))
+"""
+
+    def test_warm_one_shot_leaves_the_process_as_it_was(self):
+        env = dict(os.environ, RUNCELL_WARM_PROBE="kept")
+        out = subprocess.run(
+            [sys.executable, "-c", f"KERNEL = {KERNEL!r}\n" + self.PROBE],
+            capture_output=True, text=True, env=env, timeout=TIMEOUT, cwd=HERE,
+        )
+        self.assertEqual(out.returncode, 0, out.stderr)
+        # Only the probe's own line: the warm-up's `print(1)` went into a buffer.
+        self.assertEqual(out.stdout.count("\n"), 1, out.stdout)
+        self.assertEqual(json.loads(out.stdout), {
+            "same": [True] * 5, "exit_handlers_kept": True, "main_thread_alive": True,
+        })
+
 if __name__ == "__main__":
     unittest.main()

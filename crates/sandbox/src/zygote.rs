@@ -732,7 +732,7 @@ def _runcell_preload():
     try:
         sys.argv = [""]
         sys.path.insert(0, {kdir:?})
-        importlib.import_module({kmod:?})
+        kernel = importlib.import_module({kmod:?})
         skipped = []
         for name in [{mods}]:
             try:
@@ -746,6 +746,13 @@ def _runcell_preload():
             pass  # an optimisation only: sessions render their first figure themselves
         try:
             _runcell_warm_pandas(sys)
+        except Exception:
+            pass  # likewise
+        try:
+            # What every one-shot runs around its program, once here (the kernel module says
+            # what and why); last, so that it runs on the preloaded modules as a fork finds them.
+            for _ in range(10):
+                kernel.warm_one_shot()
         except Exception:
             pass  # likewise
         gc.collect()
