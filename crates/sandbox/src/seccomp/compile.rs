@@ -228,15 +228,13 @@ pub fn build_pid1() -> Result<BpfProgram, SeccompError> {
     }
     let mut program = fast_path(&nrs);
     let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let eperm = libc::SECCOMP_RET_ERRNO | DEFAULT_ERRNO.unsigned_abs();
+    // Not allowed: load seccomp_data.arch (BPF_LD | BPF_W | BPF_ABS); the native one
+    // (BPF_JMP | BPF_JEQ | BPF_K) returns EPERM, any other kills (BPF_RET | BPF_K).
     program.extend([
-        ins(0x20, 0, 0, 4),                 // BPF_LD | BPF_W | BPF_ABS: seccomp_data.arch
-        ins(0x15, 0, 1, AUDIT_ARCH_NATIVE), // BPF_JMP | BPF_JEQ | BPF_K
-        ins(
-            0x06,
-            0,
-            0,
-            libc::SECCOMP_RET_ERRNO | DEFAULT_ERRNO.unsigned_abs(),
-        ),
+        ins(0x20, 0, 0, 4),
+        ins(0x15, 0, 1, AUDIT_ARCH_NATIVE),
+        ins(0x06, 0, 0, eperm),
         ins(0x06, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
     ]);
     Ok(program)
