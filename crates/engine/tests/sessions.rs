@@ -506,6 +506,11 @@ fn bash_and_javascript_sessions_are_confined_too() {
             "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\\t' ' '",
             "CapEff: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2",
         ),
+        // Pid 1 under its own one-program filter, the program (grep) under the four.
+        (
+            "grep -h Seccomp_filters /proc/1/status /proc/self/status | tr -s '\\t' ' '",
+            "Seccomp_filters: 1\nSeccomp_filters: 4",
+        ),
     ] {
         let e = exec(&engine, &sh, cmd);
         assert!(e.stdout.contains(want), "{cmd}: {:?}", e.stdout);
