@@ -195,7 +195,7 @@ fn layers(thorough: bool, cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer
     });
     // SAFETY: prctl with integer arguments only reads state.
     let seccomp_mode = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
-    let filter_ok = crate::seccomp::build();
+    let filter_ok = crate::seccomp::build().and_then(|_| crate::seccomp::build_pid1());
     layers.push(Layer {
         name: "seccomp",
         state: if seccomp_mode >= 0 && filter_ok.is_ok() {
@@ -205,10 +205,12 @@ fn layers(thorough: bool, cgroups: &Result<Hierarchy, CgroupError>) -> Vec<Layer
         },
         detail: match (seccomp_mode, filter_ok) {
             (m, Ok(_)) if m >= 0 => format!(
-                "allow-list of {} syscalls, {} denied with reasons, {} answered 0 without running",
+                "allow-list of {} syscalls, {} denied with reasons, {} answered 0 without \
+                 running; pid 1's own: {} syscalls",
                 crate::seccomp::allowed().len(),
                 crate::seccomp::denied().len(),
-                crate::seccomp::no_ops().len()
+                crate::seccomp::no_ops().len(),
+                crate::seccomp::pid1_allowed().len()
             ),
             (_, Err(e)) => format!("cannot build the filter: {e}"),
             _ => "kernel built without CONFIG_SECCOMP_FILTER".into(),
