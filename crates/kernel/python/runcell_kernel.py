@@ -1397,6 +1397,18 @@ def prepare_one_shot(env, kernel_dir):
         sys.path.remove(kernel_dir)
 
 
+def _fresh_main(path):
+    """A `__main__` module for the script at `path`, as `python3 path` makes it: `__file__`, a
+    `SourceFileLoader`, no spec and no cached bytecode."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    main.__annotations__ = {}
+    return main
+
+
 def warm_one_shot():
     """Runs once in the zygote, before its pages are frozen, what every one-shot forked from it
     runs around its program and may run here: the environment replaced, the seeds renewed, the
@@ -1413,14 +1425,9 @@ def warm_one_shot():
     os.environ.clear()
     os.environ.update(env)
     reseed()
-    path = os.path.realpath(__file__)
-    os.path.dirname(path)
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins
-    main.__annotations__ = {}
+    path = __file__
+    os.path.dirname(os.path.realpath(path))
+    main = _fresh_main(path)
     saved = sys.stdout
     sys.stdout = io.StringIO()
     try:
@@ -1453,12 +1460,7 @@ def run_one_shot(argv):
     sys.argv = list(argv[1:])
     sys.orig_argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins
-    main.__annotations__ = {}
+    main = _fresh_main(path)
     sys.modules["__main__"] = main
     status = 0
     interrupted = False
