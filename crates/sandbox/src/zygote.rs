@@ -749,8 +749,9 @@ def _runcell_preload():
         except Exception:
             pass  # likewise
         try:
-            # What every one-shot runs around its program, once here (the kernel module says
-            # what and why); last, so that it runs on the preloaded modules as a fork finds them.
+            # What every one-shot runs around its program, ten times here (the kernel module
+            # says what and why; CPython 3.11 specialises a function on its eighth call); last,
+            # so that it runs on the preloaded modules as a fork finds them.
             for _ in range(10):
                 kernel.warm_one_shot()
         except Exception:

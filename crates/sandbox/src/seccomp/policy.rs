@@ -465,7 +465,7 @@ static DENIED: [Denied; COMMON_DENIED.len() + ARCH_DENIED.len()] =
 /// instead of the program's: pid 1 can do less than the program (no files, no sockets, no
 /// new processes), and loading it costs a fraction of the program's filter, which every
 /// sandbox's pid 1 loaded too (the cBPF check, the conversion, the JIT and the kernel's
-/// per-number action cache scale with a filter's length: ~0.3 ms of a one-shot's CPU).
+/// per-number action cache scale with a filter's length: ~0.25 ms of a one-shot's CPU).
 const COMMON_PID1_ALLOWED: &[Allowed] = allow! {
     "pid 1: the program's messages, the signalfd of its children's exits, the report" => [
         SYS_read, SYS_write, SYS_close,
