@@ -1410,8 +1410,8 @@ def _fresh_main(path):
 
 
 def warm_one_shot():
-    """Runs once in the zygote, before its pages are frozen, what every one-shot forked from it
-    runs around its program and may run here: the environment replaced, the seeds renewed, the
+    """Runs in the zygote, before its pages are frozen, what every one-shot forked from it runs
+    around its program and may run here: the environment replaced, the seeds renewed, the
     script's path resolved, a fresh `__main__` with its loader, a program compiled and executed
     (`print` into a buffer). CPython 3.11 writes into the code objects it runs (the specialising
     interpreter's counters and inline caches: a function is specialised on its eighth call, so
