@@ -1426,7 +1426,7 @@ def warm_one_shot():
     os.environ.update(env)
     reseed()
     path = __file__
-    os.path.dirname(os.path.realpath(path))
+    os.path.dirname(os.path.realpath(path))  # what run_one_shot puts first on sys.path
     main = _fresh_main(path)
     saved = sys.stdout
     sys.stdout = io.StringIO()

@@ -503,3 +503,47 @@ fn simulated_decisions_follow_the_policy() {
         assert_eq!(native(libc::SYS_personality, a(bad, 0)), eperm, "{bad:#x}");
     }
 }
+
+/// Pid 1's program, for every number and ABI: its table allowed whatever the arguments,
+/// everything else `EPERM` (x32 numbers included), another architecture killed; its table
+/// says who needs each call, has no duplicates, and allows nothing the program's does not.
+#[test]
+fn pid1_program_allows_its_table_and_nothing_else() {
+    let program = [build_pid1().expect("build pid 1's filter")];
+    let table: HashSet<i64> = pid1_allowed().iter().map(|e| e.nr).collect();
+    assert_eq!(table.len(), pid1_allowed().len(), "a call listed twice");
+    for e in pid1_allowed() {
+        assert!(
+            e.reason.starts_with("pid 1") && e.reason.len() > 15,
+            "{}",
+            e.name
+        );
+        assert!(
+            allowed().iter().any(|a| a.nr == e.nr),
+            "{} is allowed to pid 1 but not to the program",
+            e.name
+        );
+    }
+    for nr in (0..1100)
+        .chain((0..1100).map(|n| n | 0x4000_0000))
+        .chain([u32::MAX as i64])
+    {
+        for args in [[0u64; 6], [u64::MAX; 6]] {
+            let want = if table.contains(&nr) {
+                ALLOW
+            } else {
+                errno_ret(libc::EPERM)
+            };
+            assert_eq!(
+                decide(&program, nr, NATIVE_AUDIT_ARCH, args),
+                want,
+                "nr {nr}"
+            );
+            assert_eq!(
+                decide(&program, nr, AUDIT_ARCH_I386, args),
+                KILL_PROCESS,
+                "i386 nr {nr}"
+            );
+        }
+    }
+}
