@@ -105,6 +105,15 @@ impl ServeFile {
     }
 }
 
+/// `path` made absolute against the working directory (not resolved: symlinks stay as named).
+pub(crate) fn absolute_data_dir(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.as_os_str().is_empty() {
+        anyhow::bail!("the data dir must not be empty");
+    }
+    std::path::absolute(path)
+        .map_err(|e| anyhow::anyhow!("cannot make the data dir {} absolute: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,8 +120,22 @@ fn main() -> ExitCode {
 
     let cli = Cli::parse();
     init_logging();
-    let explicit_data_dir = cli.data_dir.clone();
-    let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
+    // Absolute from here on: the sandboxes' bind mounts, the server's socket and every path a
+    // zygote is handed must not depend on the working directory (`--data-dir data` used to
+    // start a server whose every one-shot failed with "workspace must be an absolute path").
+    let explicit_data_dir = match cli
+        .data_dir
+        .as_deref()
+        .map(config::absolute_data_dir)
+        .transpose()
+    {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("runcell: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let data_dir = explicit_data_dir.clone().unwrap_or_else(default_data_dir);
     audit::set_key_files(audit::KeyFiles {
         chain: cli.audit_key_file,
         signing: cli.audit_signing_key_file,

@@ -425,10 +425,12 @@ pub fn serve(
         Some(path) => ServeFile::read(path)?,
         None => ServeFile::default(),
     };
-    let data_dir = explicit_data_dir
-        .map(Path::to_owned)
-        .or_else(|| file.data_dir.clone())
-        .unwrap_or(default_data_dir);
+    let data_dir = match (explicit_data_dir, &file.data_dir) {
+        (Some(dir), _) => dir.to_owned(),
+        // Relative to the working directory, as `--data-dir` is.
+        (None, Some(dir)) => crate::config::absolute_data_dir(dir)?,
+        (None, None) => default_data_dir,
+    };
     let data_dir = data_dir.as_path();
     let listen = args
         .listen

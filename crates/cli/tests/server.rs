@@ -587,3 +587,61 @@ fn back_to_back_one_shots_are_not_refused_while_teardowns_lag() {
     }
     assert_eq!(statuses, [(200, 60)].into(), "statuses of 60 runs in a row");
 }
+
+/// `--data-dir data` (relative) serves as an absolute one would: one-shots (prepared, forked
+/// on demand, cold) and sessions run, and their workspaces are under the data dir. Before, every
+/// one-shot of such a server failed with a 500 ("workspace must be an absolute path").
+#[test]
+fn a_relative_data_dir_serves_like_an_absolute_one() {
+    let data = data_dir();
+    let c = http();
+    let parent = data.parent().expect("parent").to_owned();
+    let name = data.file_name().expect("name").to_owned();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runcell"));
+    command
+        .current_dir(&parent)
+        .env_remove("RUNCELL_DATA_DIR")
+        .env("NO_COLOR", "1")
+        .arg("--data-dir")
+        .arg(&name);
+    let srv = common::serve::serve_command(
+        command,
+        common::serve::free_port(),
+        &["--warm-sessions", "0"],
+        |_| {},
+    );
+    wait_for_prepared_one_shots(&c, &srv.base);
+    for start in [None, Some("cold")] {
+        for i in 0..6 {
+            let mut body = json!({"language": "python", "code": format!("print({i} * 7)")});
+            if let Some(start) = start {
+                body["start"] = json!(start);
+            }
+            let out = post_json(&c, format!("{}/v1/execute", srv.base), &body, "execute");
+            assert_eq!(
+                out["stdout"],
+                format!("{}\n", i * 7),
+                "{start:?} run {i}: {out}"
+            );
+            assert_eq!(out["status"], "ok", "{out}");
+        }
+    }
+    let session = post_json(
+        &c,
+        format!("{}/v1/sessions", srv.base),
+        &json!({"language": "python"}),
+        "session",
+    );
+    let id = session["id"].as_str().expect("session id");
+    let out = post_json(
+        &c,
+        format!("{}/v1/sessions/{id}/execute", srv.base),
+        &json!({"code": "open('kept.txt', 'w').write('here'); print(6 * 7)"}),
+        "session execute",
+    );
+    assert_eq!(out["stdout"], "42\n", "{out}");
+    let kept = std::fs::read_to_string(data.join("workspaces").join(id).join("kept.txt"));
+    // On disk the workspace is an image mounted under the data dir, or (without loop devices)
+    // a directory: either way the file is reachable there while the session lives.
+    assert_eq!(kept.as_deref().ok(), Some("here"), "{kept:?}");
+}

@@ -212,9 +212,20 @@ pub fn serve_at(
     data: &Path,
     port: u16,
     flags: &[&str],
+    on_line: impl FnMut(String) + Send + 'static,
+) -> Serve {
+    serve_command(runcell(data), port, flags, on_line)
+}
+
+/// `command serve --listen 127.0.0.1:PORT FLAGS`, waited for as [`serve_at`] waits (a server
+/// whose data dir or working directory a test sets itself).
+pub fn serve_command(
+    mut command: Command,
+    port: u16,
+    flags: &[&str],
     mut on_line: impl FnMut(String) + Send + 'static,
 ) -> Serve {
-    let mut child = runcell(data)
+    let mut child = command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(flags)
         .stderr(Stdio::piped())
