@@ -69,6 +69,8 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     pub fn new(data_dir: PathBuf, init_exe: PathBuf) -> Self {
+        // Sandbox specs take absolute paths only; a relative data dir would fail every run.
+        let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
         Self {
             data_dir,
             init_exe,
@@ -87,6 +89,11 @@ impl EngineConfig {
     /// Where this engine's workspaces live ([`workspaces_dir`] of its data dir).
     pub fn workspaces_dir(&self) -> PathBuf {
         workspaces_dir(&self.data_dir)
+    }
+
+    /// Where workspace images and their spares are kept (workspaces on disk).
+    pub fn workspace_images_dir(&self) -> PathBuf {
+        self.data_dir.join("workspace-images")
     }
 
     /// The host directory of session (or one-shot run) `id`'s workspace.
@@ -152,9 +159,10 @@ impl Core {
         for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
         }
-        let images = match config.workspaces_on_disk.then(|| {
-            runcell_sandbox::WorkspaceImages::open(&config.data_dir.join("workspace-images"))
-        }) {
+        let images = match config
+            .workspaces_on_disk
+            .then(|| runcell_sandbox::WorkspaceImages::open(&config.workspace_images_dir()))
+        {
             None => {
                 tracing::info!("session workspaces in memory (tmpfs), as configured");
                 None
@@ -457,8 +465,17 @@ impl Core {
             .ok_or("no Python runtime")?;
         let version = crate::zygote::python_version(runtime)?;
         let kernel_dir = self.kernel_dir().map_err(|e| chain(&e))?;
-        let config =
-            crate::launch::zygote_config(runtime, kernel_dir, &version, preload, merge_pages);
+        let config = crate::launch::zygote_config(
+            runtime,
+            kernel_dir,
+            &version,
+            preload,
+            merge_pages,
+            vec![
+                self.config.workspaces_dir(),
+                self.config.workspace_images_dir(),
+            ],
+        );
         Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
             .map_err(|e| chain(&e))
     }

@@ -167,6 +167,7 @@ pub(crate) fn zygote_config(
     version: &str,
     preload: Vec<String>,
     merge_session_pages: bool,
+    workspace_dirs: Vec<PathBuf>,
 ) -> ZygoteConfig {
     let mut env = base_env(Language::Python, 1000, true);
     if merge_session_pages {
@@ -186,6 +187,7 @@ pub(crate) fn zygote_config(
         kernel_dir: SANDBOX_KERNEL_DIR.into(),
         kernel_module: runcell_kernel::PYTHON.module().into(),
         preload,
+        detach_below: workspace_dirs,
     }
 }
 

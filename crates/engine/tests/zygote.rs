@@ -508,6 +508,83 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
     assert!(preloaded(&engine, &next));
 }
 
+/// The mount points `/proc/PID/mountinfo` lists (PID may be `self`).
+fn mount_points(pid: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(std::path::PathBuf::from))
+        .collect()
+}
+
+/// Sandboxes are cloned from the zygote's own copy of the host's mount namespace, which holds
+/// no workspace: not those mounted after it started (each request brings its workspace's
+/// mount, detached), nor those mounted before (a restarted zygote detaches them), so a clone
+/// copies a short, fixed list of mounts however many sessions live. And each session still
+/// gets its own workspace, the host's.
+#[test]
+fn the_zygote_clones_sandboxes_from_a_namespace_without_workspaces() {
+    let engine =
+        runcell_engine::testing::zygote_engine(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let ZygoteStatus::Ready { pid, .. } = engine.zygote_status() else {
+        panic!("not ready");
+    };
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("ns");
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "the zygote's own namespace"
+    );
+    let workspaces = std::fs::canonicalize(engine.config().workspaces_dir()).expect("dir");
+    // Spare workspace images (when workspaces are on disk) are mounted there ahead of use.
+    let images = engine.config().workspace_images_dir();
+    let images = std::fs::canonicalize(&images).unwrap_or(images);
+    let a = create(&engine);
+    assert!(preloaded(&engine, &a));
+    exec(&engine, &a, "open('a.txt', 'w').write('from a')");
+    let a_dir = workspaces.join(&a);
+    assert_eq!(
+        std::fs::read_to_string(a_dir.join("a.txt")).expect("a.txt on the host"),
+        "from a"
+    );
+    // Positive control: the host has the workspace mounted.
+    assert!(mount_points("self").contains(&a_dir), "{a_dir:?}");
+    let in_zygote = |pid: u32| -> Vec<_> {
+        mount_points(&pid.to_string())
+            .into_iter()
+            .filter(|p| p.starts_with(&workspaces) || p.starts_with(&images))
+            .collect()
+    };
+    assert_eq!(in_zygote(pid), Vec::<std::path::PathBuf>::new());
+
+    // A new zygote starts while `a`'s workspace is mounted, and drops it from its namespace.
+    // SAFETY: killing the zygote process this engine started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    std::thread::sleep(Duration::from_millis(200));
+    let status = engine.wait_for_zygote(Duration::from_secs(180));
+    let ZygoteStatus::Ready { pid: new_pid, .. } = status else {
+        panic!("no new zygote: {status:?}");
+    };
+    assert_ne!(new_pid, pid);
+    assert!(mount_points("self").contains(&a_dir), "{a_dir:?}");
+    assert_eq!(in_zygote(new_pid), Vec::<std::path::PathBuf>::new());
+    let b = create(&engine);
+    assert!(preloaded(&engine, &b));
+    let has = |id: &str, name: &str| {
+        let code = format!("import os\nos.path.exists('/workspace/{name}')");
+        main_text(&exec(&engine, id, &code))
+    };
+    assert_eq!(has(&b, "a.txt"), "False", "b sees its own workspace");
+    exec(&engine, &b, "open('b.txt', 'w').write('from b')");
+    assert_eq!(has(&b, "b.txt"), "True");
+    assert_eq!(has(&a, "a.txt"), "True", "a still sees its own");
+    assert_eq!(has(&a, "b.txt"), "False");
+    assert_eq!(
+        std::fs::read_to_string(workspaces.join(&b).join("b.txt")).expect("b.txt on the host"),
+        "from b"
+    );
+}
+
 /// The session workspaces on disk: a warm session has its own before anyone asks for it.
 fn workspace_ids(engine: &runcell_engine::Engine) -> std::collections::BTreeSet<String> {
     std::fs::read_dir(engine.config().workspaces_dir())

@@ -150,6 +150,7 @@ fn zygote() -> Zygote {
         kernel_dir: SANDBOX_KERNEL_DIR.into(),
         kernel_module: PYTHON.module().into(),
         preload: vec!["numpy".into(), "pandas".into()],
+        detach_below: Vec::new(),
     };
     Zygote::start(&init_exe(), &config, Duration::from_secs(180)).expect("zygote")
 }

@@ -26,6 +26,10 @@ pub(crate) struct ForkRequest {
     /// What a zygote's fork runs once confined (a cold pid 1 execs the spec's argv instead).
     #[serde(default)]
     pub program: ForkedProgram,
+    /// The request's sixth descriptor is the workspace's mount, detached (`open_tree`): the
+    /// zygote's mount namespace is not the host's and does not have it (crate::zygote).
+    #[serde(default)]
+    pub workspace_tree: bool,
 }
 
 /// What the zygote's preloaded Python does in a sandbox it forked.
@@ -63,6 +67,7 @@ impl ForkRequest {
             host_uid,
             cgroup,
             program: ForkedProgram::Kernel,
+            workspace_tree: false,
         }
     }
 }
@@ -127,6 +132,7 @@ pub(crate) fn start_pid1(
     request: &ForkRequest,
     spec: &[u8],
     fds: [RawFd; 5],
+    workspace_tree: Option<RawFd>,
     program: Pid1Program<'_>,
     hooks: Option<ForkHooks<'_>>,
 ) -> Result<Started, StartError> {
@@ -163,7 +169,13 @@ pub(crate) fn start_pid1(
             ForkedProgram::Main | ForkedProgram::MainWhenTold
         ) && matches!(program, Pid1Program::Continue(_));
         return Ok(Started::Program(place_fds(
-            fds, spec, sync_r, v2, stop, program,
+            fds,
+            workspace_tree,
+            spec,
+            sync_r,
+            v2,
+            stop,
+            program,
         )));
     }
     if let Some(h) = &hooks {
@@ -276,34 +288,36 @@ struct CloneArgs {
 /// [`Pid1Program::Continue`] program's process.
 fn place_fds(
     fds: [RawFd; 5],
+    workspace_tree: Option<RawFd>,
     spec: &[u8],
     sync_r: OwnedFd,
     v2: bool,
     stop: bool,
     program: Pid1Program<'_>,
 ) -> Vec<String> {
-    // Move them and the sync pipe above 10 first: any may sit on a target number.
-    let mut high = [0; 6];
-    for (h, fd) in high
-        .iter_mut()
-        .zip(fds.into_iter().chain([sync_r.as_raw_fd()]))
-    {
-        // SAFETY: duplicating descriptors we own.
-        *h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-        if *h < 0 {
+    let dup_high = |fd: RawFd| {
+        // SAFETY: duplicating a descriptor we own.
+        let h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+        if h < 0 {
             // SAFETY: leaving; the caller sees pid 1 end without a report.
             unsafe { libc::_exit(126) };
         }
-    }
+        h
+    };
+    // Move them, the sync pipe and the workspace's mount above 10 first: any may sit on a
+    // target number.
+    let high = [fds[0], fds[1], fds[2], fds[3], fds[4], sync_r.as_raw_fd()].map(dup_high);
+    // SAFETY: a fresh duplicate, ours alone.
+    let workspace_tree = workspace_tree.map(|fd| unsafe { OwnedFd::from_raw_fd(dup_high(fd)) });
     for (target, h) in high[..5].iter().enumerate() {
         // SAFETY: dup2 onto 0-4 (whatever sat there in the caller is replaced, as it must be).
         unsafe { libc::dup2(*h, target as RawFd) };
     }
-    // The original is closed by direct_pid1 with every other descriptor above 4.
+    // The originals are closed by direct_pid1 with every other descriptor above 4.
     let _ = sync_r.into_raw_fd();
     // SAFETY: our duplicate.
     let sync_r = unsafe { OwnedFd::from_raw_fd(high[5]) };
-    crate::pid1::direct_pid1(spec, sync_r, v2, stop, program)
+    crate::pid1::direct_pid1(spec, sync_r, workspace_tree, v2, stop, program)
 }
 
 #[cfg(test)]

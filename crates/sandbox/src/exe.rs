@@ -17,10 +17,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::sys::cstr;
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-
 /// The init binary, and a detached clone of the mount of its directory when the kernel allows.
 #[derive(Debug)]
 pub(crate) struct InitExe {
@@ -71,21 +67,7 @@ fn detached_clone(path: &Path) -> Option<(OwnedFd, OsString)> {
     let path = std::fs::canonicalize(path).ok()?;
     let name = path.file_name()?.to_owned();
     let dir = path.parent()?;
-    let dir_c = cstr(dir).ok()?;
-    // SAFETY: a valid C string; the flags ask for a new descriptor, nothing else is touched.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            dir_c.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a fresh descriptor, ours alone.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    let fd = crate::mount::clone_tree(dir).ok()?;
     // Above the numbers the children's pre-exec code puts descriptors on (0-4): the path through
     // it is resolved by execve, after that code ran.
     // SAFETY: duplicating a descriptor we own.

@@ -221,6 +221,51 @@ pub(crate) fn plan(spec: &Spec) -> Result<Plan, MountError> {
     Ok(Plan(plan))
 }
 
+/// `open_tree(path, OPEN_TREE_CLONE)`: a detached copy of the mount at `path`, or of the part
+/// of a mount below a directory (the init binary's, `crate::exe`). A workspace's goes to a
+/// sandbox cloned in a mount namespace that does not have it (the zygote's, `crate::zygote`),
+/// where [`attach_tree`] puts it in place.
+pub(crate) fn clone_tree(path: &Path) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let c = cstr(path)?;
+    // SAFETY: a valid C string; the flags ask for a new descriptor, nothing else is touched.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Attaches a detached mount made by [`clone_tree`] at `at` in this mount namespace (pid 1's,
+/// before [`plan`] opens `at` as the workspace's bind source). `move_mount` needs
+/// `CAP_SYS_ADMIN` in the namespace's owner, which pid 1 has in its new user namespace; the
+/// descriptor is consumed (a detached tree attaches once).
+pub(crate) fn attach_tree(tree: OwnedFd, at: &Path) -> Result<(), MountError> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    let c = cstr(at).map_err(err("attach the workspace at", at))?;
+    // SAFETY: a descriptor we own, an empty C string and a valid path.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    crate::sys::cvt_long(r).map_err(err("attach the workspace at", at))?;
+    Ok(())
+}
+
 fn open_path(path: &Path) -> Result<OwnedFd, MountError> {
     let c = cstr(path).map_err(err("open", path))?;
     // SAFETY: `c` is a valid NUL-terminated path.

@@ -89,10 +89,12 @@ pub(crate) enum Pid1Program<'a> {
 /// process, wrote the id maps and then releases `sync_r`. The same steps as a cold pid 1 follow;
 /// pid 1 reports to the control socket itself. Descriptors 0-4 are in place as for the exec'd
 /// helper. Returns only in a [`Pid1Program::Continue`] program's process, confined, with the
-/// spec's argv (what the continuing program is to run).
+/// spec's argv (what the continuing program is to run). `workspace_tree` is the workspace's
+/// mount, detached, when the creator's mount namespace does not have it (the zygote's).
 pub(crate) fn direct_pid1(
     spec_bytes: &[u8],
     sync_r: OwnedFd,
+    workspace_tree: Option<OwnedFd>,
     new_cgroup_ns: bool,
     stop_at_end: bool,
     program: Pid1Program<'_>,
@@ -102,7 +104,11 @@ pub(crate) fn direct_pid1(
     // A clone of the zygote or of `runcell run ...`: its command line names host paths.
     set_cmdline(&[PID1_NAME.as_bytes()]);
     set_comm(PID1_NAME);
-    close_fds_from(CHANNEL_FD + 1, &[sync_r.as_raw_fd()]);
+    let keep = [
+        sync_r.as_raw_fd(),
+        workspace_tree.as_ref().map_or(-1, |t| t.as_raw_fd()),
+    ];
+    close_fds_from(CHANNEL_FD + 1, &keep);
     let spec = match Spec::from_bytes(spec_bytes) {
         Ok(s) => s,
         Err(e) => report_and_exit(&format!("error invalid sandbox spec: {e}\n")),
@@ -115,7 +121,12 @@ pub(crate) fn direct_pid1(
         Ok(p) => p,
         Err(e) => report_and_exit(&error_line(&StepError::at(Step::Namespaces)(e))),
     };
-    if let Err(e) = prepare(&spec, &sync_r, Parent::Direct { new_cgroup_ns }) {
+    if let Err(e) = prepare(
+        &spec,
+        &sync_r,
+        Parent::Direct { new_cgroup_ns },
+        workspace_tree,
+    ) {
         report_and_exit(&error_line(&e));
     }
     // SAFETY: pid 1 is single-threaded (a clone of its single-threaded creator).
@@ -268,7 +279,7 @@ pub(crate) fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
     // A clone of the helper, whose command line names the binary's host path.
     set_cmdline(&[PID1_NAME.as_bytes()]);
     set_comm(PID1_NAME);
-    let pid = match prepare(spec, &sync_r, Parent::Helper) {
+    let pid = match prepare(spec, &sync_r, Parent::Helper, None) {
         // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
         Ok(()) => match unsafe { libc::fork() } {
             0 => exec_program(spec, msg_w.as_raw_fd()),
@@ -353,7 +364,12 @@ fn die(msg_fd: libc::c_int, e: StepError, code: libc::c_int) -> ! {
 }
 
 /// Steps 1 to 4, in pid 1 (they are inherited by everything forked afterwards).
-fn prepare(spec: &Spec, sync_r: &OwnedFd, parent: Parent) -> Result<(), StepError> {
+fn prepare(
+    spec: &Spec,
+    sync_r: &OwnedFd,
+    parent: Parent,
+    workspace_tree: Option<OwnedFd>,
+) -> Result<(), StepError> {
     // Wait until the helper has written our uid/gid maps.
     let mut byte = [0u8; 1];
     let mut sync = fs::File::from(
@@ -371,7 +387,11 @@ fn prepare(spec: &Spec, sync_r: &OwnedFd, parent: Parent) -> Result<(), StepErro
     }
 
     // Step 3 begins before step 1: bind sources are opened while pid 1 still has the helper's
-    // host uid 0, the owner of root-only directories such as /root/.local/share/runcell.
+    // host uid 0, the owner of root-only directories such as /root/.local/share/runcell. A
+    // workspace that came as a detached mount goes where plan() looks for it first.
+    if let Some(tree) = workspace_tree {
+        mount::attach_tree(tree, &spec.workspace).map_err(StepError::at(Step::Mounts))?;
+    }
     let plan = mount::plan(spec).map_err(StepError::at(Step::Mounts))?;
 
     // 1. User namespace: become the sandbox user (1000 -> the lease's host uid), keeping the

@@ -186,7 +186,7 @@ impl Sandbox {
             let (err_r, err_w) = pipe_cloexec()?;
             let request = ForkRequest::new(&cgroup, launch.workspace.host_uid());
             let fds = [&in_r, &out_w, &err_w, &helper_end, &program_end].map(|f| f.as_raw_fd());
-            let pid = match start_pid1(&request, &spec_bytes, fds, Pid1Program::Exec, None) {
+            let pid = match start_pid1(&request, &spec_bytes, fds, None, Pid1Program::Exec, None) {
                 Ok(Started::Caller(pid, _pidfd)) => pid,
                 // SAFETY: unreachable (an exec'd program never returns here); leave quietly.
                 Ok(Started::Program(_)) => unsafe { libc::_exit(127) },
@@ -249,6 +249,14 @@ impl Sandbox {
         launch: &Launch<'_>,
         program: ForkedProgram,
     ) -> Result<Running, SandboxError> {
+        // The zygote's mount namespace has none of the workspaces mounted since it started:
+        // the workspace goes along as a detached copy of its mount, which pid 1 attaches.
+        let tree = crate::mount::clone_tree(launch.workspace.path()).map_err(|e| {
+            SandboxError::Zygote(format!(
+                "open_tree {}: {e}",
+                launch.workspace.path().display()
+            ))
+        })?;
         let (cgroup, spec_bytes) = self.prepare(launch)?;
         let (control, helper_end) = socketpair_cloexec()?;
         let (channel, program_end) = socketpair_cloexec()?;
@@ -257,22 +265,24 @@ impl Sandbox {
         let (err_r, err_w) = pipe_cloexec()?;
         let request = ForkRequest {
             program,
+            workspace_tree: true,
             ..ForkRequest::new(&cgroup, launch.workspace.host_uid())
         };
         let pidfd = zygote
             .fork_sandbox(
                 &request,
                 &spec_bytes,
-                [
+                &[
                     in_r.as_fd(),
                     out_w.as_fd(),
                     err_w.as_fd(),
                     helper_end.as_fd(),
                     program_end.as_fd(),
+                    tree.as_fd(),
                 ],
             )
             .map_err(|e| SandboxError::Zygote(e.to_string()))?;
-        drop((helper_end, program_end, in_r, out_w, err_w));
+        drop((helper_end, program_end, in_r, out_w, err_w, tree));
         let control = File::from(control);
         // The spec came with the request; the control socket only carries the report back.
         shutdown_write(&control)?;

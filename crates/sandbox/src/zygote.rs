@@ -23,9 +23,10 @@
 //!
 //! Paths inside the preloaded Python (module files, `sys.path`, `sys.prefix`) must be valid in
 //! the sandbox too, so the zygote imports in its own mount namespace in which the runtime and the
-//! kernel code are bound where sandboxes see them (`/opt/runcell/...`). Once loaded it goes back
-//! to the host's mount namespace, so that the sandboxes it clones are built from host paths,
-//! exactly as cold ones.
+//! kernel code are bound where sandboxes see them (`/opt/runcell/...`). Once loaded it moves to
+//! a private copy of the host's mount namespace, so that the sandboxes it clones are built from
+//! host paths, exactly as cold ones, without copying the mounts the host gains later (one per
+//! live workspace); each request brings its workspace's mount along, detached (`open_tree`).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::fs::File;
@@ -68,6 +69,13 @@ pub struct ZygoteConfig {
     pub kernel_module: String,
     /// Modules imported before serving (`numpy`, `pandas`, `matplotlib.pyplot`, ...).
     pub preload: Vec<String>,
+    /// Host directories (the workspaces' and the spare workspace images') whose mounts the
+    /// zygote's spawning namespace drops: its copy of the host's namespace would otherwise keep
+    /// the workspaces mounted when it started (a restarted zygote: every live session's) past
+    /// their unmount on the host, holding their filesystems, and copy them into every sandbox.
+    /// Each request brings its own workspace.
+    #[serde(default)]
+    pub detach_below: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -224,13 +232,14 @@ impl Zygote {
         matches!(inner.child.try_wait(), Ok(None))
     }
 
-    /// Asks for a new sandbox running `spec`; returns a pidfd of its helper. `fds` become the
-    /// helper's 0-4: stdin, stdout, stderr, the control socket and the program's channel.
+    /// Asks for a new sandbox running `spec`; returns a pidfd of its helper. The first five
+    /// `fds` become the helper's 0-4: stdin, stdout, stderr, the control socket and the
+    /// program's channel; a sixth, with `request.workspace_tree`, is the workspace's mount.
     pub(crate) fn fork_sandbox(
         &self,
         request: &ForkRequest,
         spec: &[u8],
-        fds: [BorrowedFd<'_>; 5],
+        fds: &[BorrowedFd<'_>],
     ) -> Result<OwnedFd, ZygoteError> {
         let header = serde_json::to_vec(request).map_err(|e| ZygoteError::Config(e.to_string()))?;
         let mut message = Vec::with_capacity(4 + header.len() + spec.len());
@@ -238,7 +247,7 @@ impl Zygote {
         message.extend_from_slice(&header);
         message.extend_from_slice(spec);
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let raw = fds.map(|f| f.as_raw_fd());
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         send_with_fds(inner.socket.as_fd(), &message, &raw).map_err(ZygoteError::Gone)?;
         let mut buf = [0u8; 4096];
         let (n, mut got) =
@@ -588,12 +597,53 @@ fn prepare(config: &ZygoteConfig) -> Result<(Python, Vec<(String, String)>), Str
     }
     // What it got shows as AnonHugePages in /proc/<zygote>/smaps_rollup.
     let _ = collapse_into_huge_pages();
-    // Sandboxes are built from host paths (workspaces, bind sources), as cold ones are; the
-    // zygote's own namespace, with its private /tmp, goes away with this.
+    // Sandboxes are built from host paths (bind sources), as cold ones are; the zygote's own
+    // namespace, with its private /tmp, goes away with this.
     // SAFETY: setns with our own descriptor in a single-threaded process.
     cvt(unsafe { libc::setns(host_mnt.as_raw_fd(), libc::CLONE_NEWNS) })
         .map_err(|e| format!("setns back to the host's mount namespace: {e}"))?;
+    // ...but not the host's namespace itself: a copy of it, taken now and private. A clone
+    // with CLONE_NEWNS copies every mount of its creator's namespace (and pid 1 then walks
+    // and detaches them all), and in the host's there is one more for every live workspace:
+    // with 500 sessions, ~3.7 ms more machine time per one-shot (docs/benchmarks.md). The copy holds
+    // the host's mounts of now and sees every directory made later; workspaces, the only
+    // mounts a sandbox needs that come later, go along with each request, detached.
+    // SAFETY: a flag-only syscall in this single-threaded process.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })
+        .map_err(|e| format!("unshare the spawning mount namespace: {e}"))?;
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+    detach_mounts_below(&config.detach_below)?;
     Ok((py, skipped))
+}
+
+/// Detaches, in this (private) mount namespace, every mount strictly below one of `dirs`.
+fn detach_mounts_below(dirs: &[PathBuf]) -> Result<(), String> {
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    // Mount points are listed with their links resolved.
+    let dirs: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+        .collect();
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    for entry in crate::cgroup::parse_mountinfo(&text) {
+        let point = &entry.mount_point;
+        if !dirs.iter().any(|d| point.starts_with(d) && point != d) {
+            continue;
+        }
+        let c = cstr(point).map_err(|e| format!("{}: {e}", point.display()))?;
+        // SAFETY: a valid path. EINVAL: no longer a mount point (it went with one above it,
+        // a detach takes the mounts below along).
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(format!("detach {}: {e}", point.display()));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn mount(
@@ -880,7 +930,7 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
         if r <= 0 {
             continue;
         }
-        let (n, fds) = match recv_with_fds(sock, buf, 5) {
+        let (n, mut fds) = match recv_with_fds(sock, buf, 6) {
             Ok((0, _)) | Err(_) => {
                 // The supervisor is gone; so is the reason to exist.
                 // SAFETY: leaving.
@@ -888,7 +938,15 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
             }
             Ok(x) => x,
         };
-        let outcome = match (split_request(&buf[..n]), <[OwnedFd; 5]>::try_from(fds)) {
+        let request = split_request(&buf[..n]);
+        let tree = match &request {
+            Some((r, _)) if r.workspace_tree && fds.len() == 6 => fds.pop(),
+            _ => None,
+        };
+        let outcome = match (request, <[OwnedFd; 5]>::try_from(fds)) {
+            (Some((request, _)), _) if request.workspace_tree && tree.is_none() => {
+                Err("a request with the workspace's mount carries 6 descriptors".to_owned())
+            }
             (Some((request, spec)), Ok(fds)) => {
                 let raw = [0, 1, 2, 3, 4].map(|i| fds[i].as_raw_fd());
                 let after_fork = || {
@@ -908,6 +966,7 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                     &request,
                     spec,
                     raw,
+                    tree.as_ref().map(|t| t.as_raw_fd()),
                     Pid1Program::Continue(&after_fork),
                     Some(hooks),
                 );
@@ -924,7 +983,7 @@ fn serve(py: &Python, config: &ZygoteConfig, sock: BorrowedFd<'_>, buf: &mut [u8
                 }
             }
             (None, _) => Err("malformed request".to_owned()),
-            (_, Err(_)) => Err("a request carries 5 descriptors".to_owned()),
+            (_, Err(_)) => Err("a request carries 5 descriptors and the workspace's".to_owned()),
         };
         // The spec (the session's environment, its paths) must not reach the next fork, where a
         // shorter request would leave its tail readable in that session's memory.

@@ -7,16 +7,16 @@ use std::path::{Component, Path, PathBuf};
 
 /// One line of `/proc/self/mountinfo`, the fields we use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct MountEntry {
+pub(crate) struct MountEntry {
     /// Root of the mount within its filesystem (for cgroupfs: the cgroup shown at the mount
     /// point).
-    pub(super) root: PathBuf,
-    pub(super) mount_point: PathBuf,
-    pub(super) fstype: String,
-    pub(super) super_options: Vec<String>,
+    pub(crate) root: PathBuf,
+    pub(crate) mount_point: PathBuf,
+    pub(crate) fstype: String,
+    pub(crate) super_options: Vec<String>,
 }
 
-pub(super) fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();

@@ -34,7 +34,8 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use detect::{parse_mountinfo, parse_self_cgroup};
+pub(crate) use detect::parse_mountinfo;
+use detect::parse_self_cgroup;
 use dirs::{own_pid, Dirs};
 use files::{read_string, write_file, write_raw, POLL_INTERVAL};
 use usage::{UsageFile, UsageFiles};
