@@ -6,6 +6,9 @@
 #
 #   [ROUNDS=2] bench/host_mounts.sh N RUNS CONCURRENCY BIN [BIN...]   (e.g. 500 400 4)
 #
+# CODE and BENCH_RUN pass to bench/oneshot_cpu.py: CODE='echo 1' BENCH_RUN='{"language": "bash"}'
+# measures cold one-shots (an exec'd helper each) instead of the zygote's.
+#
 # Needs root (mounts). The runtime is installed once into RUNCELL_BENCH_DATA
 # (/var/tmp/runcell-bench); each server gets a data dir of its own that links to it.
 set -euo pipefail
@@ -45,11 +48,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       sleep 0.1
     done
     # Warm-up: the first runs after start pay for the prepared pool's first fill.
-    python3 "$here/oneshot_cpu.py" "http://127.0.0.1:$port" "$pid" 100 "$conc" >/dev/null
+    python3 "$here/oneshot_cpu.py" "http://127.0.0.1:$port" "$pid" 100 "$conc" "${CODE:-print(1)}" >/dev/null
     for extra in 0 "$n"; do
       [[ $extra != 0 ]] && mounts up
       host=$(wc -l </proc/self/mountinfo)
-      result=$(python3 "$here/oneshot_cpu.py" "http://127.0.0.1:$port" "$pid" "$runs" "$conc")
+      result=$(python3 "$here/oneshot_cpu.py" "http://127.0.0.1:$port" "$pid" "$runs" "$conc" "${CODE:-print(1)}")
       echo "round $round $(basename "$bin") host_mounts=$host $result"
       [[ $extra != 0 ]] && mounts down
     done

@@ -8,6 +8,9 @@ over the batch) has it all, and is the steadier figure on a shared machine, wher
 with the neighbours' share of the cores.
 
   python3 bench/oneshot_cpu.py BASE_URL SERVER_PID [N=300] [CONCURRENCY=2] [CODE=print(1)]
+
+BENCH_RUN (JSON) adds fields to every run: BENCH_RUN='{"language": "bash"}' CODE='echo 1' for a
+cold one (bash has no zygote), '{"start": "cold"}' for a cold Python one-shot.
 """
 
 import http.client
@@ -53,7 +56,8 @@ def main():
     code = sys.argv[5] if len(sys.argv) > 5 else "print(1)"
     u = urllib.parse.urlparse(base)
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-    body = json.dumps({"runs": [{"code": code}] * n, "concurrency": conc})
+    run = {"code": code, **json.loads(os.environ.get("BENCH_RUN", "{}"))}
+    body = json.dumps({"runs": [run] * n, "concurrency": conc})
     before, busy, t = tree_cpu_ms(server), machine_busy_ms(), time.perf_counter()
     c.request("POST", "/v1/batch", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()

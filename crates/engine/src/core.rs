@@ -155,7 +155,12 @@ impl Core {
         }
         let cgroups = cgroups
             .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::NoCgroups(e)))?;
-        let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups);
+        // Cold sandboxes, like the zygote's, are cloned from a mount namespace that does not
+        // hold one mount per live workspace (runcell_sandbox::Sandbox::spawn_without_mounts_below).
+        let sandbox =
+            Sandbox::with_cgroups(config.init_exe.clone(), cgroups).spawn_without_mounts_below(
+                vec![config.workspaces_dir(), config.workspace_images_dir()],
+            );
         for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
         }

@@ -19,12 +19,12 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use crate::pid1::{
     describe_status, error_line, parse_messages, readable_unless_hung_up, redirect_stdio_to_null,
-    sandbox_pid1, Step, StepError, CHANNEL_FD, CONTROL_FD,
+    sandbox_pid1, Step, StepError, CHANNEL_FD, CONTROL_FD, WORKSPACE_TREE_ARG, WORKSPACE_TREE_FD,
 };
 use crate::spec::{Spec, INIT_ARG};
 use crate::sys::{close_fds_from, cvt, pipe_cloexec, write_all_fd};
@@ -36,6 +36,9 @@ pub fn run_if_init() {
     match std::env::args_os().nth(1) {
         Some(a) if a == INIT_ARG => init_main(),
         Some(a) if a == crate::zygote::ZYGOTE_ARG => crate::zygote::zygote_main(),
+        Some(a) if a == crate::spawn_ns::SPAWN_NS_ARG => {
+            crate::spawn_ns::holder_main(std::env::args_os().skip(2).map(Into::into).collect())
+        }
         _ => {}
     }
 }
@@ -47,8 +50,17 @@ pub fn init_main() -> ! {
     // caller itself dies, the control socket tells us.
     // SAFETY: setsid has no arguments; failure (already a leader) is harmless.
     unsafe { libc::setsid() };
-    // Nothing but stdio, the control socket and the program's channel is meant for us.
-    close_fds_from(CHANNEL_FD + 1, &[]);
+    // Nothing but stdio, the control socket, the program's channel and (when the supervisor
+    // says so) the workspace's mount is meant for us.
+    let tree = std::env::args_os()
+        .nth(2)
+        .is_some_and(|a| a == WORKSPACE_TREE_ARG);
+    close_fds_from(
+        CHANNEL_FD + 1,
+        if tree { &[WORKSPACE_TREE_FD] } else { &[] },
+    );
+    // SAFETY: the supervisor put the workspace's mount there, ours alone.
+    let tree = tree.then(|| unsafe { OwnedFd::from_raw_fd(WORKSPACE_TREE_FD) });
     let spec = read_spec().and_then(|b| Spec::from_bytes(&b).map_err(io::Error::other));
     if !spec.as_ref().is_ok_and(|s| s.channel) {
         // SAFETY: closing a descriptor nobody else in this process uses.
@@ -56,7 +68,7 @@ pub fn init_main() -> ! {
     }
     let line = match spec {
         Err(e) => format!("error invalid sandbox spec: {e}\n"),
-        Ok(spec) => match helper(&spec) {
+        Ok(spec) => match helper(&spec, tree) {
             Ok(status) => describe_status(status),
             Err(e) => error_line(&e),
         },
@@ -89,8 +101,9 @@ fn read_spec() -> io::Result<Vec<u8>> {
 }
 
 /// Host side: join the cgroup, create the namespaces, map the ids, wait for the sandbox.
-/// Returns the program's raw wait status.
-fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
+/// Returns the program's raw wait status. `workspace_tree`: the workspace's mount, detached,
+/// when this helper runs in a mount namespace without it (`crate::spawn_ns`); pid 1 attaches it.
+fn helper(spec: &Spec, workspace_tree: Option<OwnedFd>) -> Result<libc::c_int, StepError> {
     // Supplementary groups survive clone and stay usable in the user namespace: host root's
     // group 0 would open group-readable root files to the sandbox. Drop them while still root.
     // SAFETY: an empty group list.
@@ -132,8 +145,9 @@ fn helper(spec: &Spec) -> Result<libc::c_int, StepError> {
     if pid == 0 {
         drop(sync_w);
         drop(msg_r);
-        sandbox_pid1(spec, sync_r, msg_w);
+        sandbox_pid1(spec, sync_r, msg_w, workspace_tree);
     }
+    drop(workspace_tree);
     let pid = pid as libc::pid_t;
     if spec.channel {
         // The channel belongs to the program alone: its end-of-file must mean the program is

@@ -24,6 +24,7 @@ mod removal;
 mod rlimit;
 mod sched;
 pub mod seccomp;
+mod spawn_ns;
 mod spec;
 mod supervisor;
 mod sys;

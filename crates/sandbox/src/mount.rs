@@ -266,6 +266,54 @@ pub(crate) fn attach_tree(tree: OwnedFd, at: &Path) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Moves this (single-threaded) process into a private copy of its mount namespace without
+/// the mounts strictly below `dirs`: the namespace sandboxes are then cloned from (the
+/// zygote's, the cold helpers', `crate::spawn_ns`). A clone with `CLONE_NEWNS` copies every
+/// mount of its creator's namespace, and pid 1 then walks and detaches them all; in the host's
+/// there is one more for every live workspace (with 500 sessions, ~3.7 ms more machine time
+/// per one-shot, docs/benchmarks.md). The copy holds the host's mounts of now and sees every
+/// directory made later; workspaces, the only mounts a sandbox needs that come later, go along
+/// with each sandbox, detached ([`clone_tree`]).
+pub(crate) fn enter_spawning_copy(dirs: &[PathBuf]) -> Result<(), String> {
+    // SAFETY: a flag-only syscall; the callers are single-threaded.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })
+        .map_err(|e| format!("unshare the spawning mount namespace: {e}"))?;
+    // Private: the host's later mounts and unmounts must not propagate into it, nor ours out.
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| format!("make the spawning mount namespace private: {e}"))?;
+    detach_mounts_below(dirs)
+}
+
+/// Detaches, in this (private) mount namespace, every mount strictly below one of `dirs`.
+fn detach_mounts_below(dirs: &[PathBuf]) -> Result<(), String> {
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    // Mount points are listed with their links resolved.
+    let dirs: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+        .collect();
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    for entry in crate::cgroup::parse_mountinfo(&text) {
+        let point = &entry.mount_point;
+        if !dirs.iter().any(|d| point.starts_with(d) && point != d) {
+            continue;
+        }
+        let c = cstr(point).map_err(|e| format!("{}: {e}", point.display()))?;
+        // SAFETY: a valid path. EINVAL: no longer a mount point (it went with one above it,
+        // a detach takes the mounts below along).
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(format!("detach {}: {e}", point.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn open_path(path: &Path) -> Result<OwnedFd, MountError> {
     let c = cstr(path).map_err(err("open", path))?;
     // SAFETY: `c` is a valid NUL-terminated path.

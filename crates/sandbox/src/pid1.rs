@@ -21,6 +21,14 @@ use crate::{caps, landlock, mount, net, rlimit, seccomp, user_ns};
 /// program finds it at fd 3.
 pub(crate) const CHANNEL_FD: libc::c_int = 4;
 
+/// Where an exec'd helper started with [`WORKSPACE_TREE_ARG`] finds the workspace's mount,
+/// detached: it runs in a mount namespace without the workspaces (`crate::spawn_ns`).
+pub(crate) const WORKSPACE_TREE_FD: libc::c_int = 5;
+
+/// The helper's argument after [`crate::spec::INIT_ARG`] that says fd [`WORKSPACE_TREE_FD`] is
+/// the workspace's mount.
+pub(crate) const WORKSPACE_TREE_ARG: &str = "--workspace-tree";
+
 /// The helper's control socket: it reads the spec from it (until the supervisor shuts down its
 /// writing side) and writes the outcome to it. A hang-up on it means the supervisor died.
 pub(crate) const CONTROL_FD: libc::c_int = 3;
@@ -275,11 +283,16 @@ pub(crate) fn redirect_stdio_to_null() {
 
 /// Pid 1 of a cold sandbox: steps 1-4, then the program's process (steps 5-7, execve). Never
 /// returns.
-pub(crate) fn sandbox_pid1(spec: &Spec, sync_r: OwnedFd, msg_w: OwnedFd) -> ! {
+pub(crate) fn sandbox_pid1(
+    spec: &Spec,
+    sync_r: OwnedFd,
+    msg_w: OwnedFd,
+    workspace_tree: Option<OwnedFd>,
+) -> ! {
     // A clone of the helper, whose command line names the binary's host path.
     set_cmdline(&[PID1_NAME.as_bytes()]);
     set_comm(PID1_NAME);
-    let pid = match prepare(spec, &sync_r, Parent::Helper, None) {
+    let pid = match prepare(spec, &sync_r, Parent::Helper, workspace_tree) {
         // SAFETY: pid 1 is single-threaded (a clone of the single-threaded helper).
         Ok(()) => match unsafe { libc::fork() } {
             0 => exec_program(spec, msg_w.as_raw_fd()),

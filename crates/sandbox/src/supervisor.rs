@@ -17,7 +17,7 @@ use crate::cgroup::{Cgroup, CgroupError, CgroupLimits, Hierarchy};
 use crate::direct::{start_pid1, ForkRequest, ForkedProgram, Started};
 use crate::output::CappedOutput;
 use crate::pid1::Pid1Program;
-use crate::pid1::{CHANNEL_FD, CONTROL_FD};
+use crate::pid1::{CHANNEL_FD, CONTROL_FD, WORKSPACE_TREE_ARG, WORKSPACE_TREE_FD};
 use crate::spec::{Bind, InnerLimits, Spec, SpecError, INIT_ARG};
 use crate::sys::{pipe_cloexec, socketpair_cloexec};
 use crate::workspace::Workspace;
@@ -151,6 +151,7 @@ pub enum SandboxError {
 pub struct Sandbox {
     init_exe: crate::exe::InitExe,
     cgroups: Hierarchy,
+    spawn_ns: crate::spawn_ns::SpawnNamespace,
 }
 
 impl Sandbox {
@@ -167,7 +168,29 @@ impl Sandbox {
         Sandbox {
             init_exe: crate::exe::InitExe::new(&init_exe),
             cgroups,
+            spawn_ns: crate::spawn_ns::SpawnNamespace::default(),
         }
+    }
+
+    /// Cold sandboxes started by exec'd helpers are then cloned from a private copy of the
+    /// host's mount namespace without the mounts below `dirs` (the workspaces' directories):
+    /// each sandbox's clone copies a fixed list of mounts however many workspaces are mounted,
+    /// and takes its own workspace along (`crate::spawn_ns`). Made on the first such spawn;
+    /// where it cannot be made (not root), helpers stay in the host's namespace.
+    pub fn spawn_without_mounts_below(mut self, dirs: Vec<PathBuf>) -> Sandbox {
+        self.spawn_ns = crate::spawn_ns::SpawnNamespace::new(dirs);
+        self
+    }
+
+    /// Whether exec'd helpers run in the namespace of [`Sandbox::spawn_without_mounts_below`]
+    /// (made now if it was not yet), or why not. `None`: none was asked for.
+    pub fn spawn_namespace(&self) -> Option<Result<(), String>> {
+        self.spawn_ns.wanted().then(|| {
+            self.spawn_ns
+                .get(&self.init_exe)
+                .map(|_| ())
+                .map_err(str::to_owned)
+        })
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
@@ -198,7 +221,7 @@ impl Sandbox {
             (helper, [in_w, out_r, err_r], control)
         } else {
             let ends = [helper_end.as_raw_fd(), program_end.as_raw_fd()];
-            let (mut helper, stdio) = self.exec_helper(ends)?;
+            let (mut helper, stdio) = self.exec_helper(ends, launch)?;
             let mut control = File::from(control);
             // The helper reads the spec to end-of-file; it then holds the socket open for its
             // report.
@@ -343,7 +366,11 @@ impl Sandbox {
 
     /// Starts the helper as a fresh `runcell __sandbox-init` process: required when the caller
     /// has other threads (the server), since only `execve` gives the helper a clean process.
-    fn exec_helper(&self, ends: [RawFd; 2]) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
+    fn exec_helper(
+        &self,
+        ends: [RawFd; 2],
+        launch: &Launch<'_>,
+    ) -> Result<(Helper, [OwnedFd; 3]), SandboxError> {
         // Through a detached clone of its directory: no sandbox sees the binary's host path.
         let mut cmd = self.init_exe.command();
         cmd.arg(INIT_ARG)
@@ -352,10 +379,41 @@ impl Sandbox {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: the closure runs between fork and exec and only calls dup2/fcntl, which are
-        // async-signal-safe; it allocates nothing and takes no locks.
-        unsafe { cmd.pre_exec(move || place_helper_fds(ends)) };
-        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+        // In the namespace without the workspaces (when there is one), with the workspace's
+        // mount along: the helper's namespace has it no more than the zygote's has.
+        let joined = match self
+            .spawn_ns
+            .wanted()
+            .then(|| self.spawn_ns.get(&self.init_exe))
+        {
+            Some(Ok(ns)) => {
+                let tree = crate::mount::clone_tree(launch.workspace.path()).map_err(|e| {
+                    SandboxError::Setup(format!(
+                        "open_tree {}: {e}",
+                        launch.workspace.path().display()
+                    ))
+                })?;
+                cmd.arg(WORKSPACE_TREE_ARG);
+                Some((ns.as_raw_fd(), tree))
+            }
+            Some(Err(_)) | None => None,
+        };
+        let join = joined.as_ref().map(|(ns, tree)| (*ns, tree.as_raw_fd()));
+        // SAFETY: the closure runs between fork and exec and only calls setns, dup2 and fcntl,
+        // which are async-signal-safe; it allocates nothing and takes no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some((ns, _)) = join {
+                    // First: placing the descriptors may overwrite the namespace's.
+                    crate::spawn_ns::join(ns)?;
+                }
+                place_helper_fds(ends, join.map(|(_, tree)| tree))
+            })
+        };
+        let spawned = cmd.spawn();
+        // The helper has its own copy of the tree now (or none was made).
+        drop(joined);
+        let mut child = spawned.map_err(|source| SandboxError::Spawn {
             exe: self.init_exe.path().to_owned(),
             source,
         })?;
@@ -1191,19 +1249,23 @@ impl Helper {
     }
 }
 
-/// Puts the control socket at fd 3 and the program's channel at fd 4 of the helper, neither
-/// close-on-exec. Runs between fork and exec: only async-signal-safe calls, no allocation.
-fn place_helper_fds(ends: [RawFd; 2]) -> io::Result<()> {
-    // Move both out of the way first: either may already sit on 3 or 4.
-    let mut high = [0; 2];
-    for (h, fd) in high.iter_mut().zip(ends) {
+/// Puts the control socket at fd 3, the program's channel at fd 4 and the workspace's mount
+/// (when given) at fd 5 of the helper, none close-on-exec. Runs between fork and exec: only
+/// async-signal-safe calls, no allocation.
+fn place_helper_fds(ends: [RawFd; 2], tree: Option<RawFd>) -> io::Result<()> {
+    // Move them out of the way first: any may already sit on 3, 4 or 5.
+    let fds = [ends[0], ends[1], tree.unwrap_or(-1)];
+    let count = if tree.is_some() { 3 } else { 2 };
+    let mut high = [0; 3];
+    for (h, fd) in high.iter_mut().zip(fds).take(count) {
         // SAFETY: duplicating a descriptor we own.
         *h = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
         if *h < 0 {
             return Err(io::Error::last_os_error());
         }
     }
-    for (h, target) in high.into_iter().zip([CONTROL_FD, CHANNEL_FD]) {
+    let targets = [CONTROL_FD, CHANNEL_FD, WORKSPACE_TREE_FD];
+    for (h, target) in high.into_iter().zip(targets).take(count) {
         // SAFETY: dup2 onto the helper's well-known descriptors; the copies drop close-on-exec.
         if unsafe { libc::dup2(h, target) } < 0 {
             return Err(io::Error::last_os_error());

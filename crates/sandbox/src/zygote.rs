@@ -602,48 +602,10 @@ fn prepare(config: &ZygoteConfig) -> Result<(Python, Vec<(String, String)>), Str
     // SAFETY: setns with our own descriptor in a single-threaded process.
     cvt(unsafe { libc::setns(host_mnt.as_raw_fd(), libc::CLONE_NEWNS) })
         .map_err(|e| format!("setns back to the host's mount namespace: {e}"))?;
-    // ...but not the host's namespace itself: a copy of it, taken now and private. A clone
-    // with CLONE_NEWNS copies every mount of its creator's namespace (and pid 1 then walks
-    // and detaches them all), and in the host's there is one more for every live workspace:
-    // with 500 sessions, ~3.7 ms more machine time per one-shot (docs/benchmarks.md). The copy holds
-    // the host's mounts of now and sees every directory made later; workspaces, the only
-    // mounts a sandbox needs that come later, go along with each request, detached.
-    // SAFETY: a flag-only syscall in this single-threaded process.
-    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })
-        .map_err(|e| format!("unshare the spawning mount namespace: {e}"))?;
-    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
-    detach_mounts_below(&config.detach_below)?;
+    // ...but not the host's namespace itself: a private copy of it without the workspaces,
+    // so that a clone does not copy one mount per live session.
+    crate::mount::enter_spawning_copy(&config.detach_below)?;
     Ok((py, skipped))
-}
-
-/// Detaches, in this (private) mount namespace, every mount strictly below one of `dirs`.
-fn detach_mounts_below(dirs: &[PathBuf]) -> Result<(), String> {
-    if dirs.is_empty() {
-        return Ok(());
-    }
-    // Mount points are listed with their links resolved.
-    let dirs: Vec<PathBuf> = dirs
-        .iter()
-        .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
-        .collect();
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
-    for entry in crate::cgroup::parse_mountinfo(&text) {
-        let point = &entry.mount_point;
-        if !dirs.iter().any(|d| point.starts_with(d) && point != d) {
-            continue;
-        }
-        let c = cstr(point).map_err(|e| format!("{}: {e}", point.display()))?;
-        // SAFETY: a valid path. EINVAL: no longer a mount point (it went with one above it,
-        // a detach takes the mounts below along).
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINVAL) {
-                return Err(format!("detach {}: {e}", point.display()));
-            }
-        }
-    }
-    Ok(())
 }
 
 fn mount(

@@ -276,8 +276,9 @@ fn the_egress_socket_is_pid_1s_and_served_by_the_host() {
     let (mut conn, _) = listener.accept().expect("accept");
     let mut buf = [0u8; 4];
     conn.read_exact(&mut buf).expect("read");
-    conn.write_all(b"pong:").expect("write");
-    conn.write_all(&buf).expect("write");
+    // One write: the program reads once, and two could arrive as two reads.
+    conn.write_all(&[b"pong:".as_slice(), &buf].concat())
+        .expect("write");
     drop(conn);
     let mut out = String::new();
     running
@@ -307,4 +308,103 @@ fn the_egress_socket_is_pid_1s_and_served_by_the_host() {
         .run(&l, &RunOptions::default(), &mut |_, _| {})
         .expect("run");
     assert_eq!(out.stdout.render(), "111\n");
+}
+
+/// The mount points `/proc/PID/mountinfo` lists.
+fn mount_points(pid: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(std::path::PathBuf::from))
+        .collect()
+}
+
+/// The exec'd helper of a running sandbox: the parent of its pid 1 (a parent of one of the
+/// sandbox's processes whose command line is the init helper's).
+fn helper_pid(running: &runcell_sandbox::Running) -> String {
+    let parent = |pid: &str| -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1).map(str::to_owned)
+    };
+    for _ in 0..100 {
+        for pid in running.pids() {
+            if let Some(p) = parent(&pid.to_string()) {
+                let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                if cmdline.split(|&b| b == 0).any(|a| a == b"__sandbox-init") {
+                    return p;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no helper among the parents of {:?}", running.pids());
+}
+
+/// With `spawn_without_mounts_below`, the exec'd helper runs in a mount namespace that holds
+/// none of the mounts below the workspaces' directory (here: another sandbox's workspace), so
+/// the clone of its pid 1 does not copy them; the sandbox still gets its own workspace, which
+/// went along detached. Without it (the positive control), the helper sees the host's mounts,
+/// the other workspace included.
+#[test]
+fn cold_helpers_run_in_a_mount_namespace_without_the_workspaces() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tmp");
+    let workspaces = dir.path().join("workspaces");
+    std::fs::create_dir(&workspaces).expect("mkdir");
+    let lease = |n: &str| UidLease::acquire(&dir.path().join(n)).expect("lease");
+    let other = Workspace::create(&workspaces.join("other"), 1 << 20, lease("u1")).expect("ws");
+    other
+        .write_file("other.txt", b"not yours\n")
+        .expect("write");
+    let mine = Workspace::create(&workspaces.join("mine"), 1 << 20, lease("u2")).expect("ws");
+    mine.write_file("mine.txt", b"yours\n").expect("write");
+    let workspaces = std::fs::canonicalize(&workspaces).expect("canonical");
+    // Positive control: the host has both workspaces mounted.
+    let host = mount_points("self");
+    assert!(host.contains(&workspaces.join("other")), "{host:?}");
+    assert!(host.contains(&workspaces.join("mine")), "{host:?}");
+
+    let program = [
+        "/bin/sh",
+        "-c",
+        "cat mine.txt; ls -a /workspace | tr '\\n' ' '; read x || true",
+    ];
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("ns");
+    for detached in [true, false] {
+        let sandbox = if detached {
+            sandbox().spawn_without_mounts_below(vec![workspaces.clone()])
+        } else {
+            sandbox()
+        };
+        if detached {
+            assert_eq!(sandbox.spawn_namespace(), Some(Ok(())), "made as root");
+        } else {
+            assert_eq!(sandbox.spawn_namespace(), None);
+        }
+        let mut running = sandbox.spawn(&launch(&mine, &program)).expect("spawn");
+        let helper = helper_pid(&running);
+        let below: Vec<_> = mount_points(&helper)
+            .into_iter()
+            .filter(|p| p.starts_with(&workspaces) && *p != workspaces)
+            .collect();
+        if detached {
+            assert_ne!(ns(&helper), ns("self"), "the helper's own namespace");
+            assert_eq!(below, Vec::<std::path::PathBuf>::new());
+        } else {
+            assert_eq!(ns(&helper), ns("self"), "the host's namespace");
+            assert!(below.contains(&workspaces.join("other")), "{below:?}");
+        }
+        drop(running.stdin.take());
+        let mut out = String::new();
+        running
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .expect("stdout");
+        let finished = running.finish().expect("finish");
+        assert_eq!(finished.exit, ExitStatus::Code(0), "{out}");
+        assert_eq!(out, "yours\n. .. mine.txt ", "detached: {detached}");
+    }
 }
