@@ -120,7 +120,7 @@ impl Engine {
                 on_output,
                 &mut on_start,
             )
-            .map_err(EngineError::sandbox)?;
+            .map_err(EngineError::sandbox_run)?;
         drop(serving);
         // Commands are code too: they go into the audit log like cells.
         let mut record = command_execution(began.end(&workspace), &out);

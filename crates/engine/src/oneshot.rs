@@ -315,14 +315,7 @@ impl Engine {
             },
             None => sandbox.run_with(&launch, opts, on_output, &mut on_start),
         }
-        .map_err(|e| match &e {
-            // Pid 1 did not reach its egress socket within the wait: a sandbox starved at its
-            // start (a few MiB of memory under reclaim, a sliver of CPU), not a server fault.
-            SandboxError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
-                EngineError::SlowStart(e.into())
-            }
-            _ => EngineError::sandbox(e),
-        })?;
+        .map_err(EngineError::sandbox_run)?;
         drop(serving);
         let ended = began.end(&workspace);
         Ok((outcome, ended, workspace, input))
