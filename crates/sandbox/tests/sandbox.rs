@@ -209,6 +209,19 @@ fn deadline_kills_the_tree_and_reports_timeout() {
     assert!(out.usage.wall < Duration::from_secs(5));
 }
 
+/// A running sandbox's stdout, read until the program closes it.
+fn stdout_to_end(running: &mut runcell_sandbox::Running) -> String {
+    use std::io::Read;
+    let mut out = String::new();
+    running
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("stdout");
+    out
+}
+
 fn libc_sigkill() -> i32 {
     9
 }
@@ -235,13 +248,7 @@ fn the_channel_reaches_the_program_at_fd_3_and_closes_with_it() {
     chan.read_to_end(&mut reply)
         .expect("read until the program exits");
     assert_eq!(reply, b"echo:ping");
-    let mut out = String::new();
-    running
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("stdout");
+    let out = stdout_to_end(&mut running);
     drop(running.stdin.take());
     let finished = running.finish().expect("finish");
     assert_eq!(finished.exit, ExitStatus::Code(0));
@@ -280,13 +287,7 @@ fn the_egress_socket_is_pid_1s_and_served_by_the_host() {
     conn.write_all(&[b"pong:".as_slice(), &buf].concat())
         .expect("write");
     drop(conn);
-    let mut out = String::new();
-    running
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("stdout");
+    let out = stdout_to_end(&mut running);
     drop(running.stdin.take());
     let finished = running.finish().expect("finish");
     assert_eq!(finished.exit, ExitStatus::Code(0), "{out}");
@@ -348,7 +349,6 @@ fn helper_pid(running: &runcell_sandbox::Running) -> String {
 /// the other workspace included.
 #[test]
 fn cold_helpers_run_in_a_mount_namespace_without_the_workspaces() {
-    use std::io::Read;
     let dir = tempfile::tempdir().expect("tmp");
     let workspaces = dir.path().join("workspaces");
     std::fs::create_dir(&workspaces).expect("mkdir");
@@ -396,13 +396,7 @@ fn cold_helpers_run_in_a_mount_namespace_without_the_workspaces() {
             assert!(below.contains(&workspaces.join("other")), "{below:?}");
         }
         drop(running.stdin.take());
-        let mut out = String::new();
-        running
-            .stdout
-            .take()
-            .expect("stdout")
-            .read_to_string(&mut out)
-            .expect("stdout");
+        let out = stdout_to_end(&mut running);
         let finished = running.finish().expect("finish");
         assert_eq!(finished.exit, ExitStatus::Code(0), "{out}");
         assert_eq!(out, "yours\n. .. mine.txt ", "detached: {detached}");
