@@ -529,3 +529,79 @@ fn bash_and_javascript_sessions_are_confined_too() {
         assert_eq!(main_text(&e), want, "{code}: {e:?}");
     }
 }
+
+/// The processes of the host whose real uid is `uid` (a session's host uid: its sandbox's).
+fn pids_of_uid(uid: u32) -> Vec<String> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{name}/status")).unwrap_or_default();
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next().map(str::to_owned));
+        if real == Some(uid.to_string()) {
+            pids.push(name);
+        }
+    }
+    pids
+}
+
+fn parent_of(pid: &str) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1).map(str::to_owned)
+}
+
+/// A bash session's sandbox is cold (an exec'd helper; bash has no zygote), and its helper runs
+/// in the engine's own copy of the host's mount namespace, without the workspaces: not the
+/// host's, and with none of the mounts under the workspaces' directory (there, the session's
+/// own and another live session's), while the host has both mounted (the positive control).
+#[test]
+fn a_cold_sessions_helper_runs_in_a_mount_namespace_without_the_workspaces() {
+    use std::os::unix::fs::MetadataExt;
+    let engine = common::engine();
+    let other = create_lang(&engine, runcell_engine::Language::Bash);
+    let id = create_lang(&engine, runcell_engine::Language::Bash);
+    let e = exec(&engine, &id, "echo here > mine.txt; cat mine.txt");
+    assert_eq!(e.stdout, "here\n", "{e:?}");
+    let workspaces = std::fs::canonicalize(engine.config().workspaces_dir()).expect("dir");
+    let mount_points = |pid: &str| -> Vec<std::path::PathBuf> {
+        common::mount_points(pid)
+            .into_iter()
+            .filter(|p| p.starts_with(&workspaces) && *p != workspaces)
+            .collect()
+    };
+    let host = mount_points("self");
+    for s in [&id, &other] {
+        assert!(
+            host.contains(&workspaces.join(s)),
+            "{s} on the host: {host:?}"
+        );
+    }
+    // The sandbox's processes run as the workspace's owner; the helper is pid 1's parent.
+    let uid = std::fs::metadata(engine.workspace_path(&id))
+        .expect("workspace")
+        .uid();
+    let helper = pids_of_uid(uid)
+        .iter()
+        .filter_map(|p| parent_of(p))
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .split(|&b| b == 0)
+                .any(|a| a == b"__sandbox-init")
+        })
+        .expect("the session's helper");
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("ns");
+    assert_ne!(ns(&helper), ns("self"), "the helper's own namespace");
+    assert_eq!(mount_points(&helper), Vec::<std::path::PathBuf>::new());
+    // And the session still has its own workspace, the host's.
+    assert_eq!(
+        std::fs::read_to_string(engine.workspace_path(&id).join("mine.txt")).expect("on host"),
+        "here\n"
+    );
+}

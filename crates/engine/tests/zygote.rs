@@ -508,15 +508,6 @@ fn a_zygote_session_leaves_no_process_when_deleted() {
     assert!(preloaded(&engine, &next));
 }
 
-/// The mount points `/proc/PID/mountinfo` lists (PID may be `self`).
-fn mount_points(pid: &str) -> Vec<std::path::PathBuf> {
-    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .expect("mountinfo")
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(std::path::PathBuf::from))
-        .collect()
-}
-
 /// Sandboxes are cloned from the zygote's own copy of the host's mount namespace, which holds
 /// no workspace: not those mounted after it started (each request brings its workspace's
 /// mount, detached), nor those mounted before (a restarted zygote detaches them), so a clone
@@ -548,9 +539,9 @@ fn the_zygote_clones_sandboxes_from_a_namespace_without_workspaces() {
         "from a"
     );
     // Positive control: the host has the workspace mounted.
-    assert!(mount_points("self").contains(&a_dir), "{a_dir:?}");
+    assert!(common::mount_points("self").contains(&a_dir), "{a_dir:?}");
     let in_zygote = |pid: u32| -> Vec<_> {
-        mount_points(&pid.to_string())
+        common::mount_points(&pid.to_string())
             .into_iter()
             .filter(|p| p.starts_with(&workspaces) || p.starts_with(&images))
             .collect()
@@ -566,7 +557,7 @@ fn the_zygote_clones_sandboxes_from_a_namespace_without_workspaces() {
         panic!("no new zygote: {status:?}");
     };
     assert_ne!(new_pid, pid);
-    assert!(mount_points("self").contains(&a_dir), "{a_dir:?}");
+    assert!(common::mount_points("self").contains(&a_dir), "{a_dir:?}");
     assert_eq!(in_zygote(new_pid), Vec::<std::path::PathBuf>::new());
     let b = create(&engine);
     assert!(preloaded(&engine, &b));

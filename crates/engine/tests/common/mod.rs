@@ -24,3 +24,13 @@ pub fn main_text(e: &runcell_engine::Execution) -> String {
         .and_then(|r| r.data.get("text/plain").cloned())
         .unwrap_or_default()
 }
+
+/// The mount points `/proc/PID/mountinfo` lists (PID may be `self`).
+#[allow(dead_code)]
+pub fn mount_points(pid: &str) -> Vec<std::path::PathBuf> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(std::path::PathBuf::from))
+        .collect()
+}
