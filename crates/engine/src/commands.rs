@@ -100,8 +100,7 @@ impl Engine {
         let mut serving = None;
         let mut on_start = |running: &runcell_sandbox::Running| {
             if let Some(e) = &egress {
-                let listener = running.egress_listener(Duration::from_secs(5))?;
-                serving = Some(e.serve(listener)?);
+                serving = crate::network::serve_egress(running, e, timeout)?;
             }
             Ok(())
         };

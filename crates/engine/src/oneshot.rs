@@ -288,14 +288,7 @@ impl Engine {
         let mut serving = None;
         let mut on_start = |running: &runcell_sandbox::Running| {
             if let Some(e) = egress {
-                let listener = match running.egress_listener(Duration::from_secs(5)) {
-                    Ok(l) => l,
-                    // Pid 1 is gone already (killed at its start: by its own memory bound,
-                    // say): there is nothing to serve, and the run's end says how it went.
-                    Err(e) if e.raw_os_error() == Some(ESRCH) => return Ok(()),
-                    Err(e) => return Err(e.into()),
-                };
-                serving = Some(e.serve(listener)?);
+                serving = crate::network::serve_egress(running, e, opts.timeout)?;
             }
             Ok(())
         };
@@ -428,9 +421,6 @@ impl OneShotSource for crate::core::Core {
         })
     }
 }
-
-/// `ESRCH` on Linux: the process is gone.
-const ESRCH: i32 = 3;
 
 /// A finished one-shot run: the Execution and the program's exit code (128 + signal when it
 /// died of one), which the Execution itself does not carry.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use runcell_engine::testing::{engine_config, TestEngine};
 use runcell_engine::{
-    CreateSession, Engine, EngineError, Execution, Language, NetworkConfig, NetworkConnection,
-    NetworkPolicy, OneShot, Start,
+    CreateSession, Engine, EngineError, Execution, ExecutionStatus, Language, NetworkConfig,
+    NetworkConnection, NetworkPolicy, OneShot, Start,
 };
 
 fn cache() -> &'static Path {
@@ -218,6 +218,36 @@ fn a_one_shot_run_takes_a_policy_too() {
         out.execution.stderr
     );
     assert!(out.execution.network.is_empty());
+}
+
+/// A run with a policy whose pid 1 does not reach its egress socket within the run's own
+/// time (here a deadline of 1 ms; in life a sandbox starved by `cpu: 0.01`) ends as a timeout,
+/// as a slow program does, not as a server error; the same run with its time succeeds (the
+/// control).
+#[test]
+fn a_run_whose_sandbox_starts_slower_than_its_deadline_times_out() {
+    let engine = engine(&["127.0.0.2"], &["127.0.0.0/8"], false);
+    for language in [Language::Bash, Language::Python] {
+        let code = match language {
+            Language::Bash => "echo hi",
+            _ => "print('hi')",
+        };
+        let mut req = OneShot::new(language, code);
+        req.network = allowlist(&["127.0.0.2"]);
+        req.timeout = Duration::from_millis(1);
+        let out = engine
+            .run_once(&req, &mut |_, _| {})
+            .expect("a finished run");
+        assert_eq!(
+            out.execution.status,
+            ExecutionStatus::Timeout,
+            "{language:?}: {:?}",
+            out.execution
+        );
+        req.timeout = Duration::from_secs(30);
+        let out = engine.run_once(&req, &mut |_, _| {}).expect("run");
+        assert_eq!(out.execution.stdout, "hi\n", "{:?}", out.execution);
+    }
 }
 
 /// The real registry (reachable from this machine): a small pure-Python package the runtime

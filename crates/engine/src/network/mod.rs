@@ -358,3 +358,24 @@ pub(crate) fn connections(
         })
         .collect()
 }
+
+/// Waits for pid 1's egress socket in a one-shot's or command's sandbox, up to `within` (the
+/// run's own time), and has `egress` serve it. `None`: nothing to serve, and the run's end says
+/// how it went: pid 1 is gone already (killed at its start, by its own memory bound say), or
+/// it did not reach its socket within the run's time (a sandbox starved by its own bounds:
+/// `cpu: 0.01` gives a cold sandbox's start ~1 ms of CPU per 100 ms), so the run meets its
+/// deadline and ends as a timeout, as a slow program does.
+pub(crate) fn serve_egress(
+    running: &runcell_sandbox::Running,
+    egress: &runcell_egress::SessionEgress,
+    within: std::time::Duration,
+) -> Result<Option<runcell_egress::Serving>, runcell_sandbox::SandboxError> {
+    /// `ESRCH` on Linux: the process is gone.
+    const ESRCH: i32 = 3;
+    match running.egress_listener(within) {
+        Ok(listener) => Ok(Some(egress.serve(listener)?)),
+        Err(e) if e.raw_os_error() == Some(ESRCH) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
