@@ -750,6 +750,11 @@ impl Running {
         };
         let deadline = Instant::now() + timeout;
         let mut pid1 = None;
+        // Pid 1 usually opens it within a millisecond or two: look every 200 µs for 10 ms. A
+        // sandbox starved by its own bounds may take seconds, and the wait may be a whole
+        // run's: back off to every 10 ms after that.
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(200);
         loop {
             if pid1.is_none() {
                 pid1 = match &self.helper {
@@ -781,7 +786,10 @@ impl Running {
                     "pid 1 did not open the egress socket in time",
                 ));
             }
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            if started.elapsed() > Duration::from_millis(10) {
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
         }
     }
 
