@@ -119,7 +119,7 @@ impl Engine {
                 on_output,
                 &mut on_start,
             )
-            .map_err(EngineError::sandbox_run)?;
+            .map_err(EngineError::sandbox)?;
         drop(serving);
         // Commands are code too: they go into the audit log like cells.
         let mut record = command_execution(began.end(&workspace), &out);

@@ -42,12 +42,6 @@ pub enum EngineError {
     /// retrying later may succeed, once sessions holding memory end.
     #[error("{0}")]
     OverCommitted(Committed),
-    /// The sandbox did not reach a point of its start in time (pid 1 opening the egress
-    /// socket): a sandbox starved at its start, by limits of a few MiB under reclaim or a
-    /// sliver of CPU, or by a host overloaded for the moment. Retrying (or asking for more)
-    /// may succeed; nothing ran.
-    #[error("the sandbox did not start in time (a few MiB of memory, a sliver of CPU, or a host busy for the moment); retry, or ask for more")]
-    SlowStart(#[source] Cause),
     /// The sandbox failed while running the code.
     #[error("sandbox failure")]
     Sandbox(#[source] Cause),
@@ -428,19 +422,6 @@ impl EngineError {
         EngineError::Sandbox(e.into())
     }
 
-    /// A sandbox's failure to run: [`EngineError::SlowStart`] when pid 1 did not reach its
-    /// egress socket within the wait (a sandbox starved at its start: a few MiB of memory
-    /// under reclaim, a sliver of CPU, a host busy for the moment), not a server fault;
-    /// [`EngineError::Sandbox`] otherwise.
-    pub(crate) fn sandbox_run(e: runcell_sandbox::SandboxError) -> Self {
-        match &e {
-            runcell_sandbox::SandboxError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
-                EngineError::SlowStart(e.into())
-            }
-            _ => EngineError::sandbox(e),
-        }
-    }
-
     /// `map_err(EngineError::unavailable)`: the host cannot give what a sandbox needs.
     pub(crate) fn unavailable(e: impl Into<Cause>) -> Self {
         EngineError::Unavailable(e.into())
@@ -540,26 +521,6 @@ pub(crate) fn no_space(action: &'static str) -> EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A run (one-shot or command) whose pid 1 did not open its egress socket in time is a
-    /// slow start (the server's 503, retry), any other sandbox failure a sandbox failure.
-    #[test]
-    fn a_sandbox_that_did_not_reach_its_egress_socket_in_time_started_slowly() {
-        use runcell_sandbox::SandboxError;
-        let timed_out = SandboxError::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "pid 1 did not open the egress socket in time",
-        ));
-        assert!(matches!(
-            EngineError::sandbox_run(timed_out),
-            EngineError::SlowStart(_)
-        ));
-        let other = SandboxError::Io(std::io::Error::other("broken pipe"));
-        assert!(matches!(
-            EngineError::sandbox_run(other),
-            EngineError::Sandbox(_)
-        ));
-    }
 
     /// The messages of today's callers, derived from the fields.
     #[test]

@@ -308,7 +308,7 @@ impl Engine {
             },
             None => sandbox.run_with(&launch, opts, on_output, &mut on_start),
         }
-        .map_err(EngineError::sandbox_run)?;
+        .map_err(EngineError::sandbox)?;
         drop(serving);
         let ended = began.end(&workspace);
         Ok((outcome, ended, workspace, input))

@@ -215,7 +215,6 @@ impl From<EngineError> for ApiError {
             EngineError::QuotaExceeded(m) => ApiError::new(ErrorCode::LimitExceeded, m.to_string()),
             EngineError::PayloadTooLarge(m) => ApiError::too_large(m.to_string()),
             EngineError::AtCapacity(m) => ApiError::unavailable(m.to_string()),
-            EngineError::SlowStart(_) => ApiError::unavailable(e.to_string()),
             // Memory comes back when sessions end; nobody knows when: a few seconds.
             EngineError::OverCommitted(m) => ApiError::new(ErrorCode::Unavailable, m.to_string())
                 .retry_after(runcell_engine::RETRY_AFTER.as_secs()),
