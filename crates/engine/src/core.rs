@@ -96,6 +96,13 @@ impl EngineConfig {
         self.data_dir.join("workspace-images")
     }
 
+    /// The directories under which workspaces are mounted (sessions', one-shots', spare
+    /// images): what the sandboxes' spawning mount namespaces leave out (the zygote's and the
+    /// cold helpers').
+    pub(crate) fn workspace_mount_dirs(&self) -> Vec<PathBuf> {
+        vec![self.workspaces_dir(), self.workspace_images_dir()]
+    }
+
     /// The host directory of session (or one-shot run) `id`'s workspace.
     pub fn workspace_path(&self, id: &str) -> PathBuf {
         self.workspaces_dir().join(id)
@@ -157,10 +164,8 @@ impl Core {
             .map_err(|e| EngineError::unavailable(runcell_sandbox::SandboxError::NoCgroups(e)))?;
         // Cold sandboxes, like the zygote's, are cloned from a mount namespace that does not
         // hold one mount per live workspace (runcell_sandbox::Sandbox::spawn_without_mounts_below).
-        let sandbox =
-            Sandbox::with_cgroups(config.init_exe.clone(), cgroups).spawn_without_mounts_below(
-                vec![config.workspaces_dir(), config.workspace_images_dir()],
-            );
+        let sandbox = Sandbox::with_cgroups(config.init_exe.clone(), cgroups)
+            .spawn_without_mounts_below(config.workspace_mount_dirs());
         for dir in [config.workspaces_dir(), config.data_dir.join("tmp")] {
             create_dir(&dir)?;
         }
@@ -476,10 +481,7 @@ impl Core {
             &version,
             preload,
             merge_pages,
-            vec![
-                self.config.workspaces_dir(),
-                self.config.workspace_images_dir(),
-            ],
+            self.config.workspace_mount_dirs(),
         );
         Zygote::start(&self.config.init_exe, &config, crate::zygote::START_TIMEOUT)
             .map_err(|e| chain(&e))

@@ -41,18 +41,14 @@ impl SpawnNamespace {
         }
     }
 
-    /// Whether cold helpers are to join a namespace of their own (some directories to leave
-    /// out were named).
-    pub(crate) fn wanted(&self) -> bool {
-        !self.detach_below.is_empty()
-    }
-
-    /// The namespace, made on first use; `Err` (kept: it is not retried) when it cannot be.
-    pub(crate) fn get(&self, init_exe: &InitExe) -> Result<&OwnedFd, &str> {
-        self.made
-            .get_or_init(|| make(init_exe, &self.detach_below))
-            .as_ref()
-            .map_err(String::as_str)
+    /// The namespace, made on first use; `Err` (kept: it is not retried) when it cannot be;
+    /// `None` when none is wanted (no directories to leave out were named).
+    pub(crate) fn get(&self, init_exe: &InitExe) -> Option<Result<&OwnedFd, &str>> {
+        if self.detach_below.is_empty() {
+            return None;
+        }
+        let made = self.made.get_or_init(|| make(init_exe, &self.detach_below));
+        Some(made.as_ref().map_err(String::as_str))
     }
 }
 

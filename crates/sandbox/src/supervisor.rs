@@ -185,12 +185,9 @@ impl Sandbox {
     /// Whether exec'd helpers run in the namespace of [`Sandbox::spawn_without_mounts_below`]
     /// (made now if it was not yet), or why not. `None`: none was asked for.
     pub fn spawn_namespace(&self) -> Option<Result<(), String>> {
-        self.spawn_ns.wanted().then(|| {
-            self.spawn_ns
-                .get(&self.init_exe)
-                .map(|_| ())
-                .map_err(str::to_owned)
-        })
+        self.spawn_ns
+            .get(&self.init_exe)
+            .map(|made| made.map(|_| ()).map_err(str::to_owned))
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
@@ -381,11 +378,7 @@ impl Sandbox {
             .stderr(Stdio::piped());
         // In the namespace without the workspaces (when there is one), with the workspace's
         // mount along: the helper's namespace has it no more than the zygote's has.
-        let joined = match self
-            .spawn_ns
-            .wanted()
-            .then(|| self.spawn_ns.get(&self.init_exe))
-        {
+        let joined = match self.spawn_ns.get(&self.init_exe) {
             Some(Ok(ns)) => {
                 let tree = crate::mount::clone_tree(launch.workspace.path()).map_err(|e| {
                     SandboxError::Setup(format!(
